@@ -1,0 +1,27 @@
+"""Errors a user can cause or a run can hit; each names the bad value and what is valid."""
+
+
+class ArborError(Exception):
+    """Base class of every error the runtime raises on purpose."""
+
+
+class ModelSpecError(ArborError, ValueError):
+    """A model spec names no loadable model (unknown name, missing file, bad path)."""
+
+
+class BudgetError(ArborError, ValueError):
+    """A KV budget that can never work (e.g. smaller than the prompt the active path needs)."""
+
+
+class KVBudgetExceeded(ArborError, MemoryError):
+    """Out of KV memory: resident device KV would pass ``budget_tokens``.
+
+    Attributes:
+        needed: resident tokens the next step would need.
+        budget: the configured budget in tokens.
+    """
+
+    def __init__(self, needed: int, budget: int, where: str = "") -> None:
+        self.needed, self.budget = needed, budget
+        at = f" during {where}" if where else ""
+        super().__init__(f"KV budget exceeded{at}: needs {needed} resident tokens, budget_tokens={budget}")

@@ -1,0 +1,90 @@
+"""Sampling parameters and the per-step token sampler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How one thought is generated (vLLM-style names).
+
+    Attributes:
+        max_new_tokens: tokens a thought may take at most (> 0).
+        temperature: 0 means greedy; otherwise logits are divided by it.
+        top_p: nucleus mass in (0, 1]; 1 keeps the whole distribution.
+        top_k: keep the k most likely tokens; 0 disables.
+        stop: strings that end a thought; the token completing a stop string is kept in the block.
+        seed: seeds this call's generator; None uses the runtime's own generator.
+        stop_at_eos: end a thought at the tokenizer's EOS token (kept in the block).
+    """
+
+    max_new_tokens: int = 48
+    temperature: float = 0.7
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    stop_at_eos: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 is greedy)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables)")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in self.stop if s]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    """Draw one token per row.
+
+    Args:
+        logits: (B, V) float logits of the next token.
+    Returns:
+        (B,) long token ids.
+    """
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    scores = logits.float() / params.temperature
+    if params.top_k > 0:
+        kth = torch.topk(scores, min(params.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        scores = _top_p_filter(scores, params.top_p)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+
+
+def token_stats(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of the chosen tokens and entropy, under the raw model distribution.
+
+    Args:
+        logits: (B, V) logits; tokens: (B,) chosen ids.
+    Returns:
+        logprobs (B,), entropy (B,), both float32 (nats).
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logp.gather(-1, tokens.view(-1, 1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(dim=-1)
+    return chosen, entropy
+
+
+def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Mask tokens outside the smallest set whose probability mass reaches ``top_p``. (B, V)."""
+    sorted_scores, order = torch.sort(scores, descending=True, dim=-1)
+    cum = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1)
+    drop_sorted = cum - torch.softmax(sorted_scores, dim=-1) >= top_p  # always keeps the top token
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return scores.masked_fill(drop, float("-inf"))

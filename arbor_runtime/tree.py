@@ -1,0 +1,97 @@
+"""The search tree: nodes own thought blocks (token ids, text, per-token stats). No tensors here.
+
+Block KV lives in the KV store, keyed by ``node.id``; a node's residency is derived from the
+store, never stored twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+#: how a block came to be
+PROMPT, GENERATED, FORCED = "prompt", "generated", "forced"
+
+
+@dataclass(eq=False, slots=True)
+class Node:
+    """One thought block in the search tree.
+
+    Attributes:
+        id: unique within its runtime.
+        parent: None for a root.
+        token_ids: the block's tokens (its KV covers exactly these).
+        text: the block's decoded text.
+        kind: "prompt" (root), "generated" (sampled) or "forced" (teacher-forced ``append``).
+        logprobs: per-token log-probability under the model (raw distribution, no temperature);
+            empty for a prompt block.
+        entropies: per-token entropy (nats) of the distribution each token was drawn from.
+        start_pos: position id of the block's first token (= tokens on the path before it).
+        stop_reason: "stop" (a stop string), "eos", "length" for generated blocks; "" otherwise.
+        value: the search value a controller set (``Runtime.set_value``), None until then.
+        meta: free-form fields controllers and tasks attach (state, scores, ...).
+    """
+
+    id: int
+    parent: Node | None
+    token_ids: list[int]
+    text: str
+    kind: str
+    start_pos: int
+    logprobs: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    stop_reason: str = ""
+    value: float | None = None
+    children: list[Node] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    released: bool = False
+
+    @property
+    def depth(self) -> int:
+        """Blocks above this one (root: 0)."""
+        return 0 if self.parent is None else self.parent.depth + 1
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def end_pos(self) -> int:
+        """Position id the next token after this block gets (= path length in tokens)."""
+        return self.start_pos + len(self.token_ids)
+
+    @property
+    def root(self) -> Node:
+        node = self
+        while node.parent is not None:
+            node = node.parent
+        return node
+
+    @property
+    def mean_logprob(self) -> float:
+        return sum(self.logprobs) / len(self.logprobs) if self.logprobs else 0.0
+
+    @property
+    def mean_entropy(self) -> float:
+        return sum(self.entropies) / len(self.entropies) if self.entropies else 0.0
+
+    def path(self) -> list[Node]:
+        """Nodes from the root down to this one."""
+        nodes: list[Node] = []
+        node: Node | None = self
+        while node is not None:
+            nodes.append(node)
+            node = node.parent
+        return nodes[::-1]
+
+    def subtree(self) -> Iterator[Node]:
+        """This node and all its descendants, parents before children."""
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children))
+
+    def __repr__(self) -> str:
+        return f"Node(id={self.id}, depth={self.depth}, kind={self.kind}, len={self.length}, text={self.text!r:.40})"

@@ -1,0 +1,5 @@
+"""Node scorers: symbolic (Game of 24), LLM value prompts, answer matching."""
+
+from verifiers.base import Verifier
+
+__all__ = ["Verifier"]
