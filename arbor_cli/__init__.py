@@ -1,0 +1,1 @@
+"""Command-line edge of the project: Hydra entry points, progress, tables, result files."""

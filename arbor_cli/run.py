@@ -1,0 +1,181 @@
+"""The body of `arbor-solve`: build model, task, verifier; search each problem; write results.
+
+A plain function over a composed config, so tests call it with ``compose()`` and no Hydra app.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from arbor_cli.report import results_table
+from arbor_cli.results import RESULTS_FILE, TRACES_FILE, append_jsonl, load_done
+from arbor_runtime import ArborError, KVBudgetExceeded, LoadedModel, Runtime, load_model
+from arbor_runtime.metrics import RuntimeMetrics
+from controllers.base import SearchResult
+from tasks.base import Problem, Task
+from verifiers.base import Verifier
+
+log = logging.getLogger(__name__)
+USER_ERRORS = (ArborError, ValueError, FileNotFoundError, KeyError, TypeError)
+
+
+def run(cfg: DictConfig, console: Console | None = None) -> int:
+    """Solve the configured problems; returns a process exit code (0 ok, 2 bad input)."""
+    console = console or Console()
+    try:
+        task, verifier = _build(cfg.task), None
+        verifier = _build(cfg.verifier) if cfg.verifier.get("_target_") else default_verifier(task)
+        _build(cfg.policy)  # validate the policy (budget) before loading the model
+        problems = task.problems()
+        loaded = load_model(**_model_kwargs(cfg.model))
+    except USER_ERRORS as exc:
+        print(f"arbor-solve: error: {exc}", file=sys.stderr)
+        return 2
+    run_dir = resolve_run_dir(cfg)
+    rows = solve_all(cfg, loaded, task, verifier, problems, run_dir, console)
+    write_summary_csv(run_dir, rows)
+    console.print(results_table(rows, title=f"{task.name} · {_choice(cfg, 'controller')} · {_choice(cfg, 'policy')}"))
+    console.print(f"results: {run_dir / RESULTS_FILE}")
+    return 0
+
+
+def solve_all(
+    cfg: DictConfig,
+    loaded: LoadedModel,
+    task: Task,
+    verifier: Verifier,
+    problems: list[Problem],
+    run_dir: Path,
+    console: Console,
+) -> list[dict[str, Any]]:
+    """Search every problem not yet in ``run_dir``'s results; returns all rows of the slice."""
+    done = load_done(run_dir) if cfg.get("resume", True) else {}
+    rows = []
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task(f"{task.name}", total=len(problems))
+        for problem in problems:
+            if problem.index in done:
+                rows.append(done[problem.index])
+            else:
+                progress.update(bar, description=f"{task.name} #{problem.index} {problem.question[:30]}")
+                row, metrics = solve_one(cfg, loaded, task, verifier, problem)
+                append_jsonl(run_dir / RESULTS_FILE, row)
+                append_jsonl(run_dir / TRACES_FILE, {"index": problem.index, "trace": _trace(metrics)})
+                rows.append(row)
+            progress.advance(bar)
+    return rows
+
+
+def solve_one(
+    cfg: DictConfig, loaded: LoadedModel, task: Task, verifier: Verifier, problem: Problem
+) -> tuple[dict[str, Any], RuntimeMetrics]:
+    """One problem with a fresh runtime; an OOM is recorded, not raised."""
+    rt = Runtime(loaded, policy=_build(cfg.policy), seed=int(cfg.seed) + problem.index)
+    controller = instantiate(cfg.controller, runtime=rt, task=task, verifier=verifier)
+    base = {"index": problem.index, "question": problem.question, "task": task.name, "model": loaded.spec}
+    try:
+        result = controller.solve(problem)
+    except KVBudgetExceeded as exc:
+        log.info("problem %s: %s", problem.index, exc)
+        row = base | {"solved": False, "oom": True, "error": str(exc), "answer": None}
+        return row | _metric_fields(rt.metrics, controller.branch_switches, len(controller.expansions)), rt.metrics
+    row = base | _result_fields(result) | {"oom": False, "error": None}
+    return row | _metric_fields(rt.metrics, result.branch_switches, len(result.expansions)), rt.metrics
+
+
+def default_verifier(task: Task) -> Verifier:
+    """The verifier a task uses unless the config names another."""
+    if task.name == "game24":
+        from verifiers.game24 import Game24Verifier
+
+        return Game24Verifier()
+    from verifiers.answer_match import AnswerVerifier
+
+    return AnswerVerifier()
+
+
+def resolve_run_dir(cfg: DictConfig) -> Path:
+    """``cfg.run_dir`` when set, else Hydra's output dir for this job."""
+    if cfg.get("run_dir"):
+        path = Path(cfg.run_dir)
+    else:
+        from hydra.core.hydra_config import HydraConfig
+
+        path = Path(HydraConfig.get().runtime.output_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_summary_csv(run_dir: Path, rows: list[dict[str, Any]]) -> Path:
+    """All rows of the run as CSV (rewritten at the end of each run)."""
+    path = run_dir / "results.csv"
+    fields = sorted({k for row in rows for k in row if not isinstance(row[k], (list, dict))})
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _result_fields(result: SearchResult) -> dict[str, Any]:
+    return {
+        "solved": result.solved,
+        "answer": result.answer,
+        "steps": result.steps,
+        "seconds": round(result.seconds, 3),
+        "best_path": None if result.best is None else _path_text(result.best),
+    }
+
+
+def _metric_fields(m: RuntimeMetrics, switches: int, expansions: int) -> dict[str, Any]:
+    fields = m.to_dict()
+    fields.update(branch_switches=switches, nodes_expanded=expansions)
+    fields.setdefault("seconds", round(m.runtime_seconds, 3))
+    return fields
+
+
+def _path_text(node) -> str:
+    return "".join(n.text for n in node.path()[1:])
+
+
+def _trace(metrics: RuntimeMetrics) -> list[dict[str, Any]]:
+    return [
+        {"step": p.step, "op": p.op, "resident_tokens": p.resident_tokens, "peak_tokens": p.peak_tokens, "t": p.t}
+        for p in metrics.trace
+    ]
+
+
+def _build(node: DictConfig) -> Any:
+    """``instantiate`` that surfaces the target's own error (Hydra wraps it)."""
+    try:
+        return instantiate(node)
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, USER_ERRORS):
+            raise cause from None
+        raise
+
+
+def _model_kwargs(model_cfg: DictConfig) -> dict[str, Any]:
+    keys = ("spec", "device", "dtype", "trust_remote_code")
+    return {k: model_cfg.get(k) for k in keys if model_cfg.get(k) is not None}
+
+
+def _choice(cfg: DictConfig, group: str) -> str:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.choices.get(group, group)
+    except ValueError:
+        return str(cfg.get(group, {}).get("_target_", group)).rsplit(".", 1)[-1]

@@ -1,0 +1,170 @@
+"""Controller base: the search loop's vocabulary over the public Runtime API.
+
+A controller grows a tree for one problem: ``select`` nodes to grow, ``expand`` them (the
+runtime samples thoughts, the task interprets them, the verifier scores them), ``prune`` what is
+not worth keeping, stop when ``is_terminal``, and report a ``result``. Controllers never touch
+tensors; they only choose which node to expand next, which is all the memory manager needs to
+see branch switches.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from arbor_runtime import Node, Runtime, SamplingParams
+from tasks.base import Problem, StepResult, Task
+from verifiers.base import Verifier
+
+
+@dataclass(slots=True)
+class SearchResult:
+    """What one search produced.
+
+    Attributes:
+        solved: the best terminal state is correct (checked by the task against the problem).
+        answer: the best terminal's final answer (None when no terminal was reached).
+        best: the node ending the best path (None when nothing valid was produced).
+        expansions: ids of expanded nodes, in expansion order.
+        branch_switches: expansions whose node does not extend the previously expanded node's path.
+        steps: search iterations (BFS levels, DFS visits, MCTS iterations, ...).
+        seconds: wall time of the search.
+    """
+
+    solved: bool
+    answer: str | None
+    best: Node | None
+    expansions: list[int]
+    branch_switches: int
+    steps: int
+    seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False, slots=True)
+class Candidate:
+    """A scored thought: the node ending it (the forced block when the task wrote one) and its step."""
+
+    node: Node
+    thought: Node
+    result: StepResult
+    score: float
+
+    @property
+    def key(self) -> tuple[float, float]:
+        """Sort key: verifier score, then the thought's mean log-probability."""
+        return (self.score, self.thought.mean_logprob)
+
+
+class Controller(ABC):
+    """Base class of search algorithms.
+
+    Args:
+        runtime: the runtime to grow trees in.
+        task: interprets thoughts and checks answers.
+        verifier: scores nodes.
+        temperature / top_p: sampling of thoughts (stop strings and length come from the task).
+        release_pruned: release pruned subtrees at once (frees their KV); False keeps them for
+            tree-aware memory policies and tree output.
+    """
+
+    name = "controller"
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        task: Task,
+        verifier: Verifier,
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        release_pruned: bool = True,
+    ) -> None:
+        self.rt, self.task, self.verifier = runtime, task, verifier
+        self.sampling = SamplingParams(
+            max_new_tokens=task.max_thought_tokens, temperature=temperature, top_p=top_p, stop=list(task.stop)
+        )
+        self.release_pruned = release_pruned
+        self.expansions: list[int] = []
+        self.branch_switches = 0
+        self.problem: Problem | None = None
+
+    # ---- the loop ------------------------------------------------------------------------
+    def solve(self, problem: Problem) -> SearchResult:
+        """Run the search on one problem."""
+        start = time.perf_counter()
+        self.problem, self.expansions, self.branch_switches = problem, [], 0
+        root = self.rt.new_tree(self.task.prompt(problem))
+        root.meta["state"] = self.task.initial_state(problem)
+        steps, best = self.search(root)
+        return self.result(best, steps, time.perf_counter() - start)
+
+    @abstractmethod
+    def search(self, root: Node) -> tuple[int, Candidate | None]:
+        """Grow the tree from ``root``; return (steps taken, best terminal candidate or None)."""
+
+    # ---- vocabulary shared by controllers ------------------------------------------------
+    def expand(self, requests: list[tuple[Node, int]]) -> list[list[Candidate]]:
+        """Sample thoughts for (node, n) requests in one batch, interpret and score them."""
+        for node, _ in requests:
+            self._record_expansion(node)
+        groups = self.rt.expand_many(requests, self.sampling)
+        return [
+            [self.evaluate(parent, child) for child in kids] for (parent, _), kids in zip(requests, groups, strict=True)
+        ]
+
+    def evaluate(self, parent: Node, thought: Node) -> Candidate:
+        """Let the task interpret ``thought``, append its forced text, score the result."""
+        result = self.task.step(self.problem, parent.meta["state"], thought.text)
+        node = thought
+        if result.valid and result.forced_text:
+            node = self.rt.append(thought, result.forced_text)
+        score = self.verifier.score(self.problem, result) if result.valid else 0.0
+        node.meta.update(state=result.state, terminal=result.terminal, valid=result.valid, reason=result.reason)
+        thought.meta.setdefault("valid", result.valid)
+        self.rt.set_value(node, score)
+        return Candidate(node=node, thought=thought, result=result, score=score)
+
+    def is_terminal(self, cand: Candidate) -> bool:
+        return cand.result.terminal or cand.node.depth >= 2 * self.task.max_steps
+
+    def prune(self, cands: list[Candidate]) -> None:
+        """Drop candidates the search will not return to (releases their KV when configured)."""
+        if self.release_pruned:
+            for cand in cands:
+                if not cand.thought.released:
+                    self.rt.release(cand.thought)
+
+    def result(self, best: Candidate | None, steps: int, seconds: float) -> SearchResult:
+        """Summarize the search; ``solved`` is checked by the task on the best terminal."""
+        state = best.result.state if best is not None and best.result.terminal else None
+        answer = self.task.final_answer(self.problem, state) if state is not None else None
+        solved = state is not None and self.task.is_correct(self.problem, state)
+        return SearchResult(
+            solved=bool(solved),
+            answer=answer,
+            best=best.node if best is not None else None,
+            expansions=list(self.expansions),
+            branch_switches=self.branch_switches,
+            steps=steps,
+            seconds=seconds,
+        )
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _record_expansion(self, node: Node) -> None:
+        if self.expansions:
+            prev = self.rt.nodes.get(self.expansions[-1])
+            if prev is None or not _extends(node, prev):
+                self.branch_switches += 1
+        self.expansions.append(node.id)
+
+
+def _extends(node: Node, prev: Node) -> bool:
+    """True when ``prev`` lies on ``node``'s path (node continues the same branch)."""
+    cur: Node | None = node
+    while cur is not None:
+        if cur is prev:
+            return True
+        cur = cur.parent
+    return False

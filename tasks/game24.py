@@ -1,0 +1,301 @@
+"""Game of 24 in the Tree-of-Thoughts path style: one thought is one step line.
+
+The model writes "x op y = z" and stops at "(left" (or at the end of the line); the task checks the
+step with exact fractions and writes the "(left: ...)" part itself, plus the final "Answer:" line
+once one number is left. The model thus never has to track the remaining numbers.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from tasks.base import Problem, StepResult, Task, check_slice, resolve_data_file
+from verifiers.game24 import apply_op, check_expression
+
+INSTRUCTION = (
+    "Use numbers and basic arithmetic operations (+ - * /) to obtain 24. "
+    "In each step, combine two of the remaining numbers into a new number."
+)
+
+#: worked examples in the exact format the task itself writes (see tests: each is replayed)
+FEW_SHOT_EXAMPLES: tuple[str, ...] = (
+    (
+        "Input: 1 2 4 6\n"
+        "Steps:\n"
+        "2 - 1 = 1 (left: 1 4 6)\n"
+        "4 * 6 = 24 (left: 1 24)\n"
+        "1 * 24 = 24 (left: 24)\n"
+        "Answer: (2 - 1) * (4 * 6) = 24\n"
+    ),
+    (
+        "Input: 2 4 10 12\n"
+        "Steps:\n"
+        "12 / 4 = 3 (left: 2 3 10)\n"
+        "10 - 2 = 8 (left: 3 8)\n"
+        "3 * 8 = 24 (left: 24)\n"
+        "Answer: (12 / 4) * (10 - 2) = 24\n"
+    ),
+    (
+        "Input: 2 6 7 13\n"
+        "Steps:\n"
+        "13 - 7 = 6 (left: 2 6 6)\n"
+        "6 + 6 = 12 (left: 2 12)\n"
+        "2 * 12 = 24 (left: 24)\n"
+        "Answer: 2 * (6 + (13 - 7)) = 24\n"
+    ),
+    (
+        "Input: 3 4 7 10\n"
+        "Steps:\n"
+        "10 - 7 = 3 (left: 3 3 4)\n"
+        "3 + 3 = 6 (left: 4 6)\n"
+        "4 * 6 = 24 (left: 24)\n"
+        "Answer: 4 * (3 + (10 - 7)) = 24\n"
+    ),
+    (
+        "Input: 1 5 5 5\n"
+        "Steps:\n"
+        "1 / 5 = 1/5 (left: 1/5 5 5)\n"
+        "5 - 1/5 = 24/5 (left: 24/5 5)\n"
+        "5 * 24/5 = 24 (left: 24)\n"
+        "Answer: 5 * (5 - (1 / 5)) = 24\n"
+    ),
+)
+
+_LEFT_STOP = "(left"
+_NUMBER = r"-?\d+(?:/\d+)?"
+_OPS = {"+": "+", "-": "-", "*": "*", "/": "/", "×": "*", "÷": "/", "x": "*"}
+_STEP = re.compile(
+    rf"[ \t]*(?P<x>{_NUMBER})[ \t]+(?P<op>[-+*/×÷x])[ \t]+(?P<y>{_NUMBER})[ \t]*=[ \t]*(?P<z>{_NUMBER})"
+    rf"(?P<rest>.*)",
+    re.DOTALL | re.ASCII,
+)
+#: what may follow "x op y = z" in a thought: spaces, then the "(left" stop string or a newline
+_STEP_END = re.compile(r"[ \t]*(?:\(left|\n)?")
+_PUZZLE_NUMBER = re.compile(r"\d+", re.ASCII)
+
+
+class Operand(NamedTuple):
+    """One remaining number and the expression over the inputs that built it."""
+
+    value: Fraction
+    expr: str
+
+
+@dataclass(frozen=True, slots=True)
+class Game24State:
+    """Numbers left on one path (sorted ascending, exact) and the steps that led there."""
+
+    inputs: tuple[int, ...]
+    remaining: tuple[Operand, ...]
+    steps: tuple[str, ...] = ()
+
+    @property
+    def values(self) -> tuple[Fraction, ...]:
+        """The remaining numbers."""
+        return tuple(o.value for o in self.remaining)
+
+    @property
+    def final_expression(self) -> str | None:
+        """The expression of the last number (outer parentheses removed), or None if more are left."""
+        if len(self.remaining) != 1:
+            return None
+        return _strip_outer_parens(self.remaining[0].expr)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain dict for logs: inputs, numbers left as text, their expressions, steps taken."""
+        return {
+            "inputs": list(self.inputs),
+            "left": [format_number(v) for v in self.values],
+            "expressions": [o.expr for o in self.remaining],
+            "steps": list(self.steps),
+        }
+
+
+def parse_puzzle(text: str) -> tuple[int, int, int, int]:
+    """The four numbers of a puzzle like "4 4 6 8"; ValueError naming ``text`` otherwise."""
+    tokens = str(text).split()
+    if len(tokens) != 4 or not all(_PUZZLE_NUMBER.fullmatch(t) for t in tokens):
+        raise ValueError(
+            f"malformed Game of 24 puzzle {text!r}: expected four non-negative integers "
+            "separated by spaces, e.g. '4 4 6 8'"
+        )
+    a, b, c, d = (int(t) for t in tokens)
+    return a, b, c, d
+
+
+def format_number(value: Fraction) -> str:
+    """``value`` as the task writes it: "12", "-2", "8/3"."""
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+def find_data_file(data_dir: str | Path | None) -> Path:
+    """``24.csv`` under ``data_dir`` (or its ``game24/`` folder); the ``tot`` package copy if None.
+
+    An explicit ``data_dir`` without the file is an error (no silent fallback), naming both paths.
+    """
+    if data_dir is None:
+        return resolve_data_file(None, "24.csv", fallback=_package_csv())
+    root = Path(data_dir).expanduser()
+    return resolve_data_file(root, "game24/24.csv", fallback=root / "24.csv")
+
+
+class Game24Task(Task):
+    """Game of 24 over a row slice of ``24.csv`` (default rows 900..999 = ToT ranks 901-1000)."""
+
+    name = "game24"
+    stop = (_LEFT_STOP, "\n")
+    max_thought_tokens = 24
+    max_steps = 3
+
+    def __init__(self, data_dir: str | None = None, start: int = 900, end: int | None = 1000, n_shots: int = 5) -> None:
+        if not 0 <= n_shots <= len(FEW_SHOT_EXAMPLES):
+            raise ValueError(f"game24: n_shots={n_shots} must be in 0..{len(FEW_SHOT_EXAMPLES)}")
+        self.n_shots = n_shots
+        self.data_file = find_data_file(data_dir)
+        rows = _read_rows(self.data_file)
+        self.start, self.end = check_slice(start, end, len(rows), self.name)
+        self._problems = [_problem(i, rows[i]) for i in range(self.start, self.end)]
+
+    def problems(self) -> list[Problem]:
+        """The problems of the configured slice, in file order."""
+        return list(self._problems)
+
+    def prompt(self, problem: Problem) -> str:
+        """Instruction, ``n_shots`` worked examples, then "Input: a b c d\\nSteps:\\n"."""
+        numbers = " ".join(map(str, parse_puzzle(problem.question)))
+        blocks = [INSTRUCTION + "\n", *FEW_SHOT_EXAMPLES[: self.n_shots], f"Input: {numbers}\nSteps:\n"]
+        return "\n".join(blocks)
+
+    def initial_state(self, problem: Problem) -> Game24State:
+        """The four inputs, each its own expression."""
+        inputs = parse_puzzle(problem.question)
+        remaining = tuple(sorted(Operand(Fraction(n), str(n)) for n in inputs))
+        return Game24State(inputs=inputs, remaining=remaining)
+
+    def step(self, problem: Problem, state: Game24State, thought: str) -> StepResult:
+        """Apply "x op y = z" from the start of ``thought``; invalid keeps ``state`` and forces nothing."""
+        try:
+            new_state = _apply_step(state, thought)
+        except ValueError as err:
+            return StepResult(state=state, valid=False, reason=str(err))
+        terminal = len(new_state.remaining) == 1
+        return StepResult(state=new_state, forced_text=_forced_text(thought, new_state), terminal=terminal)
+
+    def final_answer(self, problem: Problem, state: Game24State) -> str | None:
+        """The expression of the last number, or None while more than one is left."""
+        return state.final_expression
+
+    def is_correct(self, problem: Problem, state: Game24State) -> bool:
+        """Whether the final expression uses the four inputs exactly once and equals 24."""
+        expr = self.final_answer(problem, state)
+        return expr is not None and check_expression(expr, parse_puzzle(problem.question))
+
+
+def _package_csv() -> Path | None:
+    """``tot/data/24/24.csv`` of the installed ``tree-of-thoughts-llm``, found without importing it."""
+    try:
+        spec = importlib.util.find_spec("tot")
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    candidates = [Path(loc) / "data" / "24" / "24.csv" for loc in locations]
+    return next((p for p in candidates if p.is_file()), candidates[0] if candidates else None)
+
+
+def _read_rows(path: Path) -> list[dict[str, str]]:
+    """Rows of ``24.csv``; ValueError when the "Puzzles" column is missing."""
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    if "Puzzles" not in (reader.fieldnames or []):
+        raise ValueError(f"{path}: no 'Puzzles' column; found columns {reader.fieldnames}")
+    return rows
+
+
+def _problem(index: int, row: dict[str, str]) -> Problem:
+    """Problem for 0-based row ``index``; rank from the "Rank" column (index + 1 when absent)."""
+    numbers = parse_puzzle(row["Puzzles"])
+    rank = int(row.get("Rank") or index + 1)
+    return Problem(index=index, question=" ".join(map(str, numbers)), meta={"rank": rank})
+
+
+def _apply_step(state: Game24State, thought: str) -> Game24State:
+    """State after the step at the start of ``thought``; ValueError saying why it is invalid."""
+    match = _STEP.match(thought)
+    if match is None:
+        raise ValueError(f"malformed step {thought[:40]!r}: expected 'x op y = z', e.g. '4 + 8 = 12'")
+    if not _STEP_END.fullmatch(match["rest"]):
+        raise ValueError(f"unexpected text after the step: {match['rest'][:40]!r}")
+    x, y, z = (_parse_number(match[k]) for k in ("x", "y", "z"))
+    op = _OPS[match["op"]]
+    left, right, rest = _take_two(state.remaining, x, y)
+    try:
+        value = apply_op(x, op, y)
+    except ZeroDivisionError:
+        raise ValueError(f"division by zero: {format_number(x)} / 0") from None
+    if value != z:
+        raise ValueError(f"wrong arithmetic: {_step_text(x, op, y, value)}, not {format_number(z)}")
+    made = Operand(value, f"({left.expr} {op} {right.expr})")
+    return Game24State(
+        inputs=state.inputs,
+        remaining=tuple(sorted((*rest, made), key=lambda o: o.value)),
+        steps=(*state.steps, _step_text(x, op, y, z)),
+    )
+
+
+def _parse_number(text: str) -> Fraction:
+    """An integer or "a/b" as an exact fraction; ValueError for a zero denominator."""
+    try:
+        return Fraction(text)
+    except ZeroDivisionError:
+        raise ValueError(f"bad number {text!r}: zero denominator") from None
+
+
+def _take_two(remaining: tuple[Operand, ...], x: Fraction, y: Fraction) -> tuple[Operand, Operand, list[Operand]]:
+    """Remove two distinct entries equal to ``x`` and ``y``; ValueError if they are not both there."""
+    rest = list(remaining)
+    taken = []
+    for wanted in (x, y):
+        index = next((i for i, o in enumerate(rest) if o.value == wanted), None)
+        if index is None:
+            left = " ".join(format_number(o.value) for o in remaining)
+            raise ValueError(f"number {format_number(wanted)} is not among the remaining numbers: {left}")
+        taken.append(rest.pop(index))
+    return taken[0], taken[1], rest
+
+
+def _step_text(x: Fraction, op: str, y: Fraction, z: Fraction) -> str:
+    """Canonical step line without the left part: "4 + 8 = 12"."""
+    return f"{format_number(x)} {op} {format_number(y)} = {format_number(z)}"
+
+
+def _forced_text(thought: str, state: Game24State) -> str:
+    """The "(left: ...)" part the task writes after ``thought``, plus "Answer: ..." when one is left."""
+    left = " ".join(format_number(v) for v in state.values)
+    if thought.endswith(_LEFT_STOP):
+        text = f": {left})\n"
+    elif thought[-1:].isspace():
+        text = f"(left: {left})\n"
+    else:
+        text = f" (left: {left})\n"
+    if state.final_expression is not None:
+        text += f"Answer: {state.final_expression} = {format_number(state.values[0])}\n"
+    return text
+
+
+def _strip_outer_parens(expr: str) -> str:
+    """``expr`` without one pair of parentheses enclosing all of it ("(a + b)" -> "a + b")."""
+    if not (expr.startswith("(") and expr.endswith(")")):
+        return expr
+    depth = 0
+    for i, char in enumerate(expr):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and i < len(expr) - 1:
+            return expr
+    return expr[1:-1]
