@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from arbor_runtime.attention import AttentionRecorder, recording
 from arbor_runtime.kv.store import KVShape
 
 
@@ -93,27 +94,34 @@ class ModelBackend:
 
     @torch.inference_mode()
     def forward(
-        self, cache: BatchCache, input_ids: torch.Tensor, position_ids: torch.Tensor, logits_to_keep: int = 1
+        self,
+        cache: BatchCache,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        logits_to_keep: int = 1,
+        recorder: AttentionRecorder | None = None,
     ) -> torch.Tensor:
         """One forward over q new tokens per row.
 
         Args:
             input_ids: (B, q) long; position_ids: (B, q) long true positions.
             logits_to_keep: last positions to compute logits for (0 = all).
+            recorder: when given, attention mass per key slot is added to it (see attention.py).
         Returns:
             (B, k, V) float logits, k = q when logits_to_keep is 0 else logits_to_keep.
         """
         q = input_ids.shape[1]
         mask = cache.step_mask(q)
         start = time.perf_counter()
-        out = self.model(
-            input_ids=input_ids.to(self.device),
-            position_ids=position_ids.to(self.device),
-            attention_mask=mask,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
+        with recording(self.model, recorder):
+            out = self.model(
+                input_ids=input_ids.to(self.device),
+                position_ids=position_ids.to(self.device),
+                attention_mask=mask,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+            )
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()  # honest model time; one sync per step
         self.model_seconds += time.perf_counter() - start

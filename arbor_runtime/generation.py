@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from arbor_runtime.attention import AttentionRecorder
 from arbor_runtime.backend import BatchCache, ModelBackend
 from arbor_runtime.sampling import SamplingParams, sample_tokens, token_stats
 
@@ -83,11 +84,13 @@ def decode_rows(
     stop: StopChecker,
     gen: torch.Generator,
     before_step: Callable[[int], None],
+    recorder: AttentionRecorder | None = None,
 ) -> None:
     """Run the loop until every row is done. Rows arrive with their first token sampled.
 
     ``before_step(working_tokens)`` is called before each forward with the KV tokens the batch
-    will hold after it (the runtime checks the budget there).
+    will hold after it (the runtime checks the budget there). With a ``recorder``, only live rows'
+    queries count (finished rows feed padding that must not add attention mass).
     """
     for row in rows:
         row.stop_reason = stop.reason(row)
@@ -97,7 +100,9 @@ def decode_rows(
         before_step(sum(r.fed + int(alive) for r, alive in zip(rows, live, strict=True)))
         ids = torch.tensor([[r.tokens[-1] if alive else pad] for r, alive in zip(rows, live, strict=True)])
         pos = torch.tensor([[r.start_pos + (r.fed if alive else 0)] for r, alive in zip(rows, live, strict=True)])
-        logits = backend.forward(cache, ids, pos)[:, -1]  # (B, V)
+        if recorder is not None:
+            recorder.row_weight = torch.tensor(live, dtype=torch.float32, device=recorder.mass.device)
+        logits = backend.forward(cache, ids, pos, recorder=recorder)[:, -1]  # (B, V)
         _postprocess(rows, live, logits, params, stop, gen)
 
 

@@ -23,6 +23,8 @@ class TracePoint:
     resident_bytes: int
     peak_tokens: int
     t: float
+    host_tokens: int = 0
+    events: int = 0
 
 
 @dataclass(slots=True)
@@ -44,6 +46,19 @@ class RuntimeMetrics:
     peak_working_bytes: int = 0
     nodes_created: int = 0
     nodes_released: int = 0
+    evicted_tokens: int = 0
+    dropped_tokens: int = 0
+    rehydrations: int = 0
+    rehydrated_tokens: int = 0
+    recomputed_tokens: int = 0
+    peak_host_tokens: int = 0
+    peak_host_bytes: int = 0
+    bytes_to_host: int = 0
+    bytes_to_device: int = 0
+    transfer_seconds: float = 0.0
+    branch_switch_events: int = 0
+    node_end_events: int = 0
+    memory_threshold_events: int = 0
     trace: list[TracePoint] = field(default_factory=list)
 
     @property
@@ -55,6 +70,25 @@ class RuntimeMetrics:
         if tokens > self.peak_device_tokens:
             self.peak_device_tokens = tokens
             self.peak_device_bytes = tokens * bytes_per_token
+
+    def sync_store(self, store, events) -> None:
+        """Copy the store's movement counters and the event counts (totals since creation)."""
+        c = store.counters
+        for name in (
+            "evicted_tokens", "dropped_tokens", "rehydrations", "rehydrated_tokens",
+            "recomputed_tokens", "peak_host_tokens", "peak_host_bytes",
+        ):  # fmt: skip
+            setattr(self, name, getattr(c, name))
+        host = store.host
+        self.bytes_to_host, self.bytes_to_device, self.transfer_seconds = (
+            host.bytes_to_host,
+            host.bytes_to_device,
+            host.transfer_seconds,
+        )
+        counts = events.counts()
+        self.branch_switch_events = counts.get("branch_switch", 0)
+        self.node_end_events = counts.get("node_end", 0)
+        self.memory_threshold_events = counts.get("memory_threshold", 0)
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "trace"}

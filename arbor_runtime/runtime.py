@@ -2,7 +2,7 @@
 
 Controllers call ``new_tree``, ``expand``/``expand_many``, ``append``, ``set_value`` and
 ``release``; the runtime gathers each path's KV from the store, runs the backend, stores new
-blocks, keeps the accounting, and asks the policy for room when the budget is tight.
+blocks, and lets the memory manager turn each operation into policy events.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from contextlib import contextmanager
 
 import torch
 
-from arbor_runtime.backend import ModelBackend
-from arbor_runtime.errors import BudgetError, KVBudgetExceeded
+from arbor_runtime.attention import AttentionRecorder
+from arbor_runtime.backend import BatchCache, ModelBackend
+from arbor_runtime.errors import BudgetError
 from arbor_runtime.generation import Row, StopChecker, decode_rows, sample_into
 from arbor_runtime.kv import BlockKV, KVStore
 from arbor_runtime.loading import LoadedModel
+from arbor_runtime.memory import MemoryManager
 from arbor_runtime.metrics import RuntimeMetrics, TracePoint
 from arbor_runtime.policies import Policy, build_policy
 from arbor_runtime.sampling import SamplingParams
@@ -32,7 +34,7 @@ class Runtime:
 
     Args:
         loaded: model and tokenizer from :func:`arbor_runtime.load_model`.
-        policy: a policy name (``"full"``) or a built :class:`Policy`.
+        policy: a policy name (``"full"``, ``"arbor"``, ...) or a built :class:`Policy`.
         budget_tokens: cap on resident device KV tokens (used when ``policy`` is a name).
         seed: seeds the runtime's sampling generator.
     """
@@ -42,20 +44,27 @@ class Runtime:
     ) -> None:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.policy = build_policy(policy, budget_tokens=budget_tokens)
+        if hasattr(self.policy, "vocab_size"):
+            self.policy.vocab_size = int(self.model.config.vocab_size)
         self.backend = ModelBackend(self.model)
         self.store = KVStore(self.backend.shape)
         self.metrics = RuntimeMetrics()
         self.nodes: dict[int, Node] = {}
+        self.memory = MemoryManager(self.store, self.policy, self.nodes, self._recompute)
         self._next_id = 0
         self._gen = torch.Generator().manual_seed(seed)
         self._eos_ids = _eos_ids(loaded)
         self._t0 = time.perf_counter()
-        self._op_peak = 0
 
     # ---- public API ----------------------------------------------------------------------
     @property
     def budget_tokens(self) -> int | None:
         return self.policy.budget_tokens
+
+    @property
+    def events(self):
+        """The :class:`~arbor_runtime.events.EventLog` of this runtime."""
+        return self.memory.events
 
     def new_tree(self, prompt: str) -> Node:
         """Start a tree whose root block is ``prompt`` (prefilled once)."""
@@ -70,7 +79,9 @@ class Runtime:
             )
         with self._op("new_tree"):
             node = self._new_node(None, ids, prompt, PROMPT, start_pos=0)
+            self.memory.prepare([], len(ids))
             self._prefill(node, with_logprobs=False)
+            self.memory.after([], [node])
         return node
 
     def expand(self, node: Node, n: int = 1, sampling: SamplingParams | None = None) -> list[Node]:
@@ -89,8 +100,12 @@ class Runtime:
         """
         params = sampling or SamplingParams()
         self._check_requests(requests)
+        targets = [node for node, _ in requests]
         with self._op("expand"):
-            return self._expand(requests, params)
+            self.memory.prepare(targets, sum(n for _, n in requests) * params.max_new_tokens)
+            out = self._expand(requests, params)
+            self.memory.after(targets, [c for kids in out for c in kids])
+        return out
 
     def append(self, node: Node, text: str) -> Node:
         """Add a teacher-forced child block holding ``text``; its ``logprobs`` score the text."""
@@ -99,24 +114,29 @@ class Runtime:
         if not ids:
             raise ValueError(f"append text {text!r} tokenizes to nothing")
         with self._op("append"):
+            self.memory.prepare([node], len(ids))
             child = self._new_node(node, ids, text, FORCED, start_pos=node.end_pos)
             self._prefill(child, with_logprobs=True)
+            self.memory.after([node], [child])
         return child
 
     def set_value(self, node: Node, value: float) -> None:
-        """Record the search value a verifier gave ``node`` (policies may use it)."""
+        """Record the search value a verifier gave ``node`` (MSVE reads it)."""
         node.value = float(value)
 
     def release(self, node: Node) -> None:
-        """Drop ``node``'s subtree and its KV; the node stays readable but cannot be expanded."""
+        """Drop ``node``'s subtree and its KV from every tier; the node stays readable."""
         with self._op("release"):
+            gone = []
             for sub in list(node.subtree()):
                 if sub.id in self.store:
                     self.store.pop(sub.id)
                 sub.released = True
                 self.nodes.pop(sub.id, None)
+                gone.append(sub.id)
                 self.metrics.nodes_released += 1
-            if node.parent is not None:
+            self.memory.forget(gone)
+            if node.parent is not None and node in node.parent.children:
                 node.parent.children.remove(node)
 
     def path_token_ids(self, node: Node) -> list[int]:
@@ -130,20 +150,42 @@ class Runtime:
         """(V,) log-probabilities of the token after ``node``'s path."""
         return torch.log_softmax(self.store.get(node.id).next_logits, dim=-1)
 
+    def residency(self, node: Node) -> dict[str, int]:
+        """Where ``node``'s block lives: tokens on device, on host, dropped."""
+        if node.id not in self.store:
+            return {"device": 0, "host": 0, "dropped": node.length}
+        blk = self.store.get(node.id)
+        host = self.store.host.indices(node.id)
+        n_host = 0 if host is None else int(host.numel())
+        return {"device": blk.kept_tokens, "host": n_host, "dropped": blk.length - blk.kept_tokens - n_host}
+
     # ---- internals: prefill --------------------------------------------------------------
     def _prefill(self, node: Node, with_logprobs: bool) -> None:
         """Compute ``node``'s block KV over its ancestors' KV (its tokens are new)."""
-        ids = node.token_ids
-        self._reserve(len(ids), "prefill")
-        cache = self.backend.new_cache([self._context(node.parent)], capacity=len(ids))
-        input_ids = torch.tensor([ids])
-        positions = torch.arange(node.start_pos, node.end_pos).unsqueeze(0)
-        logits = self.backend.forward(cache, input_ids, positions, logits_to_keep=0 if with_logprobs else 1)[0]
+        keys, values, logits = self._run_prefill(node, logits_to_keep=0 if with_logprobs else 1, record=True)
         if with_logprobs:
             self._score_forced(node, logits)
+        self.store.put(node.id, BlockKV.full(keys, values, node.start_pos, logits[-1].float().cpu().clone()))
+        self._take_attention(node, 0)
+        self.metrics.prefill_tokens += node.length
+
+    def _recompute(self, node: Node) -> None:
+        """Rebuild a block dropped from every tier by prefilling it over its (whole) ancestors."""
+        keys, values, _ = self._run_prefill(node, logits_to_keep=1, record=False)
+        self.store.replace_whole(node.id, keys, values)
+
+    def _run_prefill(self, node: Node, logits_to_keep: int, record: bool):
+        ids = node.token_ids
+        self.memory.reserve(len(ids), "prefill")
+        context_ids, context = self._context(node.parent)
+        cache = self.backend.new_cache([context], capacity=len(ids))
+        self._recorder = self._new_recorder(cache) if record else None
+        positions = torch.arange(node.start_pos, node.end_pos).unsqueeze(0)
+        logits = self.backend.forward(cache, torch.tensor([ids]), positions, logits_to_keep, self._recorder)[0]
+        self._recorder_ctx = [(context_ids, int(context[0].shape[2]))]
+        self._cache = cache
         keys, values = cache.extract(0, 0, len(ids))
-        self.store.put(node.id, BlockKV.whole(keys, values, node.start_pos, logits[-1].float().cpu().clone()))
-        self.metrics.prefill_tokens += len(ids)
+        return keys, values, logits
 
     def _score_forced(self, node: Node, logits: torch.Tensor) -> None:
         """Fill logprobs/entropies of a forced block. logits: (T, V), row i predicts token i+1."""
@@ -162,48 +204,62 @@ class Runtime:
         first = torch.stack([self.store.get(node.id).next_logits for node in owners])  # (B, V)
         sample_into(rows, first, params, gen)
         contexts = {node.id: self._context(node) for node, _ in requests}
-        cache = self.backend.new_cache([contexts[node.id] for node in owners], capacity=params.max_new_tokens)
+        cache = self.backend.new_cache([contexts[node.id][1] for node in owners], capacity=params.max_new_tokens)
         self.metrics.peak_working_bytes = max(self.metrics.peak_working_bytes, cache.nbytes)
+        self._recorder = self._new_recorder(cache)
+        self._recorder_ctx = [(contexts[o.id][0], int(contexts[o.id][1][0].shape[2])) for o in owners]
+        self._cache = cache
         stop = StopChecker(self.tokenizer, params, self._eos_ids)
-        decode_rows(self.backend, cache, rows, params, stop, gen, lambda w: self._reserve(w, "decode", working=True))
-        children = [
-            self._store_child(owner, row, cache, i) for i, (owner, row) in enumerate(zip(owners, rows, strict=True))
-        ]
+        decode_rows(self.backend, cache, rows, params, stop, gen, self._before_step, self._recorder)
+        children = [self._store_child(o, r, cache, i) for i, (o, r) in enumerate(zip(owners, rows, strict=True))]
         out, k = [], 0
         for _, n in requests:
             out.append(children[k : k + n])
             k += n
         return out
 
-    def _store_child(self, parent: Node, row: Row, cache, index: int) -> Node:
+    def _before_step(self, working: int) -> None:
+        self.memory.reserve(working, "decode")
+
+    def _store_child(self, parent: Node, row: Row, cache: BatchCache, index: int) -> Node:
         text = self.tokenizer.decode(row.tokens)
         child = self._new_node(parent, row.tokens, text, GENERATED, start_pos=parent.end_pos)
         child.logprobs, child.entropies, child.stop_reason = row.logprobs, row.entropies, row.stop_reason
         keys, values = cache.extract(index, 0, len(row.tokens))
-        self.store.put(child.id, BlockKV.whole(keys, values, child.start_pos, row.next_logits))
+        self.store.put(child.id, BlockKV.full(keys, values, child.start_pos, row.next_logits))
+        self._take_attention(child, index)
         self.metrics.decode_tokens += len(row.tokens)
         return child
 
-    def _context(self, node: Node | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Retained KV of the path ending at ``node``: (L, H_kv, T, D) keys and values."""
+    def _context(self, node: Node | None) -> tuple[list[int], tuple[torch.Tensor, torch.Tensor]]:
+        """Block ids and retained KV ((L, H_kv, T, D) keys and values) of the path ending at ``node``."""
         if node is None:
             shape = self.backend.shape
             empty = torch.zeros(shape.layers, shape.kv_heads, 0, shape.head_dim, dtype=shape.dtype, device=shape.device)
-            return empty, empty
-        keys, values, _ = self.store.gather([n.id for n in node.path()])
-        return keys, values
+            return [], (empty, empty)
+        ids = [n.id for n in node.path()]
+        keys, values, _ = self.store.gather(ids)
+        return ids, (keys, values)
 
-    # ---- internals: budget and bookkeeping -----------------------------------------------
-    def _reserve(self, extra: int, where: str, working: bool = False) -> None:
-        """Make sure resident blocks + ``extra`` working tokens fit the budget, else raise OOM."""
-        needed = self.store.resident_tokens + extra
-        budget = self.budget_tokens
-        if budget is not None and needed > budget and not self.policy.make_room(self, needed - budget):
-            raise KVBudgetExceeded(needed, budget, where)
-        needed = self.store.resident_tokens + extra
-        self._op_peak = max(self._op_peak, needed)
-        self.metrics.note_peak(needed, self.backend.shape.bytes_per_token)
+    # ---- internals: attention statistics -------------------------------------------------
+    def _new_recorder(self, cache: BatchCache) -> AttentionRecorder | None:
+        if not self.policy.needs_attention:
+            return None
+        return AttentionRecorder(cache.rows, cache.keys.shape[3], self.backend.device)
 
+    def _take_attention(self, node: Node, row: int) -> None:
+        """Scatter row ``row``'s recorded attention to its context blocks and to ``node``'s block."""
+        rec = getattr(self, "_recorder", None)
+        if rec is None:
+            return
+        block_ids, ctx_len = self._recorder_ctx[row]
+        mass = rec.mass[row]
+        if ctx_len and all(b in self.store for b in block_ids):
+            self.store.add_attention(block_ids, mass[:ctx_len])
+        start = self._cache.ctx_len
+        self.store.get(node.id).attention += mass[start : start + node.length].cpu()
+
+    # ---- internals: bookkeeping ----------------------------------------------------------
     def _new_node(self, parent: Node | None, ids: list[int], text: str, kind: str, start_pos: int) -> Node:
         node = Node(id=self._next_id, parent=parent, token_ids=list(ids), text=text, kind=kind, start_pos=start_pos)
         self._next_id += 1
@@ -230,23 +286,28 @@ class Runtime:
     @contextmanager
     def _op(self, name: str) -> Iterator[None]:
         start, fwd0, secs0 = time.perf_counter(), self.backend.forward_calls, self.backend.model_seconds
-        self._op_peak = self.store.resident_tokens
+        self.memory.peak_tokens = self.store.resident_tokens
         try:
             yield
         finally:
+            self._recorder = None
             m = self.metrics
             m.runtime_seconds += time.perf_counter() - start
             m.forward_calls += self.backend.forward_calls - fwd0
             m.model_seconds += self.backend.model_seconds - secs0
-            m.note_peak(self.store.resident_tokens, self.backend.shape.bytes_per_token)
+            peak = max(self.memory.peak_tokens, self.store.resident_tokens)
+            m.note_peak(peak, self.backend.shape.bytes_per_token)
+            m.sync_store(self.store, self.memory.events)
             m.trace.append(
                 TracePoint(
                     step=len(m.trace),
                     op=name,
                     resident_tokens=self.store.resident_tokens,
                     resident_bytes=self.store.resident_bytes,
-                    peak_tokens=max(self._op_peak, self.store.resident_tokens),
+                    peak_tokens=peak,
                     t=time.perf_counter() - self._t0,
+                    host_tokens=self.store.host_tokens,
+                    events=len(self.memory.events.records),
                 )
             )
 

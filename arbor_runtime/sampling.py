@@ -63,8 +63,12 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if params.top_p < 1.0:
         scores = _top_p_filter(scores, params.top_p)
-    probs = torch.softmax(scores, dim=-1)
-    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+    probs = torch.softmax(scores, dim=-1).cpu()
+    # Inverse-CDF draw: one uniform per row (torch.multinomial is ~100x slower on a 49k vocab on CPU).
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]
+    picks = torch.searchsorted(cdf, u, side="right").clamp_(max=probs.shape[-1] - 1)
+    return picks.squeeze(-1).to(logits.device)
 
 
 def token_stats(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

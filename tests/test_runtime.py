@@ -194,3 +194,15 @@ def test_memory_trace_records_every_operation(tiny):
     assert ops == ["new_tree", "expand", "release"]
     assert rt.metrics.trace[-1].resident_tokens == rt.store.resident_tokens
     assert rt.metrics.trace[1].peak_tokens >= rt.metrics.trace[1].resident_tokens
+
+
+def test_sampler_follows_the_distribution_and_filters():
+    from arbor_runtime.sampling import sample_tokens
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.0, 0.7]])).expand(4000, 4)
+    counts = torch.bincount(sample_tokens(logits, SamplingParams(temperature=1.0), gen), minlength=4) / 4000
+    assert counts[2] == 0 and abs(counts[3] - 0.7) < 0.03 and abs(counts[0] - 0.1) < 0.02
+    assert set(sample_tokens(logits, SamplingParams(temperature=1.0, top_k=1), gen).tolist()) == {3}
+    assert set(sample_tokens(logits, SamplingParams(temperature=1.0, top_p=0.5), gen).tolist()) == {3}
+    assert set(sample_tokens(logits, SamplingParams(temperature=1.0, top_p=0.8), gen).tolist()) == {1, 3}

@@ -19,6 +19,8 @@ class BlockKV:
         length: tokens in the whole block (retained or not).
         next_logits: (V,) float32 logits for the token after the block, on the host; children are
             sampled from them, so a block's last position is never computed twice.
+        attention: (length,) float32 attention mass each token received from later queries
+            (summed over layers, heads and queries; kept for evicted tokens too).
     """
 
     keys: torch.Tensor
@@ -27,10 +29,15 @@ class BlockKV:
     start_pos: int
     length: int
     next_logits: torch.Tensor
+    attention: torch.Tensor
 
     @property
     def kept_tokens(self) -> int:
         return int(self.keys.shape[2])
+
+    @property
+    def whole(self) -> bool:
+        return self.kept_tokens == self.length
 
     @property
     def positions(self) -> torch.Tensor:
@@ -42,8 +49,8 @@ class BlockKV:
         return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
 
     @classmethod
-    def whole(cls, keys: torch.Tensor, values: torch.Tensor, start_pos: int, next_logits: torch.Tensor) -> BlockKV:
+    def full(cls, keys: torch.Tensor, values: torch.Tensor, start_pos: int, next_logits: torch.Tensor) -> BlockKV:
         """A block with every token retained. keys/values: (L, H_kv, T, D)."""
         length = int(keys.shape[2])
         kept = torch.arange(length, device=keys.device)
-        return cls(keys, values, kept, start_pos, length, next_logits)
+        return cls(keys, values, kept, start_pos, length, next_logits, torch.zeros(length))

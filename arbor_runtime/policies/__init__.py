@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from arbor_runtime.policies.base import Policy
+from arbor_runtime.policies.arbor import ArborPolicy
+from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.full import FullPolicy
+from arbor_runtime.policies.h2o import H2OPolicy
+from arbor_runtime.policies.streaming import StreamingPolicy
+from arbor_runtime.policies.thinkv import ThinKVPolicy
 
-POLICIES: dict[str, type[Policy]] = {"full": FullPolicy}
+POLICIES: dict[str, type[Policy]] = {
+    "full": FullPolicy,
+    "h2o": H2OPolicy,
+    "streaming": StreamingPolicy,
+    "thinkv": ThinKVPolicy,
+    "arbor": ArborPolicy,
+}
 
 
 def build_policy(policy: str | Policy, **kwargs: Any) -> Policy:
@@ -21,4 +31,15 @@ def build_policy(policy: str | Policy, **kwargs: Any) -> Policy:
     return cls(**kwargs)
 
 
-__all__ = ["POLICIES", "FullPolicy", "Policy", "build_policy"]
+__all__ = [
+    "POLICIES",
+    "ArborPolicy",
+    "FullPolicy",
+    "H2OPolicy",
+    "MemoryView",
+    "Policy",
+    "RetentionPlan",
+    "StreamingPolicy",
+    "ThinKVPolicy",
+    "build_policy",
+]

@@ -1,37 +1,99 @@
 """Memory policy interface.
 
-A policy decides which tokens of which block stay on the device. It sees the tree and the store
-through the runtime and answers with a retention plan; it never moves tensors itself.
+A policy reacts to events (node end, branch switch, memory threshold) and answers with a
+:class:`RetentionPlan`: for some blocks, the token indices that stay on the device. The store
+carries plans out (offloading to the host tier or dropping, by the policy's ``offload``); a
+policy never moves tensors itself. Policies read the tree and per-block statistics through a
+:class:`MemoryView` the runtime builds for each event.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
-if TYPE_CHECKING:
-    from arbor_runtime.runtime import Runtime
+import torch
+
+from arbor_runtime.events import Event, MemoryThreshold
+from arbor_runtime.kv.block import BlockKV
+from arbor_runtime.tree import Node
+
+
+@dataclass(frozen=True, slots=True)
+class BlockView:
+    """A live block as a policy sees it: its node (text, value, entropies, depth) and its KV record."""
+
+    node: Node
+    kv: BlockKV
+    active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryView:
+    """What a policy may read when it plans.
+
+    Attributes:
+        blocks: live blocks in creation order (oldest first).
+        active: node ids on the active paths (the nodes about to be / just expanded and ancestors).
+        budget: ``budget_tokens``; target: resident block tokens the plan should get down to.
+    """
+
+    blocks: list[BlockView]
+    active: frozenset[int]
+    budget: int | None
+    target: int
+
+    @property
+    def resident(self) -> int:
+        return sum(b.kv.kept_tokens for b in self.blocks)
+
+
+@dataclass(slots=True)
+class RetentionPlan:
+    """Per block id, the sorted block-local token indices to keep on the device (others leave).
+
+    ``drop_host`` lists blocks whose host-tier span is to be forgotten (host cap).
+    """
+
+    keep: dict[int, torch.Tensor] = field(default_factory=dict)
+    drop_host: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.keep) + len(self.drop_host)
 
 
 @dataclass(slots=True)
 class Policy:
-    """Base policy: holds the budget; subclasses override the hooks they need.
+    """Base policy: holds the budget and the threshold; ``plan`` says what stays.
 
     Attributes:
         budget_tokens: cap on resident device KV tokens (blocks + working buffers); None = no cap.
+        threshold: a MemoryThreshold event fires when resident blocks pass ``threshold * budget``
+            after an operation; the plan then aims at that level.
     """
 
     name = "base"
+    #: evicted tokens go to the host tier (True) or are gone for good (False)
+    offload = False
+    #: the runtime restores (rehydrates / recomputes) the active path before each expansion
+    keep_active_whole = False
+    #: the runtime records attention statistics for this policy
+    needs_attention = False
+
     budget_tokens: int | None = None
+    threshold: float = 0.9
 
     def __post_init__(self) -> None:
-        if self.budget_tokens is not None and self.budget_tokens <= 0:
+        if self.budget_tokens is not None and (not isinstance(self.budget_tokens, int) or self.budget_tokens <= 0):
             raise ValueError(f"budget_tokens={self.budget_tokens} must be a positive number of tokens or None")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold={self.threshold} must be in (0, 1]")
 
-    def make_room(self, runtime: Runtime, needed_tokens: int) -> bool:
-        """Called when ``needed_tokens`` more resident tokens would pass the budget.
+    def on_event(self, event: Event, view: MemoryView) -> RetentionPlan | None:
+        """React to an event; the default plans only on memory pressure."""
+        if isinstance(event, MemoryThreshold) and view.resident > view.target:
+            return self.plan(view)
+        return None
 
-        Returns True when the policy freed enough room (by a retention plan the store carried
-        out), False to let the runtime raise :class:`~arbor_runtime.errors.KVBudgetExceeded`.
-        """
-        return False
+    def plan(self, view: MemoryView) -> RetentionPlan | None:
+        """Which tokens stay so that resident blocks fit ``view.target``; None keeps everything."""
+        return None

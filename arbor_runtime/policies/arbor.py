@@ -1,0 +1,123 @@
+"""ArborKV: MSVE block values + Tree-Aware Allocation (TAE), token-extractive, with a host tier.
+
+- The active path (every node about to be expanded and its ancestors) stays whole; before each
+  expansion the runtime brings its evicted tokens back (lazy rehydration, or recompute when a
+  span was dropped from every tier).
+- Global sinks (the first tokens of each root) and each block's tail stay.
+- Inactive blocks get a retention ratio from their MSVE value and topology (``distance_decay``
+  per tree edge from the active path), water-filled to fit the budget; inside a block the
+  highest-attention tokens stay (token-extractive: no summaries).
+- Evicted spans go to the host tier; with ``host_budget_tokens`` set, the lowest-value spans
+  are dropped when the host is full (they come back by recompute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from arbor_runtime.events import BranchSwitch, Event
+from arbor_runtime.policies.allocation import fit_floors, top_tokens, water_fill
+from arbor_runtime.policies.base import BlockView, MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.msve import MSVEWeights, block_values
+
+
+@dataclass(slots=True)
+class ArborPolicy(Policy):
+    """ArborKV (MSVE + TAE).
+
+    Attributes:
+        sink_tokens: first tokens of each root kept on device.
+        tail_tokens: last tokens of each block kept on device.
+        distance_decay: retention weight factor per edge between a block and the active path.
+        min_ratio: smallest share of an inactive block's tokens the allocation aims to keep.
+        calibration: MSVE calibration JSON path (None = documented defaults).
+        host_budget_tokens: cap on host-tier tokens (None = unbounded).
+        vocab_size: for entropy normalization (set by the runtime).
+    """
+
+    name = "arbor"
+    offload = True
+    keep_active_whole = True
+    needs_attention = True
+
+    sink_tokens: int = 4
+    tail_tokens: int = 2
+    distance_decay: float = 0.7
+    min_ratio: float = 0.0
+    calibration: str | None = None
+    host_budget_tokens: int | None = None
+    vocab_size: int = 32000
+    weights: MSVEWeights = field(default_factory=MSVEWeights)
+
+    def __post_init__(self) -> None:
+        Policy.__post_init__(self)
+        if not 0.0 < self.distance_decay <= 1.0:
+            raise ValueError(f"distance_decay={self.distance_decay} must be in (0, 1]")
+        if self.calibration is not None:
+            self.weights = MSVEWeights.load(self.calibration)
+
+    def on_event(self, event: Event, view: MemoryView) -> RetentionPlan | None:
+        if isinstance(event, BranchSwitch):
+            return None  # the runtime rehydrates the new active path right before expanding it
+        return Policy.on_event(self, event, view)
+
+    def plan(self, view: MemoryView) -> RetentionPlan | None:
+        values = block_values(view.blocks, self.weights, self.vocab_size)
+        inactive = [b for b in view.blocks if not b.active]
+        active_tokens = sum(b.kv.kept_tokens for b in view.blocks if b.active)
+        capacity = max(view.target - active_tokens, 0)
+        sizes = [b.kv.kept_tokens for b in inactive]
+        if sum(sizes) <= capacity:
+            return None
+        protected = [self._protected(b) for b in inactive]
+        weights = [values[b.node.id] * self.distance_decay ** _distance(b, view.active) for b in inactive]
+        floors = [
+            min(max(int(torch.isin(b.kv.kept.cpu(), p).sum()), int(self.min_ratio * s)), s)
+            for b, p, s in zip(inactive, protected, sizes, strict=True)
+        ]
+        floors = fit_floors(floors, weights, capacity)
+        alloc = water_fill(sizes, floors, weights, capacity)
+        plan = RetentionPlan()
+        for b, n, size, must in zip(inactive, alloc, sizes, protected, strict=True):
+            if n < size:
+                plan.keep[b.node.id] = top_tokens(b.kv.kept, b.kv.attention, must, n)
+        plan.drop_host = self._host_overflow(view, values, plan)
+        return plan
+
+    def _protected(self, b: BlockView) -> torch.Tensor:
+        """Block-local indices that stay: the tail, and the sinks for a root block."""
+        length = b.kv.length
+        tail = torch.arange(max(length - self.tail_tokens, 0), length)
+        if b.node.parent is None:
+            tail = torch.cat([torch.arange(min(self.sink_tokens, length)), tail])
+        return tail
+
+    def _host_overflow(self, view: MemoryView, values: dict[int, float], plan: RetentionPlan) -> list[int]:
+        """Blocks whose host spans go (lowest value first) so the host stays under its cap."""
+        if self.host_budget_tokens is None:
+            return []
+        moved = {
+            b.node.id: b.kv.kept_tokens - int(plan.keep[b.node.id].numel())
+            for b in view.blocks
+            if b.node.id in plan.keep
+        }
+        hosted = {b.node.id: b.kv.length - b.kv.kept_tokens for b in view.blocks}
+        load = {i: hosted[i] + moved.get(i, 0) for i in hosted}
+        total, drop = sum(load.values()), []
+        for node_id in sorted(load, key=lambda i: values.get(i, 0.0)):
+            if total <= self.host_budget_tokens:
+                break
+            if load[node_id] and node_id not in view.active:
+                drop.append(node_id)
+                total -= load[node_id]
+        return drop
+
+
+def _distance(b: BlockView, active: frozenset[int]) -> int:
+    """Tree edges from a block up to the nearest active ancestor (depth + 1 when there is none)."""
+    d, node = 0, b.node
+    while node is not None and node.id not in active:
+        node, d = node.parent, d + 1
+    return d

@@ -1,0 +1,95 @@
+"""MSVE: multi-signal value estimation of a thought block (ArborKV).
+
+A block's value combines its search value (set by the verifier through ``Runtime.set_value``),
+its uncertainty (mean token entropy, normalized by log|V|), its attention density (mean
+attention its tokens received, relative to the mean over all blocks), and its depth:
+
+    value = sigmoid(bias + w_search * s + w_uncertainty * u + w_attention * a + w_depth * d)
+
+Weights come from a calibration file written by ``scripts/calibrate_msve.py`` (JSON); without
+one, :data:`DEFAULT_WEIGHTS` apply: search value dominates, uncertain blocks are worth less,
+attended blocks more.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from arbor_runtime.policies.base import BlockView
+from arbor_runtime.tree import Node
+
+#: the signal names, in the order the calibration fits them
+SIGNALS = ("search", "uncertainty", "attention", "depth")
+
+
+@dataclass(frozen=True, slots=True)
+class MSVEWeights:
+    """Weights of the MSVE signals (see module docstring)."""
+
+    bias: float = 0.0
+    search: float = 3.0
+    uncertainty: float = -1.0
+    attention: float = 2.0
+    depth: float = -0.1
+
+    @classmethod
+    def load(cls, path: str | Path | None) -> MSVEWeights:
+        """Weights from a calibration JSON (``{"weights": {...}}``); defaults when ``path`` is None."""
+        if path is None:
+            return cls()
+        path = Path(path).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"MSVE calibration file {str(path)!r} does not exist (policy.calibration)")
+        data = json.loads(path.read_text())
+        weights = data.get("weights", data)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(weights) - known)
+        if unknown:
+            raise ValueError(f"calibration {path}: unknown weights {unknown}; valid: {sorted(known)}")
+        return cls(**{k: float(v) for k, v in weights.items()})
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def search_value(node: Node) -> float:
+    """The node's own value, else the best value among its children (a thought's forced block holds
+    the verifier score), else its parent's, else 0.5."""
+    if node.value is not None:
+        return node.value
+    child_values = [c.value for c in node.children if c.value is not None]
+    if child_values:
+        return max(child_values)
+    if node.parent is not None and node.parent.value is not None:
+        return node.parent.value
+    return 0.5
+
+
+def signals(blocks: list[BlockView], vocab_size: int) -> dict[int, tuple[float, float, float, float]]:
+    """Per block id, the (search, uncertainty, attention, depth) signals, each roughly in [0, 1]."""
+    densities = {b.node.id: float(b.kv.attention.sum()) / max(b.kv.length, 1) for b in blocks}
+    mean_density = sum(densities.values()) / max(len(densities), 1) or 1.0
+    log_v = math.log(max(vocab_size, 2))
+    out = {}
+    for b in blocks:
+        ratio = densities[b.node.id] / mean_density
+        out[b.node.id] = (
+            min(max(search_value(b.node), 0.0), 1.0),
+            min(b.node.mean_entropy / log_v, 1.0),
+            ratio / (1.0 + ratio),
+            min(b.node.depth / 10.0, 1.0),
+        )
+    return out
+
+
+def block_values(blocks: list[BlockView], weights: MSVEWeights, vocab_size: int) -> dict[int, float]:
+    """MSVE value in (0, 1) per block id."""
+    w = (weights.search, weights.uncertainty, weights.attention, weights.depth)
+    values = {}
+    for node_id, sig in signals(blocks, vocab_size).items():
+        z = weights.bias + sum(wi * si for wi, si in zip(w, sig, strict=True))
+        values[node_id] = 1.0 / (1.0 + math.exp(-z))
+    return values

@@ -1,0 +1,166 @@
+"""Memory policies under a hard budget: property tests over random trees and expansion orders."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from arbor_runtime import KVBudgetExceeded, Runtime, SamplingParams
+from arbor_runtime.events import replay_resident
+from arbor_runtime.policies import POLICIES, ArborPolicy, build_policy
+
+PROMPT = "Input: 4 4 6 8\nSteps:\n"
+PARAMS = SamplingParams(max_new_tokens=4, temperature=1.0)
+BUDGET = 48  # prompt (14) + 3 blocks of <= 5 tokens + 2 rows x 4 working tokens fit; the tree does not
+MAX_DEPTH = 3
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["expand", "expand", "expand", "append", "release"]), st.integers(0, 10_000), st.integers(1, 2)
+    ),
+    min_size=4,
+    max_size=14,
+)
+
+
+def run_ops(rt: Runtime, script, snapshots: dict | None = None, on_op=None) -> list:
+    """Apply a random script of operations; returns created nodes. Stops at an OOM (full)."""
+    rt.new_tree(PROMPT)
+    created = []
+    for op, pick, n in script:
+        live = sorted((x for x in rt.nodes.values() if x.depth <= MAX_DEPTH), key=lambda x: x.id)
+        node = live[pick % len(live)]
+        if op == "expand":
+            new = rt.expand(node, n, PARAMS)
+        elif op == "append":
+            new = [rt.append(node, " ok")]
+        else:
+            if node.parent is not None:
+                rt.release(node)
+            new = []
+        created += new
+        if snapshots is not None:
+            for c in new:
+                blk = rt.store.get(c.id)
+                snapshots[c.id] = (blk.keys.clone(), blk.values.clone())
+        if on_op is not None:
+            on_op(rt, op, node, new)
+    return created
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(script=ops, seed=st.integers(0, 3))
+def test_budget_never_exceeded_and_events_replay(tiny, name, script, seed):
+    rt = Runtime(tiny, policy=name, budget_tokens=BUDGET, seed=seed)
+    try:
+        run_ops(rt, script)
+    except KVBudgetExceeded:
+        assert name == "full", "only full may run out of memory at this budget"
+    assert rt.metrics.peak_device_tokens <= BUDGET
+    assert all(p.peak_tokens <= BUDGET for p in rt.metrics.trace)
+    assert rt.store.resident_tokens == sum(rt.store.get(i).kept_tokens for i in rt.store.block_ids())
+    replayed = replay_resident(rt.store.journal, rt.events)
+    assert replayed == [(r.resident_tokens, r.host_tokens) for r in rt.events.records]
+    if not POLICIES[name].offload:
+        assert rt.store.host_tokens == 0 and rt.metrics.rehydrations == 0
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(script=ops, seed=st.integers(0, 3))
+def test_arbor_active_path_whole_and_rehydration_bit_identical(tiny, script, seed):
+    snapshots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def check(rt, op, node, new):
+        for block_id in rt.memory.active:  # the active path is complete after every operation
+            assert rt.store.get(block_id).whole
+        for block_id in rt.store.block_ids():
+            blk = rt.store.get(block_id)
+            if block_id in snapshots:  # retained (and rehydrated) tokens equal what was computed
+                keys, values = snapshots[block_id]
+                assert torch.equal(blk.keys, keys[:, :, blk.kept]) and torch.equal(blk.values, values[:, :, blk.kept])
+
+    rt = Runtime(tiny, policy="arbor", budget_tokens=BUDGET, seed=seed)
+    run_ops(rt, script, snapshots, check)
+    assert rt.metrics.peak_device_tokens <= BUDGET
+
+
+def test_arbor_rehydrates_bit_identical_after_eviction(tiny):
+    rt = Runtime(tiny, policy="arbor", budget_tokens=10_000)
+    root = rt.new_tree(PROMPT)
+    kid = rt.expand(root, 1, PARAMS)[0]
+    blk = rt.store.get(kid.id)
+    keys, values = blk.keys.clone(), blk.values.clone()
+    rt.store.apply(kid.id, torch.tensor([0]), offload=True)  # evict all but the first token
+    assert rt.residency(kid) == {"device": 1, "host": kid.length - 1, "dropped": 0}
+    rt.expand(kid, 1, PARAMS)  # kid is on the active path: lazily rehydrated first
+    blk = rt.store.get(kid.id)
+    assert blk.whole and torch.equal(blk.keys, keys) and torch.equal(blk.values, values)
+    assert rt.metrics.rehydrations == 1 and rt.metrics.rehydrated_tokens == kid.length - 1
+
+
+def test_dropped_block_is_recomputed_on_return(tiny):
+    rt = Runtime(tiny, policy="arbor", budget_tokens=10_000)
+    root = rt.new_tree(PROMPT)
+    kid = rt.expand(root, 1, SamplingParams(max_new_tokens=6, temperature=0.0))[0]
+    keys = rt.store.get(kid.id).keys.clone()
+    rt.store.apply(kid.id, torch.tensor([0]), offload=False)  # drop from every tier
+    prefill = rt.metrics.prefill_tokens
+    grand = rt.expand(kid, 1, SamplingParams(max_new_tokens=6, temperature=0.0))[0]
+    assert rt.metrics.recomputed_tokens == kid.length - 1
+    assert rt.metrics.prefill_tokens == prefill  # recompute is counted apart from first-time prefill
+    assert torch.allclose(rt.store.get(kid.id).keys, keys, atol=1e-5)
+    ref = Runtime(tiny)
+    ref_kid = ref.expand(ref.new_tree(PROMPT), 1, SamplingParams(max_new_tokens=6, temperature=0.0))[0]
+    assert ref.expand(ref_kid, 1, SamplingParams(max_new_tokens=6, temperature=0.0))[0].token_ids == grand.token_ids
+
+
+def test_arbor_under_tight_budget_generates_what_full_generates(tiny):
+    """The active path is whole and rehydration exact, so arbor's samples equal full's."""
+    script = [("expand", random.Random(i).randrange(10_000), 1 + i % 2) for i in range(14)]
+    full = Runtime(tiny, policy="full", seed=3)
+    arbor = Runtime(tiny, policy="arbor", budget_tokens=BUDGET, seed=3)
+    run_ops(full, script)
+    run_ops(arbor, script)
+    assert arbor.metrics.rehydrations > 0 and arbor.metrics.peak_device_tokens <= BUDGET
+    assert full.metrics.peak_device_tokens > 2 * BUDGET
+    assert [n.token_ids for n in full.nodes.values()] == [n.token_ids for n in arbor.nodes.values()]
+
+
+def test_tree_blind_policies_drop_for_good(tiny):
+    for name in ("h2o", "streaming", "thinkv"):
+        rt = Runtime(tiny, policy=name, budget_tokens=BUDGET, seed=1)
+        run_ops(rt, [("expand", i * 7, 2) for i in range(10)])
+        m = rt.metrics
+        assert m.evicted_tokens > 0 and m.dropped_tokens == m.evicted_tokens and m.rehydrations == 0
+
+
+def test_streaming_keeps_sinks_and_recent(tiny):
+    rt = Runtime(tiny, policy="streaming", budget_tokens=BUDGET, seed=1)
+    run_ops(rt, [("expand", i, 1) for i in range(10)])
+    root = next(n for n in rt.nodes.values() if n.parent is None)
+    assert rt.store.get(root.id).kept[:4].tolist() == [0, 1, 2, 3]
+
+
+def test_policy_configuration_errors():
+    with pytest.raises(ValueError, match="budget_tokens=0"):
+        build_policy("arbor", budget_tokens=0)
+    with pytest.raises(ValueError, match="threshold=1.5"):
+        ArborPolicy(threshold=1.5)
+    with pytest.raises(FileNotFoundError, match="no_such.json"):
+        ArborPolicy(calibration="/tmp/no_such.json")
+    with pytest.raises(ValueError, match="unknown policy 'lru'; valid: arbor, full, h2o, streaming, thinkv"):
+        build_policy("lru")
+
+
+def test_large_budget_arbor_equals_full_and_evicts_nothing(tiny):
+    script = [("expand", i * 3, 2) for i in range(8)]
+    full, arbor = Runtime(tiny, policy="full", seed=5), Runtime(tiny, policy="arbor", budget_tokens=100_000, seed=5)
+    run_ops(full, script)
+    run_ops(arbor, script)
+    assert [n.token_ids for n in full.nodes.values()] == [n.token_ids for n in arbor.nodes.values()]
+    assert arbor.metrics.evicted_tokens == 0
