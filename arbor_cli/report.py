@@ -16,6 +16,9 @@ COLUMNS = (
     ("decode_tokens", "decode tok", "{:,}"),
     ("peak_device_tokens", "peak KV tok", "{:,}"),
     ("peak_device_bytes", "peak KV MB", "mb"),
+    ("peak_host_bytes", "peak host MB", "mb"),
+    ("rehydrations", "rehydr.", "{:,}"),
+    ("evicted_tokens", "evicted tok", "{:,}"),
     ("seconds", "seconds", "{:.1f}"),
 )
 
@@ -46,6 +49,8 @@ def _totals(rows: Sequence[dict[str, Any]]) -> list[str]:
     cells += [f"{sum(r.get(k) or 0 for r in rows):,}" for k in ("prefill_tokens", "decode_tokens")]
     cells += [f"{max(r.get('peak_device_tokens') or 0 for r in rows):,}"]
     cells += [_cell(max(r.get("peak_device_bytes") or 0 for r in rows), "mb")]
+    cells += [_cell(max(r.get("peak_host_bytes") or 0 for r in rows), "mb")]
+    cells += [f"{sum(r.get(k) or 0 for r in rows):,}" for k in ("rehydrations", "evicted_tokens")]
     cells += [f"{sum(r.get('seconds') or 0 for r in rows):.1f}", f"OOM: {sum(bool(r.get('oom')) for r in rows)}"]
     return cells
 

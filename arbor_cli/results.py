@@ -8,6 +8,7 @@ from typing import Any
 
 RESULTS_FILE = "results.jsonl"
 TRACES_FILE = "traces.jsonl"
+EVENTS_FILE = "events.jsonl"
 TREES_DIR = "trees"
 
 

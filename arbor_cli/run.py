@@ -17,8 +17,9 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from arbor_cli.budget import PolicyFactory, check_budget
 from arbor_cli.report import results_table
-from arbor_cli.results import RESULTS_FILE, TRACES_FILE, append_jsonl, load_done
+from arbor_cli.results import EVENTS_FILE, RESULTS_FILE, TRACES_FILE, append_jsonl, load_done
 from arbor_runtime import ArborError, KVBudgetExceeded, LoadedModel, Runtime, load_model
 from arbor_runtime.metrics import RuntimeMetrics
 from controllers.base import SearchResult
@@ -35,14 +36,15 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
     try:
         task, verifier = _build(cfg.task), None
         verifier = _build(cfg.verifier) if cfg.verifier.get("_target_") else default_verifier(task)
-        _build(cfg.policy)  # validate the policy (budget) before loading the model
         problems = task.problems()
+        policies = PolicyFactory(cfg.policy, problems)  # validates the policy before loading the model
         loaded = load_model(**_model_kwargs(cfg.model))
+        check_budget(policies, task, problems, loaded.tokenizer)
     except USER_ERRORS as exc:
         print(f"arbor-solve: error: {exc}", file=sys.stderr)
         return 2
     run_dir = resolve_run_dir(cfg)
-    rows = solve_all(cfg, loaded, task, verifier, problems, run_dir, console)
+    rows = solve_all(cfg, loaded, task, verifier, problems, run_dir, console, policies)
     write_summary_csv(run_dir, rows)
     console.print(results_table(rows, title=f"{task.name} · {_choice(cfg, 'controller')} · {_choice(cfg, 'policy')}"))
     console.print(f"results: {run_dir / RESULTS_FILE}")
@@ -57,9 +59,11 @@ def solve_all(
     problems: list[Problem],
     run_dir: Path,
     console: Console,
+    policies: PolicyFactory | None = None,
 ) -> list[dict[str, Any]]:
     """Search every problem not yet in ``run_dir``'s results; returns all rows of the slice."""
     done = load_done(run_dir) if cfg.get("resume", True) else {}
+    policies = policies or PolicyFactory(cfg.policy, problems)
     rows = []
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
@@ -69,19 +73,26 @@ def solve_all(
                 rows.append(done[problem.index])
             else:
                 progress.update(bar, description=f"{task.name} #{problem.index} {problem.question[:30]}")
-                row, metrics = solve_one(cfg, loaded, task, verifier, problem)
+                row, rt = solve_one(cfg, loaded, task, verifier, problem, policies)
                 append_jsonl(run_dir / RESULTS_FILE, row)
-                append_jsonl(run_dir / TRACES_FILE, {"index": problem.index, "trace": _trace(metrics)})
+                append_jsonl(run_dir / TRACES_FILE, {"index": problem.index, "trace": _trace(rt.metrics)})
+                append_jsonl(run_dir / EVENTS_FILE, {"index": problem.index, "events": _events(rt)})
                 rows.append(row)
             progress.advance(bar)
     return rows
 
 
 def solve_one(
-    cfg: DictConfig, loaded: LoadedModel, task: Task, verifier: Verifier, problem: Problem
-) -> tuple[dict[str, Any], RuntimeMetrics]:
+    cfg: DictConfig,
+    loaded: LoadedModel,
+    task: Task,
+    verifier: Verifier,
+    problem: Problem,
+    policies: PolicyFactory | None = None,
+) -> tuple[dict[str, Any], Runtime]:
     """One problem with a fresh runtime; an OOM is recorded, not raised."""
-    rt = Runtime(loaded, policy=_build(cfg.policy), seed=int(cfg.seed) + problem.index)
+    policy = (policies or PolicyFactory(cfg.policy, [problem])).build(problem.index)
+    rt = Runtime(loaded, policy=policy, seed=int(cfg.seed) + problem.index)
     controller = instantiate(cfg.controller, runtime=rt, task=task, verifier=verifier)
     base = {"index": problem.index, "question": problem.question, "task": task.name, "model": loaded.spec}
     try:
@@ -89,9 +100,11 @@ def solve_one(
     except KVBudgetExceeded as exc:
         log.info("problem %s: %s", problem.index, exc)
         row = base | {"solved": False, "oom": True, "error": str(exc), "answer": None}
-        return row | _metric_fields(rt.metrics, controller.branch_switches, len(controller.expansions)), rt.metrics
+        row |= {"policy": policy.name, "budget_tokens": policy.budget_tokens}
+        return row | _metric_fields(rt.metrics, controller.branch_switches, len(controller.expansions)), rt
     row = base | _result_fields(result) | {"oom": False, "error": None}
-    return row | _metric_fields(rt.metrics, result.branch_switches, len(result.expansions)), rt.metrics
+    row |= {"policy": policy.name, "budget_tokens": policy.budget_tokens}
+    return row | _metric_fields(rt.metrics, result.branch_switches, len(result.expansions)), rt
 
 
 def default_verifier(task: Task) -> Verifier:
@@ -154,6 +167,14 @@ def _trace(metrics: RuntimeMetrics) -> list[dict[str, Any]]:
         {"step": p.step, "op": p.op, "resident_tokens": p.resident_tokens, "peak_tokens": p.peak_tokens, "t": p.t}
         for p in metrics.trace
     ]
+
+
+def _events(rt: Runtime) -> list[dict[str, Any]]:
+    return [
+        {"seq": r.seq, "step": r.step, "t": round(r.t, 4), "kind": r.kind, "resident_tokens": r.resident_tokens,
+         "host_tokens": r.host_tokens, "plan_blocks": r.plan_blocks, **r.data}
+        for r in rt.events.records
+    ]  # fmt: skip
 
 
 def _build(node: DictConfig) -> Any:

@@ -35,18 +35,22 @@ class AttentionRecorder:
         self.row_weight: torch.Tensor | None = None  # (B,) 0/1: rows whose queries count this step
 
     def observe(self, module, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling) -> None:
-        """query: (B, Hq, q, D); key: (B, Hkv, S, D); mask: (B, 1, q, S) bool or None."""
-        groups = query.shape[1] // key.shape[1]
-        k = key.repeat_interleave(groups, dim=1) if groups > 1 else key
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        scores = torch.matmul(query.float(), k.float().transpose(-1, -2)) * scale  # (B, Hq, q, S)
+        """query: (B, Hq, q, D); key: (B, Hkv, S, D); mask: (B, 1, q, S) bool or additive, or None."""
+        b, hq, q, d = query.shape
+        hkv, s = key.shape[1], key.shape[2]
+        groups = hq // hkv
+        # query heads j*groups..(j+1)*groups-1 share kv head j: group them instead of copying keys
+        qg = query.float().reshape(b, hkv, groups * q, d)
+        scale = scaling if scaling is not None else d**-0.5
+        scores = torch.matmul(qg, key.float().transpose(-1, -2)).mul_(scale).view(b, hkv, groups, q, s)
         if mask is not None:
-            scores = scores.masked_fill(~mask.bool(), float("-inf")) if mask.dtype == torch.bool else scores + mask
+            m = mask.unsqueeze(2)  # (B, 1, 1, q, S)
+            scores = scores.masked_fill(~m, float("-inf")) if mask.dtype == torch.bool else scores + m
         probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)
-        mass = probs.sum(dim=(1, 2))  # (B, S)
+        mass = probs.sum(dim=(1, 2, 3))  # (B, S)
         if self.row_weight is not None:
             mass = mass * self.row_weight.unsqueeze(1)
-        self.mass[:, : key.shape[2]] += mass
+        self.mass[:, :s] += mass
 
 
 def _arbor_sdpa(module, query, key, value, attention_mask, *args, **kwargs):

@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 from rich.console import Console
 
+from arbor_cli.budget import PolicyFactory
 from arbor_cli.run import default_verifier, run
 from arbor_runtime import Runtime
 from controllers.base import Controller
@@ -38,7 +39,7 @@ def test_every_config_group_composes_and_instantiates(group, tiny, data_dir):
         cfg = compose_cfg(f"{group}={option}", f"task.data_dir={data_dir}")
         task = instantiate(cfg.task)
         assert task.problems()
-        policy = instantiate(cfg.policy)
+        policy = PolicyFactory(cfg.policy, task.problems()[:1]).build(None)
         verifier = instantiate(cfg.verifier) if cfg.verifier.get("_target_") else default_verifier(task)
         controller = instantiate(cfg.controller, runtime=Runtime(tiny, policy=policy), task=task, verifier=verifier)
         assert isinstance(controller, Controller)
@@ -62,11 +63,11 @@ def test_cli_runs_one_puzzle_and_resumes(data_dir, tmp_path):
 
 
 def test_budget_overrun_is_recorded_as_oom(data_dir, tmp_path):
-    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.end=901", "policy.budget_tokens=520"))
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.end=901", "policy.budget_tokens=620"))
     assert run(cfg, console=Console(width=200)) == 0
     row = json.loads((tmp_path / "results.jsonl").read_text())
-    assert row["oom"] is True and "budget_tokens=520" in row["error"]
-    assert row["peak_device_tokens"] <= 520
+    assert row["oom"] is True and "budget_tokens=620" in row["error"]
+    assert row["peak_device_tokens"] <= 620
 
 
 @pytest.mark.parametrize(
@@ -102,3 +103,38 @@ def test_console_script_end_to_end(data_dir, tmp_path):
     bad = subprocess.run([*cmd[:-1], "task.start=5", "task.end=2"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "task.start=5 is greater than task.end=2" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def read_rows(run_dir):
+    return [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
+
+
+def test_arbor_policy_run_writes_events(data_dir, tmp_path):
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.start=901", "task.end=902", "policy=arbor"))
+    assert run(cfg, console=Console(width=200)) == 0
+    row = read_rows(tmp_path)[0]
+    assert row["policy"] == "arbor" and not row["oom"]
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert events[0]["index"] == 901 and {e["kind"] for e in events[0]["events"]} >= {"node_end"}
+
+
+def test_budget_ratio_reads_the_reference_run(data_dir, tmp_path):
+    common = ["task.start=901", "task.end=902", "controller.n_generate=2", "controller.breadth=2"]
+    ref = tmp_path / "full"
+    assert run(compose_cfg(*tiny_overrides(data_dir, ref, *common)), console=Console(width=200)) == 0
+    peak = read_rows(ref)[0]["peak_device_tokens"]
+    out = tmp_path / "ratio"
+    over = ["policy=arbor", "policy.budget_ratio=1.2", f"policy.budget_reference={ref}"]
+    assert run(compose_cfg(*tiny_overrides(data_dir, out, *common, *over)), console=Console(width=200)) == 0
+    assert read_rows(out)[0]["budget_tokens"] == int(1.2 * peak)
+
+
+def test_budget_below_active_path_fails_up_front(data_dir, tmp_path, capsys):
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.end=901", "policy=arbor", "policy.budget_tokens=550"))
+    assert run(cfg) == 2
+    err = capsys.readouterr().err
+    assert "policy.budget_tokens=550 is smaller than the active path" in err
+    assert not (tmp_path / "results.jsonl").exists()
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.end=901", "policy.budget_ratio=0.5"))
+    assert run(cfg) == 2
+    assert "needs policy.budget_reference" in capsys.readouterr().err

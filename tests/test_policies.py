@@ -12,6 +12,9 @@ from hypothesis import strategies as st
 from arbor_runtime import KVBudgetExceeded, Runtime, SamplingParams
 from arbor_runtime.events import replay_resident
 from arbor_runtime.policies import POLICIES, ArborPolicy, build_policy
+from controllers.bfs import BFSController
+from tasks.game24 import Game24Task, format_number
+from verifiers.game24 import Game24Verifier
 
 PROMPT = "Input: 4 4 6 8\nSteps:\n"
 PARAMS = SamplingParams(max_new_tokens=4, temperature=1.0)
@@ -164,3 +167,35 @@ def test_large_budget_arbor_equals_full_and_evicts_nothing(tiny):
     run_ops(arbor, script)
     assert [n.token_ids for n in full.nodes.values()] == [n.token_ids for n in arbor.nodes.values()]
     assert arbor.metrics.evicted_tokens == 0
+
+
+class ScriptedGame24(Game24Task):
+    """Game of 24 whose thoughts are read as one fixed legal step (largest two numbers added).
+
+    The tiny random model writes noise, so without this no search would get past its first level;
+    the tree, the KV and the memory pressure are real, only the reading of each thought is fixed.
+    """
+
+    def step(self, problem, state, thought):
+        a, b = sorted(state.values)[-2:]
+        return super().step(problem, state, f"{format_number(b)} + {format_number(a)} = {format_number(a + b)} (left")
+
+
+def bfs_search(tiny, data_dir, policy, budget):
+    task = ScriptedGame24(data_dir=str(data_dir), start=901, end=902, n_shots=1)
+    rt = Runtime(tiny, policy=policy, budget_tokens=budget, seed=0)
+    controller = BFSController(rt, task, Game24Verifier(), n_generate=2, breadth=2, release_pruned=False)
+    return rt, controller, controller.solve(task.problems()[0])
+
+
+def test_arbor_completes_game24_search_well_under_full_peak(tiny, data_dir):
+    full_rt, _, full_result = bfs_search(tiny, data_dir, "full", None)
+    peak = full_rt.metrics.peak_device_tokens
+    budget = int(0.72 * peak)
+    rt, controller, result = bfs_search(tiny, data_dir, "arbor", budget)
+    assert result.steps == full_result.steps == 3
+    assert rt.metrics.rehydrations > 0 and rt.metrics.peak_device_tokens <= budget
+    assert rt.metrics.peak_host_bytes > 0
+    assert [n.token_ids for n in rt.nodes.values()] == [n.token_ids for n in full_rt.nodes.values()]
+    with pytest.raises(KVBudgetExceeded):
+        bfs_search(tiny, data_dir, "full", budget)
