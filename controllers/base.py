@@ -18,6 +18,9 @@ from arbor_runtime import Node, Runtime, SamplingParams
 from tasks.base import Problem, StepResult, Task
 from verifiers.base import Verifier
 
+#: a terminal scoring at least this is a verified solution: searches stop there
+SOLUTION_SCORE = 1.0
+
 
 @dataclass(slots=True)
 class SearchResult:
@@ -31,6 +34,8 @@ class SearchResult:
         branch_switches: expansions whose node does not extend the previously expanded node's path.
         steps: search iterations (BFS levels, DFS visits, MCTS iterations, ...).
         seconds: wall time of the search.
+        extra: controller-specific fields (dfs: ``backtracks``, ``visits``; mcts: ``visits``,
+            ``ends``, ``tree``, ``rollouts``).
     """
 
     solved: bool
@@ -105,11 +110,18 @@ class Controller(ABC):
         """Grow the tree from ``root``; return (steps taken, best terminal candidate or None)."""
 
     # ---- vocabulary shared by controllers ------------------------------------------------
-    def expand(self, requests: list[tuple[Node, int]]) -> list[list[Candidate]]:
-        """Sample thoughts for (node, n) requests in one batch, interpret and score them."""
+    def root_candidate(self, root: Node) -> Candidate:
+        """The root as a candidate (valid, not terminal, score 0), so searches handle it like any node."""
+        return Candidate(node=root, thought=root, result=StepResult(state=root.meta["state"]), score=0.0)
+
+    def expand(self, requests: list[tuple[Node, int]], sampling: SamplingParams | None = None) -> list[list[Candidate]]:
+        """Sample thoughts for (node, n) requests in one batch, interpret and score them.
+
+        ``sampling`` overrides the controller's own parameters for this call (e.g. greedy rollouts).
+        """
         for node, _ in requests:
             self._record_expansion(node)
-        groups = self.rt.expand_many(requests, self.sampling)
+        groups = self.rt.expand_many(requests, sampling or self.sampling)
         return [
             [self.evaluate(parent, child) for child in kids] for (parent, _), kids in zip(requests, groups, strict=True)
         ]
@@ -128,6 +140,23 @@ class Controller(ABC):
 
     def is_terminal(self, cand: Candidate) -> bool:
         return cand.result.terminal or cand.node.depth >= 2 * self.task.max_steps
+
+    @staticmethod
+    def rank(cands: list[Candidate]) -> list[Candidate]:
+        """``cands`` best first by :attr:`Candidate.key`; ties keep their order (stable sort)."""
+        return sorted(cands, key=lambda c: c.key, reverse=True)
+
+    def best_terminal(self, best: Candidate | None, cands: list[Candidate]) -> Candidate | None:
+        """The better of ``best`` and the valid terminal ``cands`` by key (``best`` wins ties)."""
+        for cand in cands:
+            if cand.result.valid and self.is_terminal(cand) and (best is None or cand.key > best.key):
+                best = cand
+        return best
+
+    @staticmethod
+    def is_solution(cand: Candidate | None) -> bool:
+        """Whether ``cand`` scores as a verified solution (the search may stop)."""
+        return cand is not None and cand.score >= SOLUTION_SCORE
 
     def prune(self, cands: list[Candidate]) -> None:
         """Drop candidates the search will not return to (releases their KV when configured)."""

@@ -1,0 +1,54 @@
+"""A custom search in a few lines, run through arbor-solve's own config (same groups and overrides).
+
+    python scripts/custom_search.py model=tiny-random task.end=901 controller.n_generate=3
+
+``GreedyLookahead`` samples ``n_generate`` thoughts, peeks one greedy thought past each (one batch),
+and goes down the thought whose peek scores best; every other branch is released at once.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from arbor_cli.run import run
+from arbor_runtime import Node
+from controllers import Candidate, Controller
+
+
+class GreedyLookahead(Controller):
+    """Greedy descent where each choice looks one thought ahead."""
+
+    def __init__(self, *args, n_generate: int = 3, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.n_generate, self.peek = n_generate, replace(self.sampling, temperature=0.0)
+
+    def search(self, root: Node) -> tuple[int, Candidate | None]:
+        cur, best, steps = self.root_candidate(root), None, 0
+        while steps < self.task.max_steps and not self.is_solution(best):
+            steps += 1
+            kids = self.expand([(cur.node, self.n_generate)])[0]
+            best = self.best_terminal(best, kids)
+            live = [c for c in kids if c.result.valid and not self.is_terminal(c)]
+            if not live:
+                break
+            peeks = [group[0] for group in self.expand([(c.node, 1) for c in live], self.peek)]
+            best = self.best_terminal(best, peeks)
+            cur = max(zip(live, peeks, strict=True), key=lambda lp: (lp[1].key, lp[0].key))[0]
+            keep = [cur.node, *(best.node.path() if best else [])]  # the way on, and the best answer
+            self.prune([c for c in [*kids, *peeks] if c.node not in keep])
+        return steps, best
+
+
+@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    keep = {k: cfg.controller[k] for k in ("n_generate", "temperature", "top_p") if k in cfg.controller}
+    cfg.controller = OmegaConf.create({"_target_": f"{__name__}.{GreedyLookahead.__qualname__}", **keep})
+    sys.exit(run(cfg))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""Controllers end to end on the tiny model, reproducibility, and each search's defining behaviour.
+
+The behaviour tests pair a scripted task (every thought valid, numbered in creation order) with a
+scripted verifier (scores looked up by that number), so the random model's text cannot matter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from hydra.utils import instantiate
+from omegaconf import open_dict
+
+from arbor_cli.run import default_verifier
+from arbor_runtime import Node, Runtime
+from controllers import CONTROLLERS, Controller, SearchResult
+from tasks.base import Problem, StepResult, Task
+from verifiers.base import Verifier
+
+REPO = Path(__file__).resolve().parents[1]
+#: tiny budgets per controller, so the whole file stays fast on two CPU cores
+SMALL = {
+    "bfs": {"n_generate": 2, "breadth": 2},
+    "beam": {"beam_width": 2, "samples_per_node": 2},
+    "dfs": {"n_generate": 2, "max_visits": 4},
+    "best_first": {"n_generate": 2, "max_expansions": 4},
+    "mcts": {"n_generate": 2, "iterations": 4},
+}
+#: task options shortened for the tiny model (applied when the task config has the key)
+SHORT_TASK = {"max_steps": 2, "max_thought_tokens": 8}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The tiny model gains nothing from threads, and on a busy 2-core box spinning threads make it ~10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def task_options() -> list[str]:
+    return sorted(p.stem for p in (REPO / "conf" / "task").glob("*.yaml"))
+
+
+def build(controller: str, task_name: str, runtime: Runtime, data_dir: Path) -> tuple[Controller, Task]:
+    """Controller ``controller`` from its config on one problem of ``task_name``."""
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"task={task_name}", f"controller={controller}"])
+    with open_dict(cfg):
+        cfg.task.data_dir = str(data_dir)
+        cfg.task.end = cfg.task.start + 1
+        cfg.task.update({k: v for k, v in SHORT_TASK.items() if k in cfg.task})
+    task = instantiate(cfg.task)
+    verifier = instantiate(cfg.verifier) if cfg.verifier.get("_target_") else default_verifier(task)
+    ctrl = instantiate(cfg.controller, runtime=runtime, task=task, verifier=verifier, **SMALL[controller])
+    return ctrl, task
+
+
+def record_nodes(rt: Runtime) -> list[tuple[int | None, tuple[int, ...]]]:
+    """Wrap ``rt``'s node-creating calls; the returned list fills with (parent id, token ids)."""
+    created: list[tuple[int | None, tuple[int, ...]]] = []
+    expand_many, append = rt.expand_many, rt.append
+
+    def expand_many_rec(requests, sampling=None):
+        groups = expand_many(requests, sampling)
+        created.extend((k.parent.id, tuple(k.token_ids)) for g in groups for k in g)
+        return groups
+
+    def append_rec(node, text):
+        child = append(node, text)
+        created.append((node.id, tuple(child.token_ids)))
+        return child
+
+    rt.expand_many, rt.append = expand_many_rec, append_rec
+    return created
+
+
+def test_registry_matches_configs():
+    assert set(CONTROLLERS) == set(SMALL)
+    assert set(CONTROLLERS) == {p.stem for p in (REPO / "conf" / "controller").glob("*.yaml")}
+
+
+@pytest.mark.parametrize("task_name", task_options())
+@pytest.mark.parametrize("name", sorted(CONTROLLERS))
+def test_controller_solves_one_problem_reproducibly(name, task_name, tiny, data_dir):
+    runs = []
+    for _ in range(2):
+        rt = Runtime(tiny, seed=0)
+        created = record_nodes(rt)
+        ctrl, task = build(name, task_name, rt, data_dir)
+        assert isinstance(ctrl, CONTROLLERS[name])
+        result = ctrl.solve(task.problems()[0])
+        assert isinstance(result, SearchResult) and result.steps >= 1
+        assert result.expansions and result.expansions[0] == 0  # the root is expanded first
+        assert created and rt.metrics.nodes_created == len(created) + 1
+        runs.append((created, result.expansions, result.branch_switches, result.answer))
+    assert runs[0] == runs[1]
+
+
+# ---- scripted search problems ---------------------------------------------------------------
+class NumberedTask(Task):
+    """Every thought is valid; the state is the path of thought numbers (1, 2, ... in creation order)."""
+
+    name = "numbered"
+    max_thought_tokens = 4
+
+    def __init__(self, max_steps: int = 3) -> None:
+        self.max_steps, self.count = max_steps, 0
+
+    def problems(self) -> list[Problem]:
+        return [Problem(index=0, question="count")]
+
+    def prompt(self, problem: Problem) -> str:
+        return "Count with me: "
+
+    def initial_state(self, problem: Problem) -> tuple[int, ...]:
+        return ()
+
+    def step(self, problem: Problem, state: tuple[int, ...], thought: str) -> StepResult:
+        self.count += 1
+        path = (*state, self.count)
+        return StepResult(state=path, terminal=len(path) >= self.max_steps)
+
+    def final_answer(self, problem: Problem, state: tuple[int, ...]) -> str | None:
+        return "-".join(map(str, state))
+
+    def is_correct(self, problem: Problem, state: tuple[int, ...]) -> bool:
+        return False
+
+
+class ScriptedVerifier(Verifier):
+    """Scores the newest thought number from a table; else ``terminal`` (when set) or ``default``."""
+
+    def __init__(self, table: dict[int, float], default: float, terminal: float | None = None) -> None:
+        self.table, self.default, self.terminal = table, default, terminal
+
+    def score(self, problem: Problem, result: StepResult) -> float:
+        fallback = self.terminal if result.terminal and self.terminal is not None else self.default
+        return self.table.get(result.state[-1], fallback)
+
+
+def scripted(name: str, tiny, verifier: Verifier, **kwargs) -> tuple[Controller, Runtime]:
+    """Controller ``name`` on the numbered task; nothing is released, so every node stays in ``rt.nodes``."""
+    rt = Runtime(tiny, seed=0)
+    return CONTROLLERS[name](rt, NumberedTask(), verifier, release_pruned=False, **kwargs), rt
+
+
+def parent_id(rt: Runtime, node_id: int) -> int:
+    return rt.nodes[node_id].parent.id
+
+
+def is_descendant(node: Node, ancestor: Node) -> bool:
+    return any(n is ancestor for n in node.path())
+
+
+@pytest.mark.parametrize("name", sorted(CONTROLLERS))
+def test_controller_grows_and_releases_a_deep_tree_reproducibly(name, tiny):
+    """Every thought valid, scores spread over [0, 1): deeper trees, pruning and releases on."""
+    scores = {i: (i * 37 % 100) / 100 for i in range(1, 500)}
+    runs = []
+    for _ in range(2):
+        rt = Runtime(tiny, seed=0)
+        created = record_nodes(rt)
+        ctrl = CONTROLLERS[name](rt, NumberedTask(), ScriptedVerifier(scores, 0.5), **SMALL[name])
+        result = ctrl.solve(ctrl.task.problems()[0])
+        assert len(result.expansions) > 1 and all(not rt.nodes[i].released for i in rt.nodes)
+        best = None if result.best is None else result.best.meta["state"]
+        runs.append((created, result.expansions, best, rt.metrics.nodes_released))
+    assert runs[0] == runs[1]
+
+
+def test_dfs_backtracks_from_a_dead_end(tiny):
+    # root -> 1 (0.9), 2 (0.8); 1 -> 3, 4 both below the threshold: a dead end, back to the root's 2;
+    # 2 -> 5 (0.75), 6 (0.7); 5 -> 7, 8 terminal at 1.0: a solution.
+    verifier = ScriptedVerifier({1: 0.9, 2: 0.8, 3: 0.1, 4: 0.2, 5: 0.75}, 0.7, terminal=1.0)
+    ctrl, rt = scripted("dfs", tiny, verifier, n_generate=2, value_threshold=0.5)
+    result = ctrl.solve(ctrl.task.problems()[0])
+    assert result.extra["backtracks"] == 1 and result.extra["visits"] == 4
+    root, first, second, third = result.expansions
+    assert parent_id(rt, first) == root and parent_id(rt, second) == root  # back to the root's other child
+    assert parent_id(rt, third) == second
+    assert result.best.meta["state"] in {(2, 5, 7), (2, 5, 8)} and result.best.value == 1.0
+    assert result.answer.startswith("2-5-") and not result.solved  # NumberedTask accepts no answer
+
+
+def test_dfs_stops_at_max_visits(tiny):
+    ctrl, _ = scripted("dfs", tiny, ScriptedVerifier({}, 0.1), n_generate=2, value_threshold=0.0, max_visits=3)
+    result = ctrl.solve(ctrl.task.problems()[0])
+    assert result.extra["visits"] == 3 and len(result.expansions) == 3
+    assert result.best.value == 0.1  # a terminal, but no solution
+
+
+def test_best_first_jumps_between_branches(tiny):
+    # root -> 1 (0.9), 2 (0.8); 1 -> 3, 4 (0.1): the queue's best is now 2, on another branch.
+    verifier = ScriptedVerifier({1: 0.9, 2: 0.8, 3: 0.1, 4: 0.1, 5: 0.6}, 0.5)
+    ctrl, rt = scripted("best_first", tiny, verifier, n_generate=2, max_expansions=4)
+    result = ctrl.solve(ctrl.task.problems()[0])
+    nodes = [rt.nodes[i] for i in result.expansions]
+    assert [n.meta.get("state") for n in nodes] == [(), (1,), (2,), (2, 5)]
+    assert result.branch_switches > 0
+    assert any(not is_descendant(b, a) for a, b in zip(nodes[:-1], nodes[1:], strict=True))
+
+
+def test_best_first_keeps_frontier_and_releases_exhausted(tiny):
+    # children of 1 are all terminal and wrong (0.0): 1 is popped and exhausted, so it is released;
+    # 2, still on the frontier, stays resident until it is expanded.
+    rt = Runtime(tiny, seed=0)
+    verifier = ScriptedVerifier({1: 0.9, 2: 0.8, 3: 0.0, 4: 0.0}, 0.5)
+    ctrl = CONTROLLERS["best_first"](rt, NumberedTask(max_steps=2), verifier, n_generate=2, max_expansions=3)
+    result = ctrl.solve(ctrl.task.problems()[0])
+    root, one, two = (rt.nodes.get(i) for i in (0, 1, 2))
+    assert result.expansions == [0, 1, 2]
+    assert one is None  # released with its (terminal, not best) children
+    assert two is not None and not two.released and root is not None
+
+
+@pytest.mark.parametrize("rollout", [False, True])
+def test_mcts_visit_counts_add_up(rollout, tiny):
+    scores = {i: (i * 37 % 10) / 10 for i in range(1, 200)}  # all below 1.0: no early stop
+    ctrl, _ = scripted("mcts", tiny, ScriptedVerifier(scores, 0.5), n_generate=2, iterations=7, rollout=rollout)
+    result = ctrl.solve(ctrl.task.problems()[0])
+    visits, ends, tree = result.extra["visits"], result.extra["ends"], result.extra["tree"]
+    assert result.steps == 7 and visits[0] == 7 and sum(ends.values()) == 7
+    for node_id, kids in tree.items():
+        assert visits.get(node_id, 0) == ends.get(node_id, 0) + sum(visits.get(k, 0) for k in kids)
+    assert (result.extra["rollouts"] > 0) == rollout
+    assert result.best is not None and result.best.meta["terminal"]  # depth 3 reached within 7 iterations
+
+
+def test_mcts_stops_at_a_solution(tiny):
+    ctrl, _ = scripted("mcts", tiny, ScriptedVerifier({}, 0.5, terminal=1.0), n_generate=2, iterations=20)
+    result = ctrl.solve(ctrl.task.problems()[0])
+    assert result.best.value == 1.0 and len(result.best.meta["state"]) == 3
+    # unvisited children go first: root, then both depth-1 children, then a depth-2 node finds 1.0
+    assert result.steps == 4 and result.extra["visits"][0] == 4
+
+
+def test_custom_search_example_runs(data_dir, tmp_path):
+    cmd = [
+        sys.executable, str(REPO / "scripts" / "custom_search.py"), "model=tiny-random",
+        f"task.data_dir={data_dir}", "task.start=900", "task.end=901", f"run_dir={tmp_path}",
+        f"hydra.run.dir={tmp_path / 'hydra'}", "controller.n_generate=2",
+    ]  # fmt: skip
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in rows] == [900] and rows[0]["nodes_created"] >= 3
