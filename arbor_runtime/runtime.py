@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -49,7 +49,12 @@ class Runtime:
         self.backend = ModelBackend(self.model)
         self.store = KVStore(self.backend.shape)
         self.metrics = RuntimeMetrics()
-        self.nodes: dict[int, Node] = {}
+        self.nodes: dict[int, Node] = {}  # live nodes
+        self.all_nodes: dict[int, Node] = {}  # every node ever created, released ones too
+        #: public operations in call order (JSON-friendly), for trace recording and replay
+        self.oplog: list[dict] = []
+        #: called with (node, (T, V) log-probs) for every forced block; used by trace replay
+        self.logits_hook: Callable[[Node, torch.Tensor], None] | None = None
         self.memory = MemoryManager(self.store, self.policy, self.nodes, self._recompute)
         self._next_id = 0
         self._gen = torch.Generator().manual_seed(seed)
@@ -82,6 +87,7 @@ class Runtime:
             self.memory.prepare([], len(ids))
             self._prefill(node, with_logprobs=False)
             self.memory.after([], [node])
+        self.oplog.append({"op": "new_tree", "node": node.id, "ids": list(ids)})
         return node
 
     def expand(self, node: Node, n: int = 1, sampling: SamplingParams | None = None) -> list[Node]:
@@ -105,24 +111,41 @@ class Runtime:
             self.memory.prepare(targets, sum(n for _, n in requests) * params.max_new_tokens)
             out = self._expand(requests, params)
             self.memory.after(targets, [c for kids in out for c in kids])
+        self.oplog.append(
+            {
+                "op": "expand",
+                "requests": [[n.id, k] for n, k in requests],
+                "children": [[c.id for c in kids] for kids in out],
+            }
+        )
         return out
 
     def append(self, node: Node, text: str) -> Node:
         """Add a teacher-forced child block holding ``text``; its ``logprobs`` score the text."""
-        self._check_live(node)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             raise ValueError(f"append text {text!r} tokenizes to nothing")
+        return self.append_ids(node, ids, text)
+
+    def append_ids(self, node: Node, ids: Sequence[int], text: str | None = None) -> Node:
+        """Add a teacher-forced child block of exactly these token ids (trace replay uses this)."""
+        self._check_live(node)
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError("append_ids needs at least one token id")
+        text = self.tokenizer.decode(ids) if text is None else text
         with self._op("append"):
             self.memory.prepare([node], len(ids))
             child = self._new_node(node, ids, text, FORCED, start_pos=node.end_pos)
             self._prefill(child, with_logprobs=True)
             self.memory.after([node], [child])
+        self.oplog.append({"op": "append", "node": node.id, "child": child.id, "ids": ids})
         return child
 
     def set_value(self, node: Node, value: float) -> None:
         """Record the search value a verifier gave ``node`` (MSVE reads it)."""
         node.value = float(value)
+        self.oplog.append({"op": "set_value", "node": node.id, "value": node.value})
 
     def release(self, node: Node) -> None:
         """Drop ``node``'s subtree and its KV from every tier; the node stays readable."""
@@ -138,6 +161,7 @@ class Runtime:
             self.memory.forget(gone)
             if node.parent is not None and node in node.parent.children:
                 node.parent.children.remove(node)
+        self.oplog.append({"op": "release", "node": node.id})
 
     def path_token_ids(self, node: Node) -> list[int]:
         """Token ids from the root to ``node`` inclusive (the flattened text's ids)."""
@@ -195,6 +219,8 @@ class Runtime:
         tokens = torch.tensor(node.token_ids, device=logits.device)
         node.logprobs = logp.gather(-1, tokens.view(-1, 1)).squeeze(-1).tolist()
         node.entropies = (-(logp.exp() * logp).sum(-1)).tolist()
+        if self.logits_hook is not None:
+            self.logits_hook(node, logp)
 
     # ---- internals: expansion ------------------------------------------------------------
     def _expand(self, requests: Sequence[tuple[Node, int]], params: SamplingParams) -> list[list[Node]]:
@@ -264,6 +290,7 @@ class Runtime:
         node = Node(id=self._next_id, parent=parent, token_ids=list(ids), text=text, kind=kind, start_pos=start_pos)
         self._next_id += 1
         self.nodes[node.id] = node
+        self.all_nodes[node.id] = node
         if parent is not None:
             parent.children.append(node)
         self.metrics.nodes_created += 1

@@ -32,7 +32,8 @@ class ArborPolicy(Policy):
         tail_tokens: last tokens of each block kept on device.
         distance_decay: retention weight factor per edge between a block and the active path.
         min_ratio: smallest share of an inactive block's tokens the allocation aims to keep.
-        calibration: MSVE calibration JSON path (None = documented defaults).
+        calibration: MSVE calibration JSON path (None = the file shipped with the package, else
+            the defaults of :class:`MSVEWeights`).
         host_budget_tokens: cap on host-tier tokens (None = unbounded).
         vocab_size: for entropy normalization (set by the runtime).
     """
@@ -49,14 +50,13 @@ class ArborPolicy(Policy):
     calibration: str | None = None
     host_budget_tokens: int | None = None
     vocab_size: int = 32000
-    weights: MSVEWeights = field(default_factory=MSVEWeights)
+    weights: MSVEWeights = field(default_factory=MSVEWeights, repr=False)
 
     def __post_init__(self) -> None:
         Policy.__post_init__(self)
         if not 0.0 < self.distance_decay <= 1.0:
             raise ValueError(f"distance_decay={self.distance_decay} must be in (0, 1]")
-        if self.calibration is not None:
-            self.weights = MSVEWeights.load(self.calibration)
+        self.weights = MSVEWeights.load(self.calibration)
 
     def on_event(self, event: Event, view: MemoryView) -> RetentionPlan | None:
         if isinstance(event, BranchSwitch):

@@ -23,6 +23,8 @@ from arbor_runtime.tree import Node
 
 #: the signal names, in the order the calibration fits them
 SIGNALS = ("search", "uncertainty", "attention", "depth")
+#: calibration shipped with the package (written by scripts/calibrate_msve.py on SmolLM2)
+DEFAULT_CALIBRATION = Path(__file__).with_name("msve_calibration.json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +39,13 @@ class MSVEWeights:
 
     @classmethod
     def load(cls, path: str | Path | None) -> MSVEWeights:
-        """Weights from a calibration JSON (``{"weights": {...}}``); defaults when ``path`` is None."""
+        """Weights from a calibration JSON (``{"weights": {...}}``).
+
+        ``path=None`` takes the calibration shipped with the package, or the class defaults when
+        there is none.
+        """
         if path is None:
-            return cls()
+            return cls.load(DEFAULT_CALIBRATION) if DEFAULT_CALIBRATION.is_file() else cls()
         path = Path(path).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"MSVE calibration file {str(path)!r} does not exist (policy.calibration)")

@@ -1,0 +1,71 @@
+"""MSVE calibration: leave-one-out effects are measured on real KV; the fit recovers weights."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from arbor_runtime import Runtime, SamplingParams
+from arbor_runtime.calibration import continuation_loglik, fit_weights, leave_one_out
+from arbor_runtime.policies import ArborPolicy
+from arbor_runtime.policies.msve import DEFAULT_CALIBRATION, MSVEWeights
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def chain(rt, depth):
+    node = rt.new_tree("Input: 4 4 6 8\nSteps:\n")
+    for _ in range(depth):
+        node = rt.expand(node, 1, SamplingParams(max_new_tokens=6, temperature=1.0, seed=depth))[0]
+    return node
+
+
+def test_unmasked_continuation_equals_recorded_logprobs(tiny):
+    rt = Runtime(tiny, policy="arbor")
+    leaf = chain(rt, 3)
+    expected = sum(leaf.logprobs[1:]) / (leaf.length - 1)
+    assert continuation_loglik(rt, leaf.path()[:-1], leaf) == pytest.approx(expected, abs=1e-4)
+
+
+def test_leave_one_out_masks_each_inner_block(tiny):
+    rt = Runtime(tiny, policy="arbor")
+    leaf = chain(rt, 3)
+    effects = leave_one_out(rt, leaf)
+    assert sorted(effects) == [n.id for n in leaf.path()[1:-1]]
+    assert any(abs(e) > 1e-6 for e in effects.values())  # masking real KV changes the continuation
+
+
+def test_fit_recovers_signal_weights():
+    rng = random.Random(0)
+    feats = [tuple(rng.random() for _ in range(4)) for _ in range(200)]
+    effects = [3 * s - 2 * u + 0.0 * a + 1 * d + rng.gauss(0, 0.01) for s, u, a, d in feats]
+    weights, r2 = fit_weights(feats, effects)
+    assert r2 > 0.99
+    assert weights.search > 0 and weights.uncertainty < 0 and abs(weights.attention) < 0.1
+    assert weights.search / -weights.uncertainty == pytest.approx(1.5, rel=0.05)
+    with pytest.raises(ValueError, match="at least"):
+        fit_weights(feats[:3], effects[:3])
+
+
+def test_calibration_script_writes_what_arbor_loads(tmp_path, data_dir):
+    out = tmp_path / "msve.json"
+    cmd = [sys.executable, str(REPO / "scripts" / "calibrate_msve.py"), "--model", "tiny-random"]
+    cmd += ["--data-dir", str(data_dir), "--game24", "0:1", "--gsm8k", "0:2", "--n-generate", "2", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert record["n_samples"] >= 6 and set(record["weights"]) == {"bias", "search", "uncertainty", "attention", "depth"}
+    assert ArborPolicy(calibration=str(out)).weights == MSVEWeights(**record["weights"])
+
+
+def test_shipped_calibration_is_loaded_by_default():
+    policy = ArborPolicy()
+    if DEFAULT_CALIBRATION.is_file():
+        assert policy.weights == MSVEWeights(**json.loads(DEFAULT_CALIBRATION.read_text())["weights"])
+    else:
+        assert policy.weights == MSVEWeights()
