@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -186,30 +187,29 @@ class Runtime:
     # ---- internals: prefill --------------------------------------------------------------
     def _prefill(self, node: Node, with_logprobs: bool) -> None:
         """Compute ``node``'s block KV over its ancestors' KV (its tokens are new)."""
-        keys, values, logits = self._run_prefill(node, logits_to_keep=0 if with_logprobs else 1, record=True)
+        batch, logits = self._run_prefill(node, logits_to_keep=0 if with_logprobs else 1, record=True)
         if with_logprobs:
             self._score_forced(node, logits)
+        keys, values = batch.cache.extract(0, 0, node.length)
         self.store.put(node.id, BlockKV.full(keys, values, node.start_pos, logits[-1].float().cpu().clone()))
-        self._take_attention(node, 0)
+        self._take_attention(batch, node, 0)
         self.metrics.prefill_tokens += node.length
 
     def _recompute(self, node: Node) -> None:
         """Rebuild a block dropped from every tier by prefilling it over its (whole) ancestors."""
-        keys, values, _ = self._run_prefill(node, logits_to_keep=1, record=False)
-        self.store.replace_whole(node.id, keys, values)
+        batch, _ = self._run_prefill(node, logits_to_keep=1, record=False)
+        self.store.replace_whole(node.id, *batch.cache.extract(0, 0, node.length))
 
-    def _run_prefill(self, node: Node, logits_to_keep: int, record: bool):
-        ids = node.token_ids
-        self.memory.reserve(len(ids), "prefill")
-        context_ids, context = self._context(node.parent)
-        cache = self.backend.new_cache([context], capacity=len(ids))
-        self._recorder = self._new_recorder(cache) if record else None
+    def _run_prefill(self, node: Node, logits_to_keep: int, record: bool) -> tuple[_Batch, torch.Tensor]:
+        """One forward of ``node``'s tokens over its parent's path. Returns the batch and (T', V) logits."""
+        self.memory.reserve(node.length, "prefill")
+        context = self._context(node.parent)
+        batch = self._new_batch([context], node.length, record)
         positions = torch.arange(node.start_pos, node.end_pos).unsqueeze(0)
-        logits = self.backend.forward(cache, torch.tensor([ids]), positions, logits_to_keep, self._recorder)[0]
-        self._recorder_ctx = [(context_ids, int(context[0].shape[2]))]
-        self._cache = cache
-        keys, values = cache.extract(0, 0, len(ids))
-        return keys, values, logits
+        logits = self.backend.forward(
+            batch.cache, torch.tensor([node.token_ids]), positions, logits_to_keep, batch.recorder
+        )
+        return batch, logits[0]
 
     def _score_forced(self, node: Node, logits: torch.Tensor) -> None:
         """Fill logprobs/entropies of a forced block. logits: (T, V), row i predicts token i+1."""
@@ -230,14 +230,11 @@ class Runtime:
         first = torch.stack([self.store.get(node.id).next_logits for node in owners])  # (B, V)
         sample_into(rows, first, params, gen)
         contexts = {node.id: self._context(node) for node, _ in requests}
-        cache = self.backend.new_cache([contexts[node.id][1] for node in owners], capacity=params.max_new_tokens)
-        self.metrics.peak_working_bytes = max(self.metrics.peak_working_bytes, cache.nbytes)
-        self._recorder = self._new_recorder(cache)
-        self._recorder_ctx = [(contexts[o.id][0], int(contexts[o.id][1][0].shape[2])) for o in owners]
-        self._cache = cache
+        batch = self._new_batch([contexts[o.id] for o in owners], params.max_new_tokens, record=True)
+        self.metrics.peak_working_bytes = max(self.metrics.peak_working_bytes, batch.cache.nbytes)
         stop = StopChecker(self.tokenizer, params, self._eos_ids)
-        decode_rows(self.backend, cache, rows, params, stop, gen, self._before_step, self._recorder)
-        children = [self._store_child(o, r, cache, i) for i, (o, r) in enumerate(zip(owners, rows, strict=True))]
+        decode_rows(self.backend, batch.cache, rows, params, stop, gen, self._before_step, batch.recorder)
+        children = [self._store_child(o, r, batch, i) for i, (o, r) in enumerate(zip(owners, rows, strict=True))]
         out, k = [], 0
         for _, n in requests:
             out.append(children[k : k + n])
@@ -247,42 +244,42 @@ class Runtime:
     def _before_step(self, working: int) -> None:
         self.memory.reserve(working, "decode")
 
-    def _store_child(self, parent: Node, row: Row, cache: BatchCache, index: int) -> Node:
+    def _store_child(self, parent: Node, row: Row, batch: _Batch, index: int) -> Node:
         text = self.tokenizer.decode(row.tokens)
         child = self._new_node(parent, row.tokens, text, GENERATED, start_pos=parent.end_pos)
         child.logprobs, child.entropies, child.stop_reason = row.logprobs, row.entropies, row.stop_reason
-        keys, values = cache.extract(index, 0, len(row.tokens))
+        keys, values = batch.cache.extract(index, 0, len(row.tokens))
         self.store.put(child.id, BlockKV.full(keys, values, child.start_pos, row.next_logits))
-        self._take_attention(child, index)
+        self._take_attention(batch, child, index)
         self.metrics.decode_tokens += len(row.tokens)
         return child
 
-    def _context(self, node: Node | None) -> tuple[list[int], tuple[torch.Tensor, torch.Tensor]]:
-        """Block ids and retained KV ((L, H_kv, T, D) keys and values) of the path ending at ``node``."""
+    def _context(self, node: Node | None) -> _Gathered:
+        """The retained KV of the path ending at ``node`` (empty for None), with what it holds."""
+        shape = self.backend.shape
         if node is None:
-            shape = self.backend.shape
             empty = torch.zeros(shape.layers, shape.kv_heads, 0, shape.head_dim, dtype=shape.dtype, device=shape.device)
-            return [], (empty, empty)
+            return _Gathered([], [], empty, empty)
         ids = [n.id for n in node.path()]
         keys, values, _ = self.store.gather(ids)
-        return ids, (keys, values)
+        return _Gathered(ids, [self.store.get(i).kept.clone() for i in ids], keys, values)
+
+    def _new_batch(self, contexts: list[_Gathered], capacity: int, record: bool) -> _Batch:
+        cache = self.backend.new_cache([(c.keys, c.values) for c in contexts], capacity=capacity)
+        recorder = None
+        if record and self.policy.needs_attention:
+            recorder = AttentionRecorder(cache.rows, cache.keys.shape[3], self.backend.device)
+        return _Batch(cache, recorder, contexts)
 
     # ---- internals: attention statistics -------------------------------------------------
-    def _new_recorder(self, cache: BatchCache) -> AttentionRecorder | None:
-        if not self.policy.needs_attention:
-            return None
-        return AttentionRecorder(cache.rows, cache.keys.shape[3], self.backend.device)
-
-    def _take_attention(self, node: Node, row: int) -> None:
+    def _take_attention(self, batch: _Batch, node: Node, row: int) -> None:
         """Scatter row ``row``'s recorded attention to its context blocks and to ``node``'s block."""
-        rec = getattr(self, "_recorder", None)
-        if rec is None:
+        if batch.recorder is None:
             return
-        block_ids, ctx_len = self._recorder_ctx[row]
-        mass = rec.mass[row]
-        if ctx_len and all(b in self.store for b in block_ids):
-            self.store.add_attention(block_ids, mass[:ctx_len])
-        start = self._cache.ctx_len
+        ctx = batch.contexts[row]
+        mass = batch.recorder.mass[row]
+        self.store.add_attention(ctx.block_ids, ctx.kept, mass[: ctx.length])
+        start = batch.cache.ctx_len
         self.store.get(node.id).attention += mass[start : start + node.length].cpu()
 
     # ---- internals: bookkeeping ----------------------------------------------------------
@@ -317,7 +314,6 @@ class Runtime:
         try:
             yield
         finally:
-            self._recorder = None
             m = self.metrics
             m.runtime_seconds += time.perf_counter() - start
             m.forward_calls += self.backend.forward_calls - fwd0
@@ -337,6 +333,32 @@ class Runtime:
                     events=len(self.memory.events.records),
                 )
             )
+
+
+@dataclass(slots=True)
+class _Gathered:
+    """A path's KV as gathered for one batch, with the retained indices of each block at that time.
+
+    keys / values: (L, H_kv, T, D); kept[i]: block_ids[i]'s kept indices, in gather order.
+    """
+
+    block_ids: list[int]
+    kept: list[torch.Tensor]
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return int(self.keys.shape[2])
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One forward batch: its cache, its attention recorder (or None), each row's context."""
+
+    cache: BatchCache
+    recorder: AttentionRecorder | None
+    contexts: list[_Gathered]
 
 
 def _eos_ids(loaded: LoadedModel) -> set[int]:

@@ -165,13 +165,18 @@ class KVStore:
         positions = torch.cat([b.positions for b in blocks])
         return keys, values, positions
 
-    def add_attention(self, block_ids: Sequence[int], mass: torch.Tensor) -> None:
-        """Scatter attention mass over a gathered path back to its blocks. mass: (T_path,) float."""
+    def add_attention(self, block_ids: Sequence[int], kept: Sequence[torch.Tensor], mass: torch.Tensor) -> None:
+        """Scatter attention mass over a gathered path back to its blocks.
+
+        Args:
+            block_ids / kept: the blocks and their retained indices *as gathered* (plans may have
+                changed them since); mass: (T_path,) float in gather order. Released blocks are skipped.
+        """
         offset = 0
-        for block_id in block_ids:
-            blk = self.get(block_id)
-            n = blk.kept_tokens
-            blk.attention.index_add_(0, blk.kept.cpu(), mass[offset : offset + n].cpu())
+        for block_id, idx in zip(block_ids, kept, strict=True):
+            n = int(idx.numel())
+            if block_id in self._blocks:
+                self._blocks[block_id].attention.index_add_(0, idx.cpu(), mass[offset : offset + n].cpu())
             offset += n
 
     # ---- internals -----------------------------------------------------------------------
