@@ -1,5 +1,9 @@
 """MSVE calibration runs: record full-retention BFS trees, measure leave-one-out effects, fit.
 
+Two effects per masked block: the drop in log-likelihood of the recorded continuation, and (for a
+few thoughts per tree) the drop in the verifier's score when the thought is regenerated greedily
+without the block. Both are z-scored and added to form the fit target.
+
 Game of 24 puzzles outside the evaluation slice (rows before 900) and GSM8K *train* questions.
 """
 
@@ -13,7 +17,7 @@ from typing import Any
 from rich.progress import Progress
 
 from arbor_runtime import Runtime
-from arbor_runtime.calibration import fit_weights, leave_one_out
+from arbor_runtime.calibration import fit_weights, leave_one_out, regenerate
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.policies.base import BlockView
 from arbor_runtime.policies.msve import SIGNALS, signals
@@ -22,8 +26,15 @@ from tasks.base import Task
 from verifiers.base import Verifier
 
 
-def collect(loaded: LoadedModel, task: Task, verifier: Verifier, progress: Progress | None = None, **bfs: Any):
-    """Samples (signals, effect) from full-retention BFS trees over the task's problems."""
+def collect(
+    loaded: LoadedModel,
+    task: Task,
+    verifier: Verifier,
+    progress: Progress | None = None,
+    outcome_pairs: int = 8,
+    **bfs: Any,
+) -> list[dict[str, Any]]:
+    """Samples from full-retention BFS trees over the task's problems (see :func:`tree_samples`)."""
     samples = []
     problems = task.problems()
     bar = progress.add_task(f"calibrate {task.name}", total=len(problems)) if progress else None
@@ -31,29 +42,70 @@ def collect(loaded: LoadedModel, task: Task, verifier: Verifier, progress: Progr
         rt = Runtime(loaded, policy="arbor", seed=problem.index)  # no budget: records attention, evicts nothing
         BFSController(rt, task, verifier, release_pruned=False, **bfs).solve(problem)
         samples += tree_samples(rt)
+        samples += outcome_samples(rt, task, verifier, problem, outcome_pairs)
         if progress:
             progress.advance(bar)
     return samples
 
 
-def tree_samples(rt: Runtime) -> list[tuple[tuple[float, ...], float]]:
-    """For every leaf, the leave-one-out effect of each inner block with that block's signals."""
-    views = [BlockView(rt.nodes[i], rt.store.get(i), False) for i in sorted(rt.store.block_ids())]
-    sig = signals(views, int(rt.model.config.vocab_size))
+def tree_samples(rt: Runtime) -> list[dict[str, Any]]:
+    """For every leaf, the leave-one-out LL effect of each inner block, with that block's signals."""
+    sig = _signals(rt)
     out = []
     for leaf in (n for n in rt.nodes.values() if not n.children and n.parent is not None):
         for block_id, effect in leave_one_out(rt, leaf).items():
-            out.append((sig[block_id], effect))
+            out.append({"signals": sig[block_id], "ll": effect, "outcome": None})
     return out
 
 
+def outcome_samples(rt: Runtime, task: Task, verifier: Verifier, problem, limit: int) -> list[dict[str, Any]]:
+    """Verifier-outcome effects: regenerate a thought greedily with one ancestor block masked and
+    compare the verifier's score of the new thought with the recorded one (up to ``limit`` pairs)."""
+    sig, out = _signals(rt), []
+    thoughts = [n for n in rt.nodes.values() if n.kind == "generated" and "state" in n.parent.meta and n.depth >= 2]
+    pairs = [(t, b) for t in thoughts for b in t.path()[1:-1]][:limit]
+    for thought, masked in pairs:
+        recorded = _score(task, verifier, problem, thought.parent.meta["state"], thought.text)
+        context = [n for n in thought.path()[:-1] if n is not masked]
+        text = regenerate(rt, context, task.max_thought_tokens, list(task.stop))
+        changed = recorded - _score(task, verifier, problem, thought.parent.meta["state"], text)
+        ll = leave_one_out(rt, thought).get(masked.id, 0.0) if thought.length > 1 else 0.0
+        out.append({"signals": sig[masked.id], "ll": ll, "outcome": changed})
+    return out
+
+
+def _score(task: Task, verifier: Verifier, problem, state, text: str) -> float:
+    result = task.step(problem, state, text)
+    return verifier.score(problem, result) if result.valid else 0.0
+
+
+def _signals(rt: Runtime):
+    views = [BlockView(rt.nodes[i], rt.store.get(i), False) for i in sorted(rt.store.block_ids())]
+    return signals(views, int(rt.model.config.vocab_size))
+
+
+def effects(samples: list[dict[str, Any]]) -> list[float]:
+    """Fit target per sample: z-scored LL drop, plus z-scored verifier-outcome drop where measured."""
+    ll = _zscores([s["ll"] for s in samples])
+    measured = [s["outcome"] for s in samples if s["outcome"] is not None]
+    oz = iter(_zscores(measured)) if len(measured) > 1 else iter([0.0] * len(measured))
+    return [z + (next(oz) if s["outcome"] is not None else 0.0) for z, s in zip(ll, samples, strict=True)]
+
+
+def _zscores(xs: list[float]) -> list[float]:
+    mean = sum(xs) / len(xs)
+    std = (sum((x - mean) ** 2 for x in xs) / max(len(xs) - 1, 1)) ** 0.5 or 1.0
+    return [(x - mean) / std for x in xs]
+
+
 def write_calibration(samples, path: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    weights, r2 = fit_weights([s for s, _ in samples], [e for _, e in samples])
+    weights, r2 = fit_weights([s["signals"] for s in samples], effects(samples))
     record = {
         "weights": weights.to_dict(),
         "signals": list(SIGNALS),
         "r2": r2,
         "n_samples": len(samples),
+        "n_outcome_samples": sum(s["outcome"] is not None for s in samples),
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         **meta,
     }

@@ -14,6 +14,7 @@ import torch
 
 from arbor_runtime.policies.msve import SIGNALS, MSVEWeights
 from arbor_runtime.runtime import Runtime
+from arbor_runtime.sampling import SamplingParams
 from arbor_runtime.tree import Node
 
 
@@ -40,6 +41,27 @@ def leave_one_out(rt: Runtime, leaf: Node) -> dict[int, float]:
         return {}
     base = continuation_loglik(rt, path[:-1], leaf)
     return {b.id: base - continuation_loglik(rt, [n for n in path[:-1] if n is not b], leaf) for b in path[1:-1]}
+
+
+def regenerate(rt: Runtime, context: list[Node], max_new_tokens: int, stop: list[str]) -> str:
+    """Greedy text that follows ``context``'s KV (masked blocks simply left out of ``context``).
+
+    The context's last token is fed again as the first input (its KV is dropped from the gathered
+    context), so the first new token sees the masked context too.
+    """
+    keys, values, _ = rt.store.gather([n.id for n in context])
+    last = context[-1]
+    cache = rt.backend.new_cache([(keys[:, :, :-1], values[:, :, :-1])], capacity=max_new_tokens + 1)
+    token, pos, out = last.token_ids[-1], last.end_pos - 1, []
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
+    for _ in range(max_new_tokens):
+        logits = rt.backend.forward(cache, torch.tensor([[token]]), torch.tensor([[pos]]))[0, -1]
+        token, pos = int(logits.argmax()), pos + 1
+        out.append(token)
+        text = rt.tokenizer.decode(out)
+        if token in rt._eos_ids or any(s in text for s in params.stop):
+            break
+    return rt.tokenizer.decode(out)
 
 
 def fit_weights(features: list[tuple[float, ...]], effects: list[float]) -> tuple[MSVEWeights, float]:

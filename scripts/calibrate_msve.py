@@ -1,6 +1,6 @@
 """Calibrate ArborKV's MSVE weights on leave-one-out block effects; writes the JSON arbor loads.
 
-    python scripts/calibrate_msve.py --model smollm2 --data-dir ../shared/data --game24 0:6 --gsm8k 0:4
+python scripts/calibrate_msve.py --model smollm2 --data-dir ../shared/data --game24 0:6 --gsm8k 0:4
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ def main() -> None:
     ap.add_argument("--gsm8k", default="0:4", help="0-based rows of gsm8k/train.jsonl ('0:0' to skip)")
     ap.add_argument("--n-generate", type=int, default=3)
     ap.add_argument("--breadth", type=int, default=2)
+    ap.add_argument("--outcome-pairs", type=int, default=8, help="verifier-outcome samples per tree")
     ap.add_argument("--out", default=str(DEFAULT_CALIBRATION))
     args = ap.parse_args()
     loaded = load_model(args.model)
     g_start, g_end = span(args.game24)
     s_start, s_end = span(args.gsm8k)
-    bfs = {"n_generate": args.n_generate, "breadth": args.breadth}
+    bfs = {"n_generate": args.n_generate, "breadth": args.breadth, "outcome_pairs": args.outcome_pairs}
     samples = []
     with Progress() as progress:
         if g_end > g_start:
@@ -49,7 +50,9 @@ def main() -> None:
             samples += collect(loaded, task, AnswerVerifier(), progress, **bfs)
     meta = {"model": args.model, "game24_rows": args.game24, "gsm8k_train_rows": args.gsm8k, **bfs}
     record = write_calibration(samples, Path(args.out), meta)
-    Console().print(f"wrote {args.out}: {record['n_samples']} samples, R^2={record['r2']:.3f}, weights {record['weights']}")
+    Console().print(
+        f"wrote {args.out}: {record['n_samples']} samples, R^2={record['r2']:.3f}, weights {record['weights']}"
+    )
 
 
 if __name__ == "__main__":

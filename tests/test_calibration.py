@@ -59,7 +59,13 @@ def test_calibration_script_writes_what_arbor_loads(tmp_path, data_dir):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads(out.read_text())
-    assert record["n_samples"] >= 6 and set(record["weights"]) == {"bias", "search", "uncertainty", "attention", "depth"}
+    assert record["n_samples"] >= 6 and set(record["weights"]) == {
+        "bias",
+        "search",
+        "uncertainty",
+        "attention",
+        "depth",
+    }
     assert ArborPolicy(calibration=str(out)).weights == MSVEWeights(**record["weights"])
 
 
@@ -69,3 +75,15 @@ def test_shipped_calibration_is_loaded_by_default():
         assert policy.weights == MSVEWeights(**json.loads(DEFAULT_CALIBRATION.read_text())["weights"])
     else:
         assert policy.weights == MSVEWeights()
+
+
+def test_regenerate_with_nothing_masked_reproduces_greedy_thought(tiny):
+    from arbor_runtime.calibration import regenerate
+
+    rt = Runtime(tiny, policy="arbor")
+    node = rt.new_tree("Input: 4 4 6 8\nSteps:\n")
+    for _ in range(2):
+        node = rt.expand(node, 1, SamplingParams(max_new_tokens=6, temperature=0.0))[0]
+    assert regenerate(rt, node.path()[:-1], 6, []) == node.text
+    masked = regenerate(rt, [node.path()[0]], 6, [])  # the middle block masked
+    assert isinstance(masked, str) and masked
