@@ -16,6 +16,7 @@ from typing import Any
 
 from arbor_runtime import Node, Runtime, SamplingParams
 from tasks.base import Problem, StepResult, Task
+from verifiers.answers import majority_vote
 from verifiers.base import Verifier
 
 #: a terminal scoring at least this is a verified solution: searches stop there
@@ -35,7 +36,9 @@ class SearchResult:
         steps: search iterations (BFS levels, DFS visits, MCTS iterations, ...).
         seconds: wall time of the search.
         extra: controller-specific fields (dfs: ``backtracks``, ``visits``; mcts: ``visits``,
-            ``ends``, ``tree``, ``rollouts``).
+            ``ends``, ``tree``, ``rollouts``), plus the self-consistency vote over every valid
+            terminal with an answer, when there is one: ``vote_answer``, ``vote_count``,
+            ``vote_correct``.
     """
 
     solved: bool
@@ -69,7 +72,8 @@ class Controller(ABC):
     Args:
         runtime: the runtime to grow trees in.
         task: interprets thoughts and checks answers.
-        verifier: scores nodes.
+        verifier: scores nodes; one with a ``bind(runtime)`` method (e.g. an LLM value verifier)
+            is bound to ``runtime`` here.
         temperature / top_p: sampling of thoughts (stop strings and length come from the task).
         release_pruned: release pruned subtrees at once (frees their KV); False keeps them for
             tree-aware memory policies and tree output.
@@ -87,6 +91,8 @@ class Controller(ABC):
         release_pruned: bool = True,
     ) -> None:
         self.rt, self.task, self.verifier = runtime, task, verifier
+        if callable(getattr(verifier, "bind", None)):
+            verifier.bind(runtime)
         self.sampling = SamplingParams(
             max_new_tokens=task.max_thought_tokens, temperature=temperature, top_p=top_p, stop=list(task.stop)
         )
@@ -94,12 +100,13 @@ class Controller(ABC):
         self.expansions: list[int] = []
         self.branch_switches = 0
         self.problem: Problem | None = None
+        self.terminals: list[Candidate] = []  # every valid terminal scored this search (for the vote)
 
     # ---- the loop ------------------------------------------------------------------------
     def solve(self, problem: Problem) -> SearchResult:
         """Run the search on one problem."""
         start = time.perf_counter()
-        self.problem, self.expansions, self.branch_switches = problem, [], 0
+        self.problem, self.expansions, self.branch_switches, self.terminals = problem, [], 0, []
         root = self.rt.new_tree(self.task.prompt(problem))
         root.meta["state"] = self.task.initial_state(problem)
         steps, best = self.search(root)
@@ -136,7 +143,10 @@ class Controller(ABC):
         node.meta.update(state=result.state, terminal=result.terminal, valid=result.valid, reason=result.reason)
         thought.meta.setdefault("valid", result.valid)
         self.rt.set_value(node, score)
-        return Candidate(node=node, thought=thought, result=result, score=score)
+        cand = Candidate(node=node, thought=thought, result=result, score=score)
+        if result.valid and self.is_terminal(cand):
+            self.terminals.append(cand)
+        return cand
 
     def is_terminal(self, cand: Candidate) -> bool:
         return cand.result.terminal or cand.node.depth >= 2 * self.task.max_steps
@@ -166,7 +176,7 @@ class Controller(ABC):
                     self.rt.release(cand.thought)
 
     def result(self, best: Candidate | None, steps: int, seconds: float) -> SearchResult:
-        """Summarize the search; ``solved`` is checked by the task on the best terminal."""
+        """Summarize the search; ``solved`` is checked by the task on the best terminal, the vote on all."""
         state = best.result.state if best is not None and best.result.terminal else None
         answer = self.task.final_answer(self.problem, state) if state is not None else None
         solved = state is not None and self.task.is_correct(self.problem, state)
@@ -178,7 +188,25 @@ class Controller(ABC):
             branch_switches=self.branch_switches,
             steps=steps,
             seconds=seconds,
+            extra=self.vote(),
         )
+
+    def vote(self) -> dict[str, Any]:
+        """Self-consistency over the terminals seen: the majority answer, its count, its correctness.
+
+        Answers are equal under the task's ``answers_match`` when it has one, else as strings.
+        Correctness is the task's ``is_correct`` on the first terminal giving the winning answer.
+        Empty when no terminal gave an answer.
+        """
+        given = [(c, self.task.final_answer(self.problem, c.result.state)) for c in self.terminals]
+        given = [(c, a) for c, a in given if a is not None]
+        equal = getattr(self.task, "answers_match", str.__eq__)
+        answer, count = majority_vote([a for _, a in given], equal)
+        if answer is None:
+            return {}
+        first = next(c for c, a in given if a == answer)
+        correct = self.task.is_correct(self.problem, first.result.state)
+        return {"vote_answer": answer, "vote_count": count, "vote_correct": bool(correct)}
 
     # ---- helpers -------------------------------------------------------------------------
     def _record_expansion(self, node: Node) -> None:

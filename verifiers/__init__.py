@@ -1,5 +1,6 @@
 """Node scorers: symbolic (Game of 24), LLM value prompts, answer matching."""
 
 from verifiers.base import Verifier
+from verifiers.llm_value import LLMValueVerifier
 
-__all__ = ["Verifier"]
+__all__ = ["LLMValueVerifier", "Verifier"]

@@ -1,0 +1,201 @@
+"""LLM value verifier: one prefilled value prefix per runtime, n_evaluate samples, ToT scoring, cache, BFS.
+
+Verdict texts are scripted where the score matters (the tiny random model writes noise); token
+accounting and the tree shape come from the real runtime.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from hydra.utils import instantiate
+
+from arbor_runtime import Runtime
+from controllers import BFSController
+from tasks.base import Problem, StepResult
+from tasks.game24 import Game24Task
+from tasks.stepwise import StepwiseState
+from verifiers import LLMValueVerifier
+from verifiers.llm_value import (
+    GAME24_PREFIX,
+    STEPWISE_PREFIX,
+    game24_query,
+    parse_verdict,
+    raw_value,
+    stepwise_query,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The tiny model gains nothing from threads; on a busy 2-core box they make it much slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def game24(data_dir: Path) -> tuple[Game24Task, Problem]:
+    task = Game24Task(data_dir=str(data_dir), start=900, end=901)
+    return task, task.problems()[0]  # "4 5 6 10"
+
+
+def after(task: Game24Task, problem: Problem, *thoughts: str) -> StepResult:
+    """The step result of ``thoughts`` taken in order from the puzzle's start."""
+    result = StepResult(state=task.initial_state(problem))
+    for thought in thoughts:
+        result = task.step(problem, result.state, thought)
+    return result
+
+
+def record_expands(rt: Runtime, texts: list[str] | None = None) -> list[int]:
+    """Wrap ``rt.expand``; returns the list of ``n`` per call. With ``texts``, samples read as those texts."""
+    calls: list[int] = []
+    expand = rt.expand
+
+    def fake(node, n=1, sampling=None):
+        calls.append(n)
+        kids = expand(node, n, sampling)
+        for kid, text in zip(kids, texts or [], strict=False):
+            kid.text = text
+        return kids
+
+    rt.expand = fake
+    return calls
+
+
+def n_tokens(rt: Runtime, text: str, special: bool) -> int:
+    return len(rt.tokenizer(text, add_special_tokens=special)["input_ids"])
+
+
+def test_parse_verdict_and_raw_value():
+    assert parse_verdict(" sure\n") == "sure"
+    assert parse_verdict(" Likely.") == "likely"
+    assert parse_verdict("not sure... impossible") == "impossible"  # the last verdict word counts
+    assert parse_verdict(" 24 maybe") is None and parse_verdict("") is None
+    assert raw_value(["sure", "likely", "impossible", None]) == pytest.approx(21.001)
+    assert raw_value([None, None]) == 0.0
+
+
+def test_prefix_is_prefilled_once_for_many_states(tiny, game24):
+    task, problem = game24
+    rt = Runtime(tiny, seed=0)
+    verifier = LLMValueVerifier(n_evaluate=3, max_new_tokens=8)
+    verifier.bind(rt)
+    calls = record_expands(rt)
+    prefix_tokens = n_tokens(rt, GAME24_PREFIX, special=True)
+    results = [after(task, problem, t) for t in ("4 + 5 = 9 (left", "6 - 4 = 2 (left", "10 * 6 = 60 (left")]
+    grew = []
+    for result in results:
+        before = rt.metrics.prefill_tokens
+        assert 0.0 <= verifier.score(problem, result) <= 1.0
+        grew.append(rt.metrics.prefill_tokens - before)
+    queries = [game24_query(" ".join(r.state.to_json()["left"])) for r in results]
+    assert grew[0] == prefix_tokens + n_tokens(rt, queries[0], special=False)
+    assert grew[1:] == [n_tokens(rt, q, special=False) for q in queries[1:]]  # the prefix is not prefilled again
+    root = verifier.roots[GAME24_PREFIX]
+    assert [n for n in rt.nodes.values() if n.parent is None] == [root]  # one value tree
+    assert root.length == prefix_tokens and root.children == []  # every query and its samples released
+    assert calls == [3, 3, 3] and verifier.evaluations == 3
+    assert 0 < rt.metrics.decode_tokens <= 3 * 3 * 8
+
+
+def test_score_is_tot_value_normalized(tiny, game24):
+    task, problem = game24
+    rt = Runtime(tiny, seed=0)
+    verifier = LLMValueVerifier(n_evaluate=3, runtime=rt)
+    record_expands(rt, [" sure\n", " likely\n", " 24 is out of reach"])
+    result = after(task, problem, "4 + 5 = 9 (left")
+    assert verifier.score(problem, result) == pytest.approx(21 / 60)  # (20 + 1 + 0) / (20 * n_evaluate)
+    assert verifier.describe(problem, result) == {"value_raw": 21.0, "verdicts": ["sure", "likely", None]}
+    record_expands(rt, [" impossible\n"] * 3)
+    dead = after(task, problem, "4 * 5 = 20 (left")
+    assert verifier.score(problem, dead) == pytest.approx(0.003 / 60)
+    assert verifier.describe(problem, after(task, problem, "6 + 4 = 10 (left")) == {}  # not scored yet
+
+
+def test_identical_states_are_evaluated_once(tiny, game24):
+    task, problem = game24
+    rt = Runtime(tiny, seed=0)
+    verifier = LLMValueVerifier(n_evaluate=2, runtime=rt)
+    calls = record_expands(rt)
+    first = verifier.score(problem, after(task, problem, "4 + 5 = 9 (left"))
+    prefill = rt.metrics.prefill_tokens
+    assert verifier.score(problem, after(task, problem, "5 + 4 = 9 (left")) == first  # same numbers left
+    assert calls == [2] and verifier.evaluations == 1 and rt.metrics.prefill_tokens == prefill
+    other = Runtime(tiny, seed=0)
+    verifier.bind(other)  # a new runtime (the CLI makes one per problem): new prefix root, empty cache
+    assert verifier.cache == {} and verifier.roots == {}
+
+
+def test_invalid_and_finished_paths_need_no_model(tiny, game24):
+    task, problem = game24
+    rt = Runtime(tiny, seed=0)
+    verifier = LLMValueVerifier(runtime=rt)
+    calls = record_expands(rt)
+    invalid = after(task, problem, "7 + 7 = 14 (left")
+    solved = after(task, problem, "10 - 6 = 4 (left", "4 * 5 = 20 (left", "20 + 4 = 24 (left")
+    wrong = after(task, problem, "4 + 5 = 9 (left", "6 + 9 = 15 (left", "10 + 15 = 25 (left")
+    no_answer = StepResult(state=StepwiseState(steps=("Half of 10 is 5.",)), terminal=True)
+    assert not invalid.valid and solved.terminal and wrong.terminal
+    assert verifier.score(problem, invalid) == 0.0
+    assert verifier.score(problem, solved) == 1.0 and verifier.score(problem, wrong) == 0.0  # exact check
+    assert verifier.score(problem, no_answer) == 0.0
+    assert calls == [] and not rt.nodes and rt.metrics.prefill_tokens == 0
+
+
+def test_stepwise_states_use_their_own_prefix(tiny):
+    rt = Runtime(tiny, seed=0)
+    verifier = LLMValueVerifier(n_evaluate=2, runtime=rt)
+    record_expands(rt, [" likely\n", " sure\n"])
+    problem = Problem(index=0, question="What is 3 + 4 * 2?", answer="11")
+    result = StepResult(state=StepwiseState(steps=("4 * 2 = 8.",)))
+    before = rt.metrics.prefill_tokens
+    assert verifier.score(problem, result) == pytest.approx(21 / 40)
+    query = stepwise_query(problem.question, ("4 * 2 = 8.",))
+    assert query.endswith("Partial solution:\n4 * 2 = 8.\nJudgement:")
+    assert rt.metrics.prefill_tokens - before == n_tokens(rt, STEPWISE_PREFIX, True) + n_tokens(rt, query, False)
+    assert list(verifier.roots) == [STEPWISE_PREFIX]
+
+
+def test_unbound_unknown_and_bad_arguments_are_clear(game24):
+    task, problem = game24
+    with pytest.raises(RuntimeError, match="bind"):
+        LLMValueVerifier().score(problem, after(task, problem, "4 + 5 = 9 (left"))
+    with pytest.raises(ValueError, match="n_evaluate=0"):
+        LLMValueVerifier(n_evaluate=0)
+    verifier = LLMValueVerifier()
+    with pytest.raises(TypeError, match="no value prompt for state tuple"):
+        verifier.score(problem, StepResult(state=(1, 2)))
+
+
+class FixedStepGame24(Game24Task):
+    """Game of 24 whose every thought is read as "a + b = a+b" of the two smallest numbers left."""
+
+    def step(self, problem, state, thought):
+        a, b = state.to_json()["left"][:2]
+        return super().step(problem, state, f"{a} + {b} = {int(a) + int(b)} (left")
+
+
+def test_bfs_on_game24_binds_and_uses_the_value_prefix(tiny, data_dir):
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["verifier=llm_value", "controller=bfs"])
+    verifier = instantiate(cfg.verifier)
+    assert isinstance(verifier, LLMValueVerifier) and verifier.n_evaluate == 3 and verifier.runtime is None
+    task = FixedStepGame24(data_dir=str(data_dir), start=900, end=901)
+    rt = Runtime(tiny, seed=0)
+    calls = record_expands(rt)
+    ctrl = instantiate(cfg.controller, runtime=rt, task=task, verifier=verifier, n_generate=2, breadth=2)
+    assert isinstance(ctrl, BFSController) and verifier.runtime is rt  # bound by the controller
+    result = ctrl.solve(task.problems()[0])
+    # 4 5 6 10 -> (6 9 10) -> (10 15) -> 25: two distinct open states, each evaluated once
+    assert verifier.evaluations == 2 and calls == [3, 3]
+    assert result.steps == 3 and result.answer == "10 + (6 + (4 + 5))" and not result.solved
+    assert result.extra == {"vote_answer": result.answer, "vote_count": 4, "vote_correct": False}  # 2 x 2 terminals
+    assert result.best is not None and result.best.value == 0.0  # the exact check of the final state
+    root = verifier.roots[GAME24_PREFIX]
+    assert root.children == [] and root.id in rt.nodes  # only the prefix stays
