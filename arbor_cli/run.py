@@ -9,7 +9,7 @@ import csv
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
@@ -20,9 +20,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from arbor_cli.budget import PolicyFactory, check_budget
 from arbor_cli.report import results_table
 from arbor_cli.results import EVENTS_FILE, RESULTS_FILE, TRACES_FILE, append_jsonl, load_done
+from arbor_cli.tree_export import held_nodes, load_tree, render_tree, tree_record, write_tree
 from arbor_runtime import ArborError, KVBudgetExceeded, LoadedModel, Runtime, load_model
 from arbor_runtime.metrics import RuntimeMetrics
-from controllers.base import SearchResult
+from controllers.base import Controller, SearchResult
 from tasks.base import Problem, Task
 from verifiers.base import Verifier
 
@@ -46,6 +47,8 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
     run_dir = resolve_run_dir(cfg)
     rows = solve_all(cfg, loaded, task, verifier, problems, run_dir, console, policies)
     write_summary_csv(run_dir, rows)
+    if cfg.get("show_tree", False):
+        show_trees(console, run_dir, rows)
     console.print(results_table(rows, title=f"{task.name} · {_choice(cfg, 'controller')} · {_choice(cfg, 'policy')}"))
     console.print(f"results: {run_dir / RESULTS_FILE}")
     return 0
@@ -73,13 +76,31 @@ def solve_all(
                 rows.append(done[problem.index])
             else:
                 progress.update(bar, description=f"{task.name} #{problem.index} {problem.question[:30]}")
-                row, rt = solve_one(cfg, loaded, task, verifier, problem, policies)
+                solved = search_one(cfg, loaded, task, verifier, problem, policies)
+                row, rt = solved.row, solved.rt
+                if cfg.get("save_trees", True) or cfg.get("show_tree", False):
+                    write_tree(run_dir, problem.index, solved.tree(problem))
                 append_jsonl(run_dir / RESULTS_FILE, row)
                 append_jsonl(run_dir / TRACES_FILE, {"index": problem.index, "trace": _trace(rt.metrics)})
                 append_jsonl(run_dir / EVENTS_FILE, {"index": problem.index, "events": _events(rt)})
                 rows.append(row)
             progress.advance(bar)
     return rows
+
+
+class Solved(NamedTuple):
+    """One searched problem: its results row, and the runtime, controller and result behind it."""
+
+    row: dict[str, Any]
+    rt: Runtime
+    controller: Controller
+    result: SearchResult | None  # None after an OOM
+
+    def tree(self, problem: Problem) -> dict[str, Any]:
+        """The search tree as a JSON-ready record (see :mod:`arbor_cli.tree_export`)."""
+        best = self.result.best if self.result is not None else None
+        held, info = held_nodes(self.controller), {"index": problem.index, "question": problem.question}
+        return tree_record(self.rt, best, self.controller.expansions, held, **info)
 
 
 def solve_one(
@@ -91,20 +112,36 @@ def solve_one(
     policies: PolicyFactory | None = None,
 ) -> tuple[dict[str, Any], Runtime]:
     """One problem with a fresh runtime; an OOM is recorded, not raised."""
+    solved = search_one(cfg, loaded, task, verifier, problem, policies)
+    return solved.row, solved.rt
+
+
+def search_one(
+    cfg: DictConfig,
+    loaded: LoadedModel,
+    task: Task,
+    verifier: Verifier,
+    problem: Problem,
+    policies: PolicyFactory | None = None,
+) -> Solved:
+    """:func:`solve_one`, also returning the controller and its result (for tree output)."""
     policy = (policies or PolicyFactory(cfg.policy, [problem])).build(problem.index)
     rt = Runtime(loaded, policy=policy, seed=int(cfg.seed) + problem.index)
     controller = instantiate(cfg.controller, runtime=rt, task=task, verifier=verifier)
     base = {"index": problem.index, "question": problem.question, "task": task.name, "model": loaded.spec}
+    base["controller"] = getattr(controller, "name", type(controller).__name__)
     try:
         result = controller.solve(problem)
     except KVBudgetExceeded as exc:
         log.info("problem %s: %s", problem.index, exc)
         row = base | {"solved": False, "oom": True, "error": str(exc), "answer": None}
         row |= {"policy": policy.name, "budget_tokens": policy.budget_tokens}
-        return row | _metric_fields(rt.metrics, controller.branch_switches, len(controller.expansions)), rt
+        row |= _metric_fields(rt.metrics, controller.branch_switches, len(controller.expansions))
+        return Solved(row, rt, controller, None)
     row = base | _result_fields(result) | {"oom": False, "error": None}
     row |= {"policy": policy.name, "budget_tokens": policy.budget_tokens}
-    return row | _metric_fields(rt.metrics, result.branch_switches, len(result.expansions)), rt
+    row |= _metric_fields(rt.metrics, result.branch_switches, len(result.expansions))
+    return Solved(row, rt, controller, result)
 
 
 def default_verifier(task: Task) -> Verifier:
@@ -130,6 +167,14 @@ def resolve_run_dir(cfg: DictConfig) -> Path:
     return path
 
 
+def show_trees(console: Console, run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """Print each problem's best path and search tree (read back from ``trees/<index>.json``)."""
+    for row in rows:
+        record = load_tree(run_dir, int(row["index"]))
+        if record is not None:
+            console.print(render_tree(record))
+
+
 def write_summary_csv(run_dir: Path, rows: list[dict[str, Any]]) -> Path:
     """All rows of the run as CSV (rewritten at the end of each run)."""
     path = run_dir / "results.csv"
@@ -142,7 +187,8 @@ def write_summary_csv(run_dir: Path, rows: list[dict[str, Any]]) -> Path:
 
 
 def _result_fields(result: SearchResult) -> dict[str, Any]:
-    return {
+    extra = {k: v for k, v in result.extra.items() if isinstance(v, (bool, int, float, str))}  # e.g. dfs backtracks
+    return extra | {
         "solved": result.solved,
         "answer": result.answer,
         "steps": result.steps,
