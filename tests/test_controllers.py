@@ -254,3 +254,13 @@ def test_custom_search_example_runs(data_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [r["index"] for r in rows] == [900] and rows[0]["nodes_created"] >= 3
+
+
+def test_readme_shows_the_custom_controller_that_runs():
+    """The README's custom-search example is the class scripts/custom_search.py runs."""
+    repo = Path(__file__).resolve().parents[1]
+    readme = (repo / "README.md").read_text()
+    block = readme.split("### Writing your own search", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert block.startswith("class GreedyLookahead(Controller):")
+    assert block in (repo / "scripts" / "custom_search.py").read_text()
+    assert len([line for line in block.splitlines() if line.strip()]) < 50
