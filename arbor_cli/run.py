@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -209,10 +210,7 @@ def _path_text(node) -> str:
 
 
 def _trace(metrics: RuntimeMetrics) -> list[dict[str, Any]]:
-    return [
-        {"step": p.step, "op": p.op, "resident_tokens": p.resident_tokens, "peak_tokens": p.peak_tokens, "t": p.t}
-        for p in metrics.trace
-    ]
+    return [asdict(p) for p in metrics.trace]
 
 
 def _events(rt: Runtime) -> list[dict[str, Any]]:

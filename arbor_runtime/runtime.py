@@ -74,7 +74,11 @@ class Runtime:
 
     def new_tree(self, prompt: str) -> Node:
         """Start a tree whose root block is ``prompt`` (prefilled once)."""
-        ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        return self.new_tree_ids(self.tokenizer(prompt, add_special_tokens=True)["input_ids"], prompt)
+
+    def new_tree_ids(self, ids: Sequence[int], text: str | None = None) -> Node:
+        """Start a tree whose root block is exactly these token ids (trace replay uses this)."""
+        ids = [int(i) for i in ids]
         if not ids:
             raise ValueError("prompt is empty: a root block needs at least one token")
         budget = self.budget_tokens
@@ -83,8 +87,9 @@ class Runtime:
                 f"budget_tokens={budget} is smaller than the root prompt ({len(ids)} tokens): "
                 "the active path could never fit; raise the budget"
             )
+        text = self.tokenizer.decode(ids) if text is None else text
         with self._op("new_tree"):
-            node = self._new_node(None, ids, prompt, PROMPT, start_pos=0)
+            node = self._new_node(None, ids, text, PROMPT, start_pos=0)
             self.memory.prepare([], len(ids))
             self._prefill(node, with_logprobs=False)
             self.memory.after([], [node])
@@ -331,6 +336,8 @@ class Runtime:
                     t=time.perf_counter() - self._t0,
                     host_tokens=self.store.host_tokens,
                     events=len(self.memory.events.records),
+                    rehydrations=self.store.counters.rehydrations,
+                    branch_switches=m.branch_switch_events,
                 )
             )
 

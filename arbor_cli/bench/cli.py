@@ -1,0 +1,234 @@
+"""Bodies of the benchmark scripts (``scripts/record_trace.py`` and friends): argv in, exit code out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from arbor_cli.bench.plots import memory_panels, plot_memory
+from arbor_cli.bench.replay import DEFAULT_FRACTIONS, DEFAULT_POLICIES, budgets_for, compare_policies, trace_fields
+from arbor_cli.bench.report import replay_table, speed_table, write_csv, write_jsonl
+from arbor_cli.bench.speed import speed_compare
+from arbor_cli.bench.trace import Trace, load_trace, record_trace
+from arbor_runtime import ArborError, load_model
+from arbor_runtime.loading import LoadedModel
+from arbor_runtime.policies import POLICIES
+
+log = logging.getLogger(__name__)
+USER_ERRORS = (ArborError, ValueError, FileNotFoundError, KeyError)
+
+
+# ---- record ---------------------------------------------------------------------------------
+def record_main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
+    """``record_trace.py``: run ``full`` searches from arbor-solve's config, one trace file per problem."""
+    ap = argparse.ArgumentParser(
+        prog="record_trace.py",
+        description="Record full searches as JSON traces. Overrides are arbor-solve's (task=, controller=, model=...).",
+    )
+    ap.add_argument("--out", default="traces", help="folder for <task>-<index>.json files")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny-random task.end=901")
+    args = ap.parse_args(argv)
+    console = console or _console()
+    try:
+        _threads(args.threads)
+        paths = record_from_config(args.overrides, Path(args.out), console)
+    except USER_ERRORS as exc:
+        print(f"record_trace.py: error: {exc}", file=sys.stderr)
+        return 2
+    console.print(f"wrote {len(paths)} trace(s) to {args.out}")
+    return 0
+
+
+def record_from_config(overrides: Sequence[str], out_dir: Path, console: Console) -> list[Path]:
+    """Compose arbor-solve's config with ``overrides`` and record every problem of the slice."""
+    from hydra import compose, initialize_config_module
+    from hydra.utils import instantiate
+
+    from arbor_cli.run import default_verifier
+
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    if any(o.split("=", 1)[0].lstrip("+").startswith("policy") for o in overrides):
+        log.warning("record_trace.py ignores policy overrides: traces are always recorded under full, no budget")
+    task = instantiate(cfg.task)
+    verifier = instantiate(cfg.verifier) if cfg.verifier.get("_target_") else default_verifier(task)
+    loaded = load_model(**{k: cfg.model[k] for k in ("spec", "device", "dtype") if cfg.model.get(k) is not None})
+    table = Table(title=f"recorded traces · {task.name} · {cfg.model.spec}")
+    for col in ("problem", "nodes", "tokens", "expansions", "recorded peak", "replay peak", "solved", "file"):
+        table.add_column(col, justify="left" if col == "file" else "right")
+    paths = []
+    controller_name = str(cfg.controller._target_).rsplit(".", 1)[-1]
+    for problem in task.problems():
+
+        def search(rt, problem=problem):
+            return instantiate(cfg.controller, runtime=rt, task=task, verifier=verifier).solve(problem)
+
+        meta = {"task": task.name, "index": problem.index, "question": problem.question, "controller": controller_name}
+        meta["controller_cfg"] = {k: v for k, v in cfg.controller.items() if k != "_target_"}
+        trace = record_trace(loaded, search, seed=int(cfg.seed) + problem.index, meta=meta)
+        path = trace.save(out_dir / f"{task.name}-{problem.index}.json")
+        paths.append(path)
+        table.add_row(
+            str(problem.index),
+            str(len(trace.nodes)),
+            f"{trace.total_tokens:,}",
+            str(len(trace.expansions)),
+            f"{trace.metrics['peak_device_tokens']:,}",
+            f"{trace.full_replay_peak():,}",
+            str(trace.meta.get("solved")),
+            str(path),
+        )
+    console.print(table)
+    return paths
+
+
+# ---- replay ---------------------------------------------------------------------------------
+def replay_main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
+    """``replay_trace.py``: every policy at every budget fraction on each trace; table + JSONL + CSV."""
+    ap = _trace_parser("replay_trace.py", "Replay recorded traces under each policy and budget (teacher-forced).")
+    ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated policy names")
+    ap.add_argument("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)), help="budgets as shares of full peak")
+    ap.add_argument("--out", default="results/replay", help="folder for replay.jsonl and replay.csv")
+    args = ap.parse_args(argv)
+    console = console or _console()
+    try:
+        _threads(args.threads)
+        policies, fractions = _policies(args.policies), _floats(args.fractions, "--fractions")
+        traces = [load_trace(p) for p in args.traces]
+        rows: list[dict[str, Any]] = []
+        for path, trace in zip(args.traces, traces, strict=True):
+            loaded = _model_for(trace, args)
+            runs = compare_policies(loaded, trace, policies, fractions, on_group=lambda p: log.info("replayed %s", p))
+            mine = [trace_fields(trace) | {"trace": str(path)} | r.row() | {"steps": r.steps} for r in runs]
+            console.print(replay_table(mine, title=f"replay fidelity · {path}"))
+            rows += mine
+    except USER_ERRORS as exc:
+        print(f"replay_trace.py: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    write_jsonl(out / "replay.jsonl", rows)
+    write_csv(out / "replay.csv", rows)
+    console.print(f"wrote {out / 'replay.jsonl'} and {out / 'replay.csv'}")
+    return 0
+
+
+# ---- plot -----------------------------------------------------------------------------------
+def plot_main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
+    """``plot_memory.py``: resident device KV per step for each policy at one or more budgets (PNG)."""
+    ap = _trace_parser("plot_memory.py", "Plot resident device KV over search steps (Figure 3 analog).")
+    ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated policy names")
+    ap.add_argument("--fractions", default="0.5", help="budgets as shares of the full replay peak, one panel each")
+    ap.add_argument("--budget-tokens", default=None, help="absolute budgets instead of --fractions (comma-separated)")
+    ap.add_argument("--out", default="results/memory.png", help="PNG path; the series go next to it as .json")
+    args = ap.parse_args(argv)
+    console = console or _console()
+    try:
+        _threads(args.threads)
+        if len(args.traces) != 1:
+            raise ValueError(f"plot_memory.py takes one trace, got {len(args.traces)}")
+        trace = load_trace(args.traces[0])
+        policies = _policies(args.policies)
+        if args.budget_tokens:
+            budgets = [(int(b), None) for b in _floats(args.budget_tokens, "--budget-tokens")]
+        else:
+            budgets = [(b, f) for f, b in budgets_for(trace, _floats(args.fractions, "--fractions")).items()]
+        panels = memory_panels(_model_for(trace, args), trace, policies, budgets)
+    except USER_ERRORS as exc:
+        print(f"plot_memory.py: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    name = f"{trace.meta['task']} #{trace.meta['index']}" if "index" in trace.meta else Path(args.traces[0]).stem
+    title = f"resident device KV per step · {name} · {trace.model}"
+    plot_memory(panels, out, title=title)
+    out.with_suffix(".json").write_text(json.dumps({"trace": args.traces[0], "panels": panels}) + "\n")
+    console.print(f"wrote {out} and {out.with_suffix('.json')}")
+    return 0
+
+
+# ---- speed ----------------------------------------------------------------------------------
+def speed_main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
+    """``bench_speed.py``: the trace's tree built by the runtime, naively and with a prefix cache."""
+    ap = _trace_parser("bench_speed.py", "Build each trace's tree three ways and time them (medians).")
+    ap.add_argument("--repeats", type=int, default=5, help="timed builds per method (median reported)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed builds per method first")
+    ap.add_argument("--out", default="results/speed.json", help="JSON with one summary per trace")
+    args = ap.parse_args(argv)
+    console = console or _console()
+    try:
+        _threads(args.threads)
+        out = []
+        for path in args.traces:
+            trace = load_trace(path)
+            summary = speed_compare(_model_for(trace, args), trace, repeats=args.repeats, warmup=args.warmup)
+            summary = {"trace": str(path), **trace_fields(trace), "threads": torch.get_num_threads(), **summary}
+            console.print(speed_table(summary, title=f"speed vs naive ToT · {path}"))
+            out.append(summary)
+    except USER_ERRORS as exc:
+        print(f"bench_speed.py: error: {exc}", file=sys.stderr)
+        return 2
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+# ---- helpers --------------------------------------------------------------------------------
+def _trace_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument("traces", nargs="+", help="trace files from record_trace.py")
+    ap.add_argument("--model", default=None, help="model spec (default: the one each trace was recorded with)")
+    ap.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    ap.add_argument("--dtype", default=None, help="torch dtype name (default: float32 on CPU)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    return ap
+
+
+def _console() -> Console:
+    """The terminal's console; a wide one when output goes to a file or pipe (tables stay readable)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+_MODELS: dict[tuple, LoadedModel] = {}
+
+
+def _model_for(trace: Trace, args: argparse.Namespace) -> LoadedModel:
+    key = (args.model or trace.model, args.device, args.dtype)
+    if key not in _MODELS:
+        _MODELS[key] = load_model(key[0], device=args.device, dtype=args.dtype)
+    return _MODELS[key]
+
+
+def _policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in names if p not in POLICIES]
+    if bad or not names:
+        raise ValueError(f"--policies {text!r}: unknown {bad}; valid: {', '.join(sorted(POLICIES))}")
+    return names
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r} must be comma-separated numbers, e.g. 0.1,0.5") from None
+    if not values:
+        raise ValueError(f"{flag} is empty")
+    return values
+
+
+def _threads(n: int | None) -> None:
+    if n is not None:
+        if n < 1:
+            raise ValueError(f"--threads={n} must be >= 1")
+        torch.set_num_threads(n)

@@ -1,0 +1,96 @@
+"""Benchmarks: memory-over-steps plot (series and PNG), speed vs naive ToT (same log-probs, token counts)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from arbor_cli.bench import budgets_for, expected_prefill_tokens, memory_panels, plot_memory, record_trace
+from arbor_cli.bench.cli import plot_main, record_main, speed_main
+from arbor_cli.bench.speed import BUILDERS, max_logprob_diff, speed_compare
+from arbor_cli.bench.synthetic import synthetic_search
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def trace(tiny):
+    return record_trace(tiny, synthetic_search, meta={"task": "synthetic"})
+
+
+def runtime_calls(trace) -> int:
+    return sum(op.op != "set_value" for op in trace.replay_ops())
+
+
+def test_memory_plot_has_the_expected_series(tiny, trace, tmp_path):
+    budgets = [(b, f) for f, b in budgets_for(trace, [0.6, 0.9]).items()]
+    panels = plot_memory(memory_panels(tiny, trace, ["full", "h2o", "arbor"], budgets), tmp_path / "m.png")
+    assert (tmp_path / "m.png").read_bytes()[:8] == PNG_MAGIC
+    assert [(p["budget_tokens"], p["fraction"]) for p in panels] == budgets
+    steps = runtime_calls(trace)
+    for panel in panels:
+        series = panel["series"]
+        assert list(series) == ["full", "h2o", "arbor"]
+        full = series["full"]
+        assert full["budget_tokens"] is None and max(full["resident_tokens"]) > panel["budget_tokens"]
+        switches = series["full"]["branch_switch_steps"]
+        assert switches and all(s["branch_switch_steps"] == switches for s in series.values())
+        for name in ("h2o", "arbor"):
+            s = series[name]
+            assert s["oom_step"] is None and s["step"] == list(range(steps))
+            assert max(s["peak_tokens"]) <= panel["budget_tokens"]
+            assert len(s["resident_tokens"]) == len(s["host_tokens"]) == steps
+        assert series["h2o"]["rehydration_steps"] == [] and max(series["h2o"]["host_tokens"]) == 0
+    low = panels[0]["series"]["arbor"]
+    assert low["rehydration_steps"] and max(low["host_tokens"]) > 0
+
+
+def test_plot_script_end_to_end_one_problem_two_policies_two_budgets(tiny, data_dir, tmp_path):
+    overrides = ["model=tiny-random", f"task.data_dir={data_dir}", "task.end=901", "task.n_shots=1"]
+    assert record_main(["--out", str(tmp_path), *overrides, "controller.n_generate=2"]) == 0
+    png = tmp_path / "memory.png"
+    argv = [str(tmp_path / "game24-900.json"), "--policies", "h2o,arbor", "--budget-tokens", "150,190"]
+    assert plot_main([*argv, "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    data = json.loads(png.with_suffix(".json").read_text())
+    assert [p["budget_tokens"] for p in data["panels"]] == [150, 190]
+    assert all(list(p["series"]) == ["h2o", "arbor"] for p in data["panels"])
+    assert all(s["step"] for p in data["panels"] for s in p["series"].values())
+
+
+def test_three_builds_compute_the_same_logprobs_and_expected_tokens(tiny, trace):
+    builds = {name: build(tiny, trace) for name, build in BUILDERS.items()}
+    expected = expected_prefill_tokens(trace)
+    assert {name: b.prefill_tokens for name, b in builds.items()} == expected
+    assert expected["naive"] > 4 * expected["runtime"] and expected["prefix_cache"] > expected["runtime"]
+    assert max_logprob_diff(builds["runtime"], builds["naive"]) < 1e-4
+    assert max_logprob_diff(builds["runtime"], builds["prefix_cache"]) < 1e-4
+    scored = {n.id for n in trace.nodes.values() if n.parent is not None}
+    assert all(b.logprobs.keys() == scored for b in builds.values())
+    naive = builds["naive"].logprobs
+    recorded = max(abs(a - b) for k in scored for a, b in zip(naive[k], trace.nodes[k].logprobs, strict=True))
+    assert recorded < 1e-4
+
+
+def test_speed_summary_and_script(tiny, trace, tmp_path):
+    summary = speed_compare(tiny, trace, repeats=2, warmup=0)
+    assert set(summary["methods"]) == {"runtime", "naive", "prefix_cache"}
+    assert all(len(m["seconds"]) == 2 for m in summary["methods"].values())
+    assert set(summary["ratios"]) == {"runtime/naive", "runtime/prefix_cache"}
+    assert summary["ratios"]["runtime/naive"]["prefill_tokens"] < 0.25
+    assert 0.0 <= summary["runtime_overhead"]["fraction"] <= 1.0
+    path = trace.save(tmp_path / "t.json")
+    assert speed_main([str(path), "--repeats", "1", "--warmup", "0", "--out", str(tmp_path / "speed.json")]) == 0
+    out = json.loads((tmp_path / "speed.json").read_text())
+    assert out[0]["methods"]["naive"]["prefill_tokens"] == expected_prefill_tokens(trace)["naive"]
+    assert speed_main([str(path), "--repeats", "0"]) == 2

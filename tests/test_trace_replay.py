@@ -1,0 +1,146 @@
+"""Trace record and replay: JSON round trip, exact replay under full, fidelity under budgets, OOMs, CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from arbor_cli.bench import ReplayRun, Trace, budgets_for, load_trace, record_trace, replay_lockstep, replay_trace
+from arbor_cli.bench.cli import record_main, replay_main
+from arbor_cli.bench.synthetic import synthetic_search
+from arbor_runtime import SamplingParams
+from arbor_runtime.tree import FORCED, GENERATED
+
+#: arbor completes the synthetic tiny trace at this share of the full peak (its active path fits)
+LOW = 0.6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def trace(tiny) -> Trace:
+    return record_trace(tiny, synthetic_search, meta={"task": "synthetic"})
+
+
+def test_trace_is_json_and_round_trips(trace, tmp_path):
+    path = trace.save(tmp_path / "t.json")
+    data = json.loads(path.read_text())  # plain JSON, no pickle
+    assert {"model", "oplog", "nodes", "expansions", "events", "memory", "metrics", "meta"} <= data.keys()
+    again = load_trace(path)
+    assert again.to_dict() == trace.to_dict()
+    ops = [op["op"] for op in trace.oplog]
+    assert {"new_tree", "expand", "append", "release", "set_value"} <= set(ops)
+    assert any(len(op["requests"]) > 1 for op in trace.oplog if op["op"] == "expand")  # one expand, two parents
+    assert trace.prompt_ids == trace.oplog[0]["ids"] and trace.prompt_text
+    kinds = {n.kind for n in trace.nodes.values()}
+    assert {GENERATED, FORCED} <= kinds
+    assert all(len(n.logprobs) == len(n.token_ids) for n in trace.nodes.values() if n.parent is not None)
+    assert trace.expansions and trace.events and trace.memory
+
+
+def test_full_replay_reproduces_recorded_logprobs_exactly(tiny, trace):
+    run = replay_trace(tiny, trace, "full")
+    fid = run.fidelity
+    assert not run.oom
+    assert fid.positions == trace.scored_positions
+    assert fid.recorded_max_abs_diff < 1e-4  # batched decode vs teacher-forced prefill
+    assert fid.top1_agree == fid.positions and fid.kl_max == 0.0
+    assert run.metrics["peak_device_tokens"] == trace.full_replay_peak()
+    assert run.metrics["prefill_tokens"] == trace.total_tokens  # every block once
+
+
+def test_full_replay_rebuilds_the_same_tree(tiny, trace):
+    run = ReplayRun("full")
+    run.start(tiny)
+    for op in trace.replay_ops():
+        run.apply(op, trace)
+    for rec_id, node in run.nodes.items():
+        rec = trace.nodes[rec_id]
+        assert node.token_ids == rec.token_ids and node.start_pos == rec.start_pos
+        parent = None if rec.parent is None else run.nodes[rec.parent]
+        assert node.parent is parent
+        assert node.released == rec.released and node.value == rec.value
+
+
+def test_full_replay_matches_recorded_logprobs_on_smollm2(smollm2):
+    params = SamplingParams(max_new_tokens=5, temperature=1.0)
+
+    def search(rt):
+        root = rt.new_tree("Input: 4 4 6 8\nSteps:\n")
+        kids = rt.expand(root, 2, params)
+        rt.append(kids[0], " (left: 4 8)\n")
+        rt.expand_many([(kids[1], 1), (kids[0], 1)], params)
+
+    trace = record_trace(smollm2, search)
+    run = replay_trace(smollm2, trace, "full")
+    assert run.fidelity.positions == trace.scored_positions
+    assert run.fidelity.recorded_max_abs_diff < 1e-4
+
+
+def test_arbor_is_exact_at_a_low_budget_while_linear_policies_are_not(tiny, trace):
+    budget = budgets_for(trace, [LOW])[LOW]
+    assert budget < trace.full_replay_peak()
+    ref, arbor, h2o, streaming = replay_lockstep(
+        tiny, trace, [ReplayRun(name, budget, LOW) for name in ("arbor", "h2o", "streaming")]
+    )
+    assert not arbor.oom and arbor.metrics["rehydrations"] > 0 and arbor.metrics["evicted_tokens"] > 0
+    assert arbor.metrics["peak_device_tokens"] <= budget
+    assert arbor.fidelity.positions == trace.scored_positions
+    assert arbor.fidelity.top1_agree == arbor.fidelity.positions  # active path whole, exact rehydration
+    assert arbor.fidelity.kl_max < 1e-6 and abs(arbor.fidelity.dll_sum) < 1e-4
+    for run in (h2o, streaming):
+        assert not run.oom and run.metrics["dropped_tokens"] > 0
+        assert run.fidelity.kl_max > 1e-3 and run.fidelity.top1_agree < run.fidelity.positions
+    assert ref.fidelity.kl_max == 0.0
+
+
+def test_oom_is_recorded_not_raised(tiny, trace):
+    budget = budgets_for(trace, [LOW])[LOW]
+    tiny_budget = len(trace.prompt_ids) - 1  # the root prompt itself does not fit
+    _, full, arbor = replay_lockstep(tiny, trace, [ReplayRun("full", budget), ReplayRun("arbor", tiny_budget)])
+    assert full.oom and "budget" in full.error and full.steps[-1]["oom"]
+    assert full.metrics["peak_device_tokens"] <= budget
+    assert 0 < full.fidelity.positions < trace.scored_positions  # scored up to the OOM
+    assert arbor.oom and len(arbor.steps) == 1 and arbor.row()["oom"]
+
+
+def test_replay_refuses_a_trace_from_another_tokenizer(tiny, trace):
+    other = Trace.from_dict(trace.to_dict())
+    other.nodes[other.roots[0].id].text += " extra words"
+    with pytest.raises(ValueError, match="another tokenizer"):
+        replay_trace(tiny, other, "full")
+
+
+def test_unknown_trace_version_is_rejected(trace, tmp_path):
+    data = trace.to_dict() | {"version": 99}
+    (tmp_path / "t.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="version 99"):
+        load_trace(tmp_path / "t.json")
+
+
+def test_record_and_replay_scripts_end_to_end(tiny, data_dir, tmp_path):
+    overrides = ["model=tiny-random", f"task.data_dir={data_dir}", "task.end=901", "task.n_shots=1"]
+    assert record_main(["--out", str(tmp_path / "traces"), *overrides, "controller.n_generate=2"]) == 0
+    path = tmp_path / "traces" / "game24-900.json"
+    trace = load_trace(path)
+    assert trace.meta["index"] == 900 and trace.meta["controller"] == "BFSController"
+    argv = [str(path), "--policies", "full,arbor", "--fractions", "0.5,0.9", "--out", str(tmp_path / "replay")]
+    assert replay_main(argv) == 0
+    rows = [json.loads(x) for x in (tmp_path / "replay" / "replay.jsonl").read_text().splitlines()]
+    assert [(r["policy"], r["budget_fraction"]) for r in rows] == [
+        ("full", 1.0), ("full", 0.5), ("full", 0.9), ("arbor", 0.5), ("arbor", 0.9)
+    ]  # fmt: skip
+    assert rows[0]["recorded_max_abs_diff"] < 1e-4 and rows[0]["steps"]
+    with (tmp_path / "replay" / "replay.csv").open() as fh:
+        table = list(csv.DictReader(fh))
+    assert len(table) == 5 and {"top1_agreement", "mean_kl", "peak_host_bytes", "oom"} <= table[0].keys()
+    assert replay_main([str(path), "--policies", "nope"]) == 2
