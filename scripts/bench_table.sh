@@ -8,8 +8,8 @@ DATA=${2:-../shared/data}
 BIN=${BIN:-.venv/bin}
 SOLVE="$BIN/arbor-solve"
 MERGE="$BIN/python scripts/merge_sweep.py"
-G24="task=game24 task.data_dir=$DATA task.start=900 task.end=905 controller=best_first controller.n_generate=3 controller.max_expansions=12"
-GSM="task=gsm8k task.data_dir=$DATA task.start=0 task.end=2 task.max_steps=4 controller=best_first controller.n_generate=3 controller.max_expansions=6"
+G24="task=game24 task.data_dir=$DATA task.start=900 task.end=904 controller=best_first controller.n_generate=3 controller.max_expansions=10"
+GSM="task=gsm8k task.data_dir=$DATA task.start=0 task.end=2 task.max_steps=4 controller=best_first controller.n_generate=3 controller.max_expansions=5"
 
 for name in game24 gsm8k; do
   args=$([ $name = game24 ] && echo "$G24" || echo "$GSM")

