@@ -139,8 +139,11 @@ def _save_converted(model: torch.nn.Module, tokenizer: object, target: Path) -> 
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if not target.exists():
+        try:
             tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():  # lost a race to another process: fine if it finished
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
