@@ -33,7 +33,7 @@ class MemoryManager:
         self.store, self.policy, self.nodes, self._recompute = store, policy, nodes, recompute
         self.events = EventLog()
         self.active: frozenset[int] = frozenset()
-        self._leaves: set[int] = set()  # last operation's targets and new blocks
+        self._leaves: set[int] = set()  # the current frontier: last expansion's targets and new blocks
         self.step = 0
         self.peak_tokens = 0
 
@@ -68,9 +68,14 @@ class MemoryManager:
                 raise KVBudgetExceeded(needed, self.budget, where)
         self.peak_tokens = max(self.peak_tokens, needed)
 
-    def after(self, targets: Sequence[Node], created: Sequence[Node]) -> None:
-        """After an operation: NodeEnd per new block, then a threshold check."""
-        self._leaves = {n.id for n in targets} | {n.id for n in created}
+    def after(self, targets: Sequence[Node], created: Sequence[Node], extends: bool = False) -> None:
+        """After an operation: NodeEnd per new block, then a threshold check.
+
+        ``extends``: the operation continues the last expansion (a forced block appended to one of
+        its children) rather than starting a new frontier, so earlier leaves stay current.
+        """
+        leaves = {n.id for n in targets} | {n.id for n in created}
+        self._leaves = self._leaves | leaves if extends else leaves
         self.active = self.active | {n.id for n in created}
         for node in created:
             self.emit(NodeEnd(node.id), self._threshold_target())

@@ -199,3 +199,19 @@ def test_arbor_completes_game24_search_well_under_full_peak(tiny, data_dir):
     assert [n.token_ids for n in rt.nodes.values()] == [n.token_ids for n in full_rt.nodes.values()]
     with pytest.raises(KVBudgetExceeded):
         bfs_search(tiny, data_dir, "full", budget)
+
+
+def test_branch_switch_events_follow_the_search_not_its_bookkeeping(tiny):
+    rt = Runtime(tiny, policy="arbor")
+    root = rt.new_tree(PROMPT)
+    kids = rt.expand(root, 3, PARAMS)
+    for kid in kids:  # a controller appending forced text to each child is not a branch switch
+        rt.append(kid, " ok")
+    rt.expand(kids[1].children[0], 1, PARAMS)  # continues the frontier
+    assert rt.events.counts().get("branch_switch", 0) == 0
+    grand = rt.expand(kids[2], 1, PARAMS)[0]  # kids[2] is not on the path just expanded
+    assert rt.events.counts()["branch_switch"] == 1
+    rt.expand(grand, 1, PARAMS)
+    assert rt.events.counts()["branch_switch"] == 1
+    switch = next(r for r in rt.events.records if r.kind == "branch_switch")
+    assert switch.data["to_nodes"] == (kids[2].id,)
