@@ -83,13 +83,13 @@ def decode_rows(
     params: SamplingParams,
     stop: StopChecker,
     gen: torch.Generator,
-    before_step: Callable[[int], None],
+    before_step: Callable[[int, int], None],
     recorder: AttentionRecorder | None = None,
 ) -> None:
     """Run the loop until every row is done. Rows arrive with their first token sampled.
 
-    ``before_step(working_tokens)`` is called before each forward with the KV tokens the batch
-    will hold after it (the runtime checks the budget there). With a ``recorder``, only live rows'
+    ``before_step(working_tokens, live_rows)`` is called before each forward with the KV tokens
+    the batch will hold after it and the rows still decoding (the runtime checks the budget there). With a ``recorder``, only live rows'
     queries count (finished rows feed padding that must not add attention mass).
     """
     for row in rows:
@@ -97,7 +97,7 @@ def decode_rows(
     pad = rows[0].tokens[0]
     while not all(r.done for r in rows):
         live = [not r.done for r in rows]
-        before_step(sum(r.fed + int(alive) for r, alive in zip(rows, live, strict=True)))
+        before_step(sum(r.fed + int(alive) for r, alive in zip(rows, live, strict=True)), sum(live))
         ids = torch.tensor([[r.tokens[-1] if alive else pad] for r, alive in zip(rows, live, strict=True)])
         pos = torch.tensor([[r.start_pos + (r.fed if alive else 0)] for r, alive in zip(rows, live, strict=True)])
         if recorder is not None:

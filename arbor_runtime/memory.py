@@ -56,13 +56,16 @@ class MemoryManager:
             for node in path:  # top-down: a block is rebuilt over whole ancestors
                 self._make_whole(node)
 
-    def reserve(self, working: int, where: str) -> None:
-        """Check that resident blocks + ``working`` tokens fit; ask the policy once, else raise."""
+    def reserve(self, working: int, where: str, ahead: int = 0) -> None:
+        """Check that resident blocks + ``working`` tokens fit; ask the policy once, else raise.
+
+        ``ahead``: when the policy has to make room, it makes this much more than needed now (the
+        next decode steps' tokens), so a plan is not computed at every step.
+        """
         needed = self.store.resident_tokens + working
         if self.budget is not None and needed > self.budget:
-            self.emit(
-                MemoryThreshold(self.store.resident_tokens, self.budget, needed - self.budget), self.budget - working
-            )
+            target = self.budget - working - ahead
+            self.emit(MemoryThreshold(self.store.resident_tokens, self.budget, needed - self.budget), target)
             needed = self.store.resident_tokens + working
             if needed > self.budget:
                 raise KVBudgetExceeded(needed, self.budget, where)

@@ -29,6 +29,10 @@ from arbor_runtime.tree import FORCED, GENERATED, PROMPT, Node
 
 log = logging.getLogger(__name__)
 
+#: decode tokens per row the memory manager makes room for at a time (like a KV page): room for
+#: the first DECODE_AHEAD tokens of every row before an expansion, then more as rows grow
+DECODE_AHEAD = 8
+
 
 class Runtime:
     """Tree-structured generation over one model with per-block KV reuse.
@@ -114,7 +118,8 @@ class Runtime:
         self._check_requests(requests)
         targets = [node for node, _ in requests]
         with self._op("expand"):
-            self.memory.prepare(targets, sum(n for _, n in requests) * params.max_new_tokens)
+            rows = sum(n for _, n in requests)
+            self.memory.prepare(targets, rows * min(params.max_new_tokens, DECODE_AHEAD))
             out = self._expand(requests, params)
             self.memory.after(targets, [c for kids in out for c in kids])
         self.oplog.append(
@@ -246,8 +251,8 @@ class Runtime:
             k += n
         return out
 
-    def _before_step(self, working: int) -> None:
-        self.memory.reserve(working, "decode")
+    def _before_step(self, working: int, live_rows: int) -> None:
+        self.memory.reserve(working, "decode", ahead=live_rows * DECODE_AHEAD)
 
     def _store_child(self, parent: Node, row: Row, batch: _Batch, index: int) -> Node:
         text = self.tokenizer.decode(row.tokens)
