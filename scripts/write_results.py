@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 COMMANDS = """\
-# 1. end-to-end table and fixed-memory scaling (Hydra sweeps, merged)
+# 1. end-to-end table and fixed-memory scaling (Hydra sweeps, merged; see the script for the settings)
 bash scripts/bench_table.sh bench/e2e ../shared/data
 # 2. record a full search, replay it under every policy and budget, plot memory over steps
 python scripts/record_trace.py --out bench/traces model=smollm2 task=game24 task.n_shots=1 \\
