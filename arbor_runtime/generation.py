@@ -89,8 +89,9 @@ def decode_rows(
     """Run the loop until every row is done. Rows arrive with their first token sampled.
 
     ``before_step(working_tokens, live_rows)`` is called before each forward with the KV tokens
-    the batch will hold after it and the rows still decoding (the runtime checks the budget there). With a ``recorder``, only live rows'
-    queries count (finished rows feed padding that must not add attention mass).
+    the batch will hold after it and the rows still decoding (the runtime checks the budget there).
+    With a ``recorder``, only live rows' queries count (finished rows feed padding that must not
+    add attention mass).
     """
     for row in rows:
         row.stop_reason = stop.reason(row)
