@@ -33,6 +33,7 @@ class AttentionRecorder:
         self.mass = torch.zeros(rows, slots, dtype=torch.float32, device=device)
         self.max_queries = max_queries
         self.row_weight: torch.Tensor | None = None  # (B,) 0/1: rows whose queries count this step
+        self.queries = torch.zeros(rows, dtype=torch.float32, device=device)  # (B,) queries observed per row
 
     def observe(self, module, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling) -> None:
         """query: (B, Hq, q, D); key: (B, Hkv, S, D); mask: (B, 1, q, S) bool or additive, or None."""
@@ -48,9 +49,10 @@ class AttentionRecorder:
             scores = scores.masked_fill(~m, float("-inf")) if mask.dtype == torch.bool else scores + m
         probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)
         mass = probs.sum(dim=(1, 2, 3))  # (B, S)
-        if self.row_weight is not None:
-            mass = mass * self.row_weight.unsqueeze(1)
-        self.mass[:, :s] += mass
+        weight = self.row_weight if self.row_weight is not None else torch.ones_like(self.queries)
+        self.mass[:, :s] += mass * weight.unsqueeze(1)
+        if getattr(module, "layer_idx", 0) == 0:  # count each forward's queries once, not per layer
+            self.queries += q * weight
 
 
 def _arbor_sdpa(module, query, key, value, attention_mask, *args, **kwargs):

@@ -287,10 +287,12 @@ class Runtime:
         if batch.recorder is None:
             return
         ctx = batch.contexts[row]
-        mass = batch.recorder.mass[row]
-        self.store.add_attention(ctx.block_ids, ctx.kept, mass[: ctx.length])
+        mass, queries = batch.recorder.mass[row], float(batch.recorder.queries[row])
+        self.store.add_attention(ctx.block_ids, ctx.kept, mass[: ctx.length], queries)
         start = batch.cache.ctx_len
-        self.store.get(node.id).attention += mass[start : start + node.length].cpu()
+        own = self.store.get(node.id)
+        own.attention += mass[start : start + node.length].cpu()
+        own.observers += queries / 2  # causal: a block's own queries see half of it on average
 
     # ---- internals: bookkeeping ----------------------------------------------------------
     def _new_node(self, parent: Node | None, ids: list[int], text: str, kind: str, start_pos: int) -> Node:

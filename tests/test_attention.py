@@ -47,3 +47,12 @@ def test_runtime_attributes_attention_to_blocks(tiny):
     total = rt.store.get(root.id).attention.sum() + sum(rt.store.get(k.id).attention.sum() for k in kids)
     assert abs(float(total) - queries * layers * heads) < 1e-2
     assert rt.store.get(root.id).attention.sum() > 0
+
+
+def test_observers_count_the_queries_that_saw_each_block(tiny):
+    rt = Runtime(tiny, policy="arbor")
+    root = rt.new_tree("Input: 4 4 6 8\nSteps:\n")
+    kids = rt.expand(root, 2, SamplingParams(max_new_tokens=5, temperature=1.0, seed=0))
+    # the prompt's own prefill (half of its queries see a given token on average) + every decode query
+    assert rt.store.get(root.id).observers == root.length / 2 + sum(k.length for k in kids)
+    assert [rt.store.get(k.id).observers for k in kids] == [k.length / 2 for k in kids]

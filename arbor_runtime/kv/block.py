@@ -21,6 +21,8 @@ class BlockKV:
             sampled from them, so a block's last position is never computed twice.
         attention: (length,) float32 attention mass each token received from later queries
             (summed over layers, heads and queries; kept for evicted tokens too).
+        observers: how many recorded queries could see the block (attention / observers is the
+            block's attention per query, free of the bias toward old blocks).
     """
 
     keys: torch.Tensor
@@ -30,6 +32,7 @@ class BlockKV:
     length: int
     next_logits: torch.Tensor
     attention: torch.Tensor
+    observers: float = 0.0
 
     @property
     def kept_tokens(self) -> int:

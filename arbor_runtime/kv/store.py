@@ -122,7 +122,7 @@ class KVStore:
         old = self.get(block_id)
         host = self.host.drop(block_id)
         new = BlockKV.full(keys, values, old.start_pos, old.next_logits)
-        new.attention = old.attention
+        new.attention, new.observers = old.attention, old.observers
         self._blocks[block_id] = new
         self.counters.recomputed_tokens += new.length - old.kept_tokens - host
         self._change("recompute", block_id, new.kept_tokens - old.kept_tokens, -host)
@@ -165,18 +165,23 @@ class KVStore:
         positions = torch.cat([b.positions for b in blocks])
         return keys, values, positions
 
-    def add_attention(self, block_ids: Sequence[int], kept: Sequence[torch.Tensor], mass: torch.Tensor) -> None:
+    def add_attention(
+        self, block_ids: Sequence[int], kept: Sequence[torch.Tensor], mass: torch.Tensor, queries: float
+    ) -> None:
         """Scatter attention mass over a gathered path back to its blocks.
 
         Args:
             block_ids / kept: the blocks and their retained indices *as gathered* (plans may have
-                changed them since); mass: (T_path,) float in gather order. Released blocks are skipped.
+                changed them since); mass: (T_path,) float in gather order; queries: how many
+                recorded queries produced it. Released blocks are skipped.
         """
         offset = 0
         for block_id, idx in zip(block_ids, kept, strict=True):
             n = int(idx.numel())
             if block_id in self._blocks:
-                self._blocks[block_id].attention.index_add_(0, idx.cpu(), mass[offset : offset + n].cpu())
+                blk = self._blocks[block_id]
+                blk.attention.index_add_(0, idx.cpu(), mass[offset : offset + n].cpu())
+                blk.observers += queries
             offset += n
 
     # ---- internals -----------------------------------------------------------------------

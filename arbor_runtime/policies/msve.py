@@ -2,7 +2,7 @@
 
 A block's value combines its search value (set by the verifier through ``Runtime.set_value``),
 its uncertainty (mean token entropy, normalized by log|V|), its attention density (mean
-attention its tokens received, relative to the mean over all blocks), and its depth:
+attention per token and per observing query, relative to the mean over all blocks), and its depth:
 
     value = sigmoid(bias + w_search * s + w_uncertainty * u + w_attention * a + w_depth * d)
 
@@ -74,9 +74,18 @@ def search_value(node: Node) -> float:
     return 0.5
 
 
+def attention_per_query(b: BlockView) -> float:
+    """Mean attention a token of the block received per query that could see it.
+
+    Accumulated attention alone grows with a block's age (more later queries); dividing by the
+    queries that observed it keeps old blocks from looking important just for being old.
+    """
+    return float(b.kv.attention.sum()) / max(b.kv.length, 1) / max(b.kv.observers, 1.0)
+
+
 def signals(blocks: list[BlockView], vocab_size: int) -> dict[int, tuple[float, float, float, float]]:
     """Per block id, the (search, uncertainty, attention, depth) signals, each roughly in [0, 1]."""
-    densities = {b.node.id: float(b.kv.attention.sum()) / max(b.kv.length, 1) for b in blocks}
+    densities = {b.node.id: attention_per_query(b) for b in blocks}
     mean_density = sum(densities.values()) / max(len(densities), 1) or 1.0
     log_v = math.log(max(vocab_size, 2))
     out = {}
