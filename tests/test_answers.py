@@ -26,10 +26,10 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def rows(relative: str) -> list[dict]:
-    """Rows of a shared JSONL data file; skips when the shared data is absent."""
+    """Rows of a shared JSONL data file (../shared/data must be there: the tests read it)."""
     path = SHARED_DATA / relative
     if not path.is_file():
-        pytest.skip(f"shared data not found at {path}")
+        pytest.fail(f"shared data not found at {path}")
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 

@@ -19,9 +19,9 @@ HAS_TOT = importlib.util.find_spec("tot") is not None
 
 
 def shared_data() -> Path:
-    """The shared data root (../shared/data from the project root); skips when it is absent."""
+    """The shared data root (../shared/data from the project root); the tests need it."""
     if not (SHARED_DATA / "game24" / "24.csv").is_file():
-        pytest.skip(f"shared data not found at {SHARED_DATA}")
+        pytest.fail(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
 
 
@@ -163,8 +163,8 @@ def test_malformed_row_is_reported(tmp_path):
         Game24Task(data_dir=str(tmp_path), start=0, end=2)
 
 
-@pytest.mark.skipif(not HAS_TOT, reason="tree-of-thoughts-llm is not installed")
 def test_fallback_to_tot_package_file():
+    assert HAS_TOT, "tree-of-thoughts-llm is part of the setup (make test installs it with --no-deps)"
     path = find_data_file(None)
     assert path.parts[-4:] == ("tot", "data", "24", "24.csv")
     assert Game24Task(start=900, end=901).problems()[0].question == "4 5 6 10"

@@ -19,9 +19,9 @@ SIZES = {"gsm8k": 1319, "math500": 500, "aime": 60}
 
 
 def shared_data() -> Path:
-    """The shared data root; skips when it is absent."""
+    """The shared data root; the tests need it."""
     if not (SHARED_DATA / "math500" / "test.jsonl").is_file():
-        pytest.skip(f"shared data not found at {SHARED_DATA}")
+        pytest.fail(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
 
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import hydra_plugins.hydra_joblib_launcher  # noqa: F401  (the sweep extra installs it; fail loudly if absent)
 import yaml
 
 from arbor_cli.sweep import markdown_table, merge
@@ -69,7 +69,6 @@ def test_merge_script_without_results_says_so(tmp_path):
 
 def test_two_job_sweep_with_the_joblib_launcher(data_dir, tmp_path):
     """A two-job sweep with the joblib launcher produces two result files and the merged table."""
-    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     sweep = tmp_path / "sweep"
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     cmd = [
@@ -90,3 +89,26 @@ def test_two_job_sweep_with_the_joblib_launcher(data_dir, tmp_path):
         rows = list(csv.DictReader(fh))
     assert len(rows) == 2 and {r["controller"] for r in rows} == {"bfs", "best_first"}
     assert (sweep / "merged.md").is_file() and "best_first" in (sweep / "merged.md").read_text()
+
+
+def test_two_policies_two_budgets_sweep_merges(data_dir, tmp_path):
+    """A tiny end-to-end sweep (tiny model, 2 policies x 2 budgets, 1 problem) and its merged table."""
+    sweep = tmp_path / "sweep"
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable, "-m", "arbor_cli.solve", "-m", "model=tiny-random", f"task.data_dir={data_dir}",
+        "task.start=901", "task.end=902", "policy=full,arbor", "policy.budget_tokens=700,2000",
+        f"hydra.sweep.dir={sweep}",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list(sweep.rglob("results.jsonl"))) == 4
+    merge_cmd = [sys.executable, str(REPO / "scripts" / "merge_sweep.py"), str(sweep)]
+    proc = subprocess.run(merge_cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with (sweep / "merged.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert sorted((r["policy"], r["budget_tokens"]) for r in rows) == [
+        ("arbor", "2000"), ("arbor", "700"), ("full", "2000"), ("full", "700"),
+    ]  # fmt: skip
+    assert all(int(r["peak_device_tokens"]) <= int(r["budget_tokens"]) for r in rows)
