@@ -47,9 +47,15 @@ class PolicyFactory:
         return self.build(index).budget_tokens
 
 
-def check_budget(factory: PolicyFactory, task: Task, problems: list[Problem], tokenizer) -> None:
-    """Fail up front when a budget is smaller than what a problem's active path can need:
-    its prompt plus ``max_steps + 1`` thoughts of ``max_thought_tokens`` (the last one in flight)."""
+def check_budget(factory: PolicyFactory, task: Task, problems: list[Problem], tokenizer) -> dict[int, str]:
+    """Budgets smaller than what a problem's active path can need: its prompt plus ``max_steps + 1``
+    thoughts of ``max_thought_tokens`` (the last one in flight).
+
+    An absolute ``budget_tokens`` that is too small for any problem fails up front (BudgetError).
+    Budgets derived per problem from ``budget_ratio`` are results, not input errors: the problems
+    they cannot serve are returned (index -> message) and recorded as OOM without being run.
+    """
+    infeasible = {}
     for problem in problems:
         budget = factory.budget_for(problem.index)
         if budget is None:
@@ -57,11 +63,14 @@ def check_budget(factory: PolicyFactory, task: Task, problems: list[Problem], to
         prompt = len(tokenizer(task.prompt(problem))["input_ids"])
         need = prompt + (task.max_steps + 1) * task.max_thought_tokens
         if budget < need:
-            raise BudgetError(
+            infeasible[problem.index] = (
                 f"policy.budget_tokens={budget} is smaller than the active path of problem {problem.index} can need: "
                 f"prompt {prompt} + ({task.max_steps} steps + 1) x {task.max_thought_tokens} thought tokens = {need}; "
                 f"use a budget >= {need}"
             )
+    if infeasible and factory.ratio is None:
+        raise BudgetError(next(iter(infeasible.values())))
+    return infeasible
 
 
 def _reference_peaks(ratio: float, reference: str | None, problems: list[Problem]) -> dict[int, int]:

@@ -41,12 +41,12 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
         problems = task.problems()
         policies = PolicyFactory(cfg.policy, problems)  # validates the policy before loading the model
         loaded = load_model(**_model_kwargs(cfg.model))
-        check_budget(policies, task, problems, loaded.tokenizer)
+        infeasible = check_budget(policies, task, problems, loaded.tokenizer)
     except USER_ERRORS as exc:
         print(f"arbor-solve: error: {exc}", file=sys.stderr)
         return 2
     run_dir = resolve_run_dir(cfg)
-    rows = solve_all(cfg, loaded, task, verifier, problems, run_dir, console, policies)
+    rows = solve_all(cfg, loaded, task, verifier, problems, run_dir, console, policies, infeasible)
     write_summary_csv(run_dir, rows)
     if cfg.get("show_tree", False):
         show_trees(console, run_dir, rows)
@@ -64,8 +64,13 @@ def solve_all(
     run_dir: Path,
     console: Console,
     policies: PolicyFactory | None = None,
+    infeasible: dict[int, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Search every problem not yet in ``run_dir``'s results; returns all rows of the slice."""
+    """Search every problem not yet in ``run_dir``'s results; returns all rows of the slice.
+
+    ``infeasible`` problems (index -> why their budget cannot work) are recorded as OOM unrun.
+    """
+    infeasible = infeasible or {}
     done = load_done(run_dir) if cfg.get("resume", True) else {}
     policies = policies or PolicyFactory(cfg.policy, problems)
     rows = []
@@ -75,6 +80,10 @@ def solve_all(
         for problem in problems:
             if problem.index in done:
                 rows.append(done[problem.index])
+            elif problem.index in infeasible:
+                row = _unrun_row(problem, task, loaded, policies.build(problem.index), infeasible[problem.index])
+                append_jsonl(run_dir / RESULTS_FILE, row)
+                rows.append(row)
             else:
                 progress.update(bar, description=f"{task.name} #{problem.index} {problem.question[:30]}")
                 solved = search_one(cfg, loaded, task, verifier, problem, policies)
@@ -87,6 +96,15 @@ def solve_all(
                 rows.append(row)
             progress.advance(bar)
     return rows
+
+
+def _unrun_row(problem: Problem, task: Task, loaded: LoadedModel, policy, why: str) -> dict[str, Any]:
+    """The results row of a problem whose budget cannot hold its active path (not run: an OOM)."""
+    return {
+        "index": problem.index, "question": problem.question, "task": task.name, "model": loaded.spec,
+        "solved": False, "oom": True, "error": why, "answer": None, "policy": policy.name,
+        "budget_tokens": policy.budget_tokens, "peak_device_tokens": 0, "seconds": 0.0,
+    }  # fmt: skip
 
 
 class Solved(NamedTuple):

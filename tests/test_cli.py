@@ -138,3 +138,14 @@ def test_budget_below_active_path_fails_up_front(data_dir, tmp_path, capsys):
     cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.end=901", "policy.budget_ratio=0.5"))
     assert run(cfg) == 2
     assert "needs policy.budget_reference" in capsys.readouterr().err
+
+
+def test_ratio_budgets_too_small_for_a_problem_are_recorded_as_oom(data_dir, tmp_path):
+    common = ["task.start=901", "task.end=902", "controller.n_generate=2", "controller.breadth=2"]
+    ref = tmp_path / "full"
+    assert run(compose_cfg(*tiny_overrides(data_dir, ref, *common)), console=Console(width=200)) == 0
+    out = tmp_path / "ratio"
+    over = ["policy=arbor", "policy.budget_ratio=0.5", f"policy.budget_reference={ref}"]
+    assert run(compose_cfg(*tiny_overrides(data_dir, out, *common, *over)), console=Console(width=200)) == 0
+    row = read_rows(out)[0]
+    assert row["oom"] is True and "smaller than the active path of problem 901" in row["error"]
