@@ -19,16 +19,23 @@ from pathlib import Path
 import torch
 
 COMMANDS = """\
-# 1. end-to-end table and fixed-memory scaling (Hydra sweeps, merged; see the script for the settings)
+# 0. MSVE calibration shipped with the package (policy=arbor reads it)
+python scripts/calibrate_msve.py --model smollm2 --data-dir ../shared/data --game24 0:8 --gsm8k 0:4
+# 1. end-to-end table and fixed-memory scaling (Hydra sweeps, merged; settings in the script)
 bash scripts/bench_table.sh bench/e2e ../shared/data
-# 2. record a full search, replay it under every policy and budget, plot memory over steps
+# 2. record full searches, replay them under every policy and budget, plot memory over steps
 python scripts/record_trace.py --out bench/traces model=smollm2 task=game24 task.n_shots=1 \\
-    task.data_dir=../shared/data task.start=900 task.end=902 controller=best_first \\
-    controller.n_generate=3 controller.max_expansions=10
+    task.data_dir=../shared/data task.start=900 task.end=902 controller=bfs controller.n_generate=4 \\
+    controller.breadth=2 controller.release_pruned=false
+python scripts/record_trace.py --out bench/traces model=smollm2 task=gsm8k task.data_dir=../shared/data \\
+    task.start=0 task.end=1 task.max_steps=4 task.max_thought_tokens=40 controller=best_first \\
+    controller.n_generate=3 controller.max_expansions=6
 python scripts/replay_trace.py bench/traces/*.json --out bench/replay
+python scripts/plot_memory.py bench/traces/gsm8k-0.json --fractions 0.6 --out bench/memory-gsm8k.png
 python scripts/plot_memory.py bench/traces/game24-900.json --fractions 0.5 --out bench/memory.png
-# 3. speed vs naive ToT (same trace, three ways, medians in one process)
-python scripts/bench_speed.py bench/traces/game24-900.json --repeats 3 --out bench/speed/speed.json
+# 3. speed vs naive ToT (same traces, three ways, medians of 3 runs in one process)
+python scripts/bench_speed.py bench/traces/game24-900.json bench/traces/gsm8k-0.json --repeats 3 \\
+    --out bench/speed/speed.json
 # 4. controllers on SmolLM2 (2 Game of 24 puzzles, 2 GSM8K questions each)
 bash scripts/bench_controllers.sh bench/ctrl ../shared/data
 # 5. this page
@@ -140,9 +147,9 @@ def main() -> None:
     args = ap.parse_args()
     bench, out = Path(args.bench), Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    png = bench / "memory.png"
-    if png.is_file():
-        shutil.copy(png, out.parent / "memory.png")
+    pngs = [name for name in ("memory-gsm8k.png", "memory.png") if (bench / name).is_file()]
+    for name in pngs:
+        shutil.copy(bench / name, out.parent / name)
     e2e = bench / "e2e"
     parts = [
         "# Results\n\n",
@@ -161,7 +168,7 @@ def main() -> None:
         section(e2e / "gsm8k-budget" / "merged.md", "End to end: GSM8K subset (best-first), policy x budget"),
         section(e2e / "gsm8k-full" / "merged.md", "GSM8K reference run (full, no budget)"),
         replay_section(bench / "replay" / "replay.csv"),
-        "## Memory over search steps\n\n![resident device KV per step](memory.png)\n\n" if png.is_file() else "",
+        "## Memory over search steps\n\n" + "".join(f"![resident device KV per step]({n})\n\n" for n in pngs),
         section(
             e2e / "scaling" / "merged.md",
             "Fixed-memory scaling (BFS width at a fixed budget)",
