@@ -48,8 +48,8 @@ class PolicyFactory:
 
 
 def check_budget(factory: PolicyFactory, task: Task, problems: list[Problem], tokenizer) -> dict[int, str]:
-    """Budgets smaller than what a problem's active path can need: its prompt plus ``max_steps + 1``
-    thoughts of ``max_thought_tokens`` (the last one in flight).
+    """Budgets smaller than the least a problem's active path needs: its prompt plus one thought of
+    ``max_thought_tokens`` in flight. (Deeper paths need more; running out then is an OOM.)
 
     An absolute ``budget_tokens`` that is too small for any problem fails up front (BudgetError).
     Budgets derived per problem from ``budget_ratio`` are results, not input errors: the problems
@@ -61,12 +61,11 @@ def check_budget(factory: PolicyFactory, task: Task, problems: list[Problem], to
         if budget is None:
             continue
         prompt = len(tokenizer(task.prompt(problem))["input_ids"])
-        need = prompt + (task.max_steps + 1) * task.max_thought_tokens
+        need = prompt + task.max_thought_tokens
         if budget < need:
             infeasible[problem.index] = (
-                f"policy.budget_tokens={budget} is smaller than the active path of problem {problem.index} can need: "
-                f"prompt {prompt} + ({task.max_steps} steps + 1) x {task.max_thought_tokens} thought tokens = {need}; "
-                f"use a budget >= {need}"
+                f"policy.budget_tokens={budget} is smaller than the active path of problem {problem.index} needs: "
+                f"prompt {prompt} + one thought of {task.max_thought_tokens} tokens = {need}; use a budget >= {need}"
             )
     if infeasible and factory.ratio is None:
         raise BudgetError(next(iter(infeasible.values())))

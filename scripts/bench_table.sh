@@ -26,8 +26,8 @@ for name in game24 gsm8k; do
   $MERGE $OUT/$name-budget
 done
 
-# 3. fixed-memory scaling: one budget, growing BFS width; which widths complete without OOM
-$SOLVE -m task=game24 task.data_dir=$DATA task.start=900 task.end=903 task.n_shots=1 controller=bfs \
-  controller.n_generate=2 controller.release_pruned=false controller.breadth=1,2,4,8 policy=full,h2o,arbor \
-  policy.budget_tokens=400 hydra.sweep.dir=$OUT/scaling
+# 3. fixed-memory scaling: one budget, growing BFS width (pruned branches kept); which widths complete
+$SOLVE -m task=gsm8k task.data_dir=$DATA task.start=0 task.end=2 task.max_steps=4 task.max_thought_tokens=40 \
+  controller=bfs controller.n_generate=2 controller.release_pruned=false controller.breadth=1,2,4,8 \
+  policy=full,h2o,arbor policy.budget_tokens=700 hydra.sweep.dir=$OUT/scaling
 $MERGE $OUT/scaling

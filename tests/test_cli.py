@@ -130,10 +130,10 @@ def test_budget_ratio_reads_the_reference_run(data_dir, tmp_path):
 
 
 def test_budget_below_active_path_fails_up_front(data_dir, tmp_path, capsys):
-    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.end=901", "policy=arbor", "policy.budget_tokens=550"))
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.end=901", "policy=arbor", "policy.budget_tokens=520"))
     assert run(cfg) == 2
     err = capsys.readouterr().err
-    assert "policy.budget_tokens=550 is smaller than the active path" in err
+    assert "policy.budget_tokens=520 is smaller than the active path of problem 900 needs" in err
     assert not (tmp_path / "results.jsonl").exists()
     cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.end=901", "policy.budget_ratio=0.5"))
     assert run(cfg) == 2
@@ -148,4 +148,4 @@ def test_ratio_budgets_too_small_for_a_problem_are_recorded_as_oom(data_dir, tmp
     over = ["policy=arbor", "policy.budget_ratio=0.5", f"policy.budget_reference={ref}"]
     assert run(compose_cfg(*tiny_overrides(data_dir, out, *common, *over)), console=Console(width=200)) == 0
     row = read_rows(out)[0]
-    assert row["oom"] is True and "smaller than the active path of problem 901" in row["error"]
+    assert row["oom"] is True and "smaller than the active path of problem 901 needs" in row["error"]
