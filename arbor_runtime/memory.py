@@ -34,6 +34,7 @@ class MemoryManager:
         self.events = EventLog()
         self.active: frozenset[int] = frozenset()
         self._leaves: set[int] = set()  # the current frontier: last expansion's targets and new blocks
+        self._sampled: set[int] = set()  # the children the last expansion sampled
         self.step = 0
         self.peak_tokens = 0
 
@@ -71,14 +72,19 @@ class MemoryManager:
                 raise KVBudgetExceeded(needed, self.budget, where)
         self.peak_tokens = max(self.peak_tokens, needed)
 
-    def after(self, targets: Sequence[Node], created: Sequence[Node], extends: bool = False) -> None:
+    def after(self, targets: Sequence[Node], created: Sequence[Node], forced: bool = False) -> None:
         """After an operation: NodeEnd per new block, then a threshold check.
 
-        ``extends``: the operation continues the last expansion (a forced block appended to one of
-        its children) rather than starting a new frontier, so earlier leaves stay current.
+        ``forced``: the operation appended a forced block. Appended to a child of the last expansion
+        (a task's forced text after a sampled thought), it continues that expansion's frontier;
+        appended anywhere else it starts a new one, like an expansion of its parent.
         """
         leaves = {n.id for n in targets} | {n.id for n in created}
-        self._leaves = self._leaves | leaves if extends else leaves
+        if forced and all(t.id in self._sampled for t in targets):
+            self._leaves |= leaves
+        else:
+            self._leaves = leaves
+            self._sampled = set() if forced else {n.id for n in created}
         self.active = self.active | {n.id for n in created}
         for node in created:
             self.emit(NodeEnd(node.id), self._threshold_target())

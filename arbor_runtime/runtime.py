@@ -149,7 +149,7 @@ class Runtime:
             self.memory.prepare([node], len(ids))
             child = self._new_node(node, ids, text, FORCED, start_pos=node.end_pos)
             self._prefill(child, with_logprobs=True)
-            self.memory.after([node], [child], extends=True)
+            self.memory.after([node], [child], forced=True)
         self.oplog.append({"op": "append", "node": node.id, "child": child.id, "ids": ids})
         return child
 

@@ -32,8 +32,7 @@ EXAMPLES: tuple[WorkedExample, ...] = (
     ),
     WorkedExample(
         question=(
-            "Tom buys 3 notebooks for $4 each and a pen for $2. He pays with a $50 bill. "
-            "How much change does he get?"
+            "Tom buys 3 notebooks for $4 each and a pen for $2. He pays with a $50 bill. How much change does he get?"
         ),
         steps=(
             "The notebooks cost 3 * 4 = $12.",

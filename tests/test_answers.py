@@ -90,9 +90,7 @@ def test_extract_number(text, number):
 
 
 def test_gsm8k_match_is_exact_beyond_tolerance():
-    assert (
-        gsm8k_match("18.0", "18") and gsm8k_match("$1,000", "1000") and gsm8k_match("0.3333333", "0.3333334")
-    )
+    assert gsm8k_match("18.0", "18") and gsm8k_match("$1,000", "1000") and gsm8k_match("0.3333333", "0.3333334")
     assert not gsm8k_match("1000001", "1000000")
     assert not gsm8k_match(None, "3") and not gsm8k_match("three", "3")
 
@@ -140,9 +138,7 @@ def test_math500_boxed_solution_matches_answer(math500, index):
 
 
 def test_math500_every_boxed_solution_matches(math500):
-    mismatched = [
-        i for i, r in enumerate(math500) if not math_equal(extract_boxed(r["solution"]), r["answer"])
-    ]
+    mismatched = [i for i, r in enumerate(math500) if not math_equal(extract_boxed(r["solution"]), r["answer"])]
     assert mismatched == []
 
 

@@ -72,9 +72,7 @@ def test_full_files_load(name):
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_bad_slices_are_rejected_clearly(name):
     size = SIZES[name]
-    with pytest.raises(
-        ValueError, match=f"{name}: task.end={size + 1} is past the last row; the file has {size}"
-    ):
+    with pytest.raises(ValueError, match=f"{name}: task.end={size + 1} is past the last row; the file has {size}"):
         make(name, end=size + 1)
     with pytest.raises(ValueError, match=f"{name}: task.start=5 is greater than task.end=2"):
         make(name, start=5, end=2)
@@ -154,9 +152,7 @@ def test_step_appends_stripped_thoughts():
     task = make("gsm8k", end=1)
     problem = task.problems()[0]
     results = play(task, problem, ["  Janet has 16 - 3 - 4 = 9 eggs left.\n", "She makes 9 * 2 = $18."])
-    assert results[-1].state == StepwiseState(
-        ("Janet has 16 - 3 - 4 = 9 eggs left.", "She makes 9 * 2 = $18.")
-    )
+    assert results[-1].state == StepwiseState(("Janet has 16 - 3 - 4 = 9 eggs left.", "She makes 9 * 2 = $18."))
     assert not results[-1].terminal
     assert results[-1].state.to_json() == {"steps": list(results[-1].state.steps), "answer": None}
 
@@ -257,6 +253,4 @@ def test_answer_verifier_scores_without_the_reference():
 def test_answer_verifier_scores_a_path_that_runs_out_of_steps():
     task, verifier = make("math500", end=1, max_steps=1), AnswerVerifier()
     problem = task.problems()[0]
-    assert (
-        verifier.score(problem, task.step(problem, task.initial_state(problem), "We compute r = 3.")) == 0.1
-    )
+    assert verifier.score(problem, task.step(problem, task.initial_state(problem), "We compute r = 3.")) == 0.1

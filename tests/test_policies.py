@@ -215,3 +215,14 @@ def test_branch_switch_events_follow_the_search_not_its_bookkeeping(tiny):
     assert rt.events.counts()["branch_switch"] == 1
     switch = next(r for r in rt.events.records if r.kind == "branch_switch")
     assert switch.data["to_nodes"] == (kids[2].id,)
+
+
+def test_forced_blocks_elsewhere_in_the_tree_are_a_branch_switch(tiny):
+    """Replaying a search as forced blocks: appending under another branch is a switch to it."""
+    rt = Runtime(tiny, policy="arbor")
+    root = rt.new_tree(PROMPT)
+    a, b = rt.append_ids(root, [5, 6]), rt.append_ids(root, [7, 8])
+    rt.append_ids(a, [9])  # a and b are the root's children: growing a continues that frontier
+    assert rt.events.counts().get("branch_switch", 0) == 0
+    rt.append_ids(b, [10])  # b is not on the path just grown
+    assert rt.events.counts()["branch_switch"] == 1
