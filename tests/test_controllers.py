@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 from omegaconf import open_dict
@@ -37,13 +36,7 @@ SMALL = {
 SHORT_TASK = {"max_steps": 2, "max_thought_tokens": 8}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The tiny model gains nothing from threads, and on a busy 2-core box spinning threads make it ~10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def task_options() -> list[str]:

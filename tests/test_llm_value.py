@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
@@ -28,14 +27,7 @@ from verifiers.llm_value import (
     stepwise_query,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The tiny model gains nothing from threads; on a busy 2-core box they make it much slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ order, and a scripted verifier scores answers from a table, so the tiny model's 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from arbor_runtime import Runtime
 from controllers import BFSController, DFSController
@@ -15,14 +14,7 @@ from tasks.base import Problem, StepResult, Task
 from verifiers.answers import gsm8k_match
 from verifiers.base import Verifier
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The tiny model gains nothing from threads; on a busy 2-core box they make it much slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class AnswerListTask(Task):

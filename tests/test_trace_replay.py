@@ -6,7 +6,6 @@ import csv
 import json
 
 import pytest
-import torch
 
 from arbor_cli.bench import ReplayRun, Trace, budgets_for, load_trace, record_trace, replay_lockstep, replay_trace
 from arbor_cli.bench.cli import record_main, replay_main
@@ -18,12 +17,7 @@ from arbor_runtime.tree import FORCED, GENERATED
 LOW = 0.6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
