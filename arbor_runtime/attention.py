@@ -1,11 +1,21 @@
-"""Attention statistics: how much attention each cached token receives from later queries.
+"""Tree attention: every row attends the blocks on its path where they lie, merged by log-sum-exp.
 
-A thin attention function registered through transformers' attention interface runs the
-regular SDPA kernel and, while a :class:`AttentionRecorder` is active, also computes the softmax
-probabilities of small query groups (decode steps and short forced blocks, q <= ``max_queries``)
-and adds them up per key. Cost: one extra ``Q K^T`` + softmax per layer for those steps, i.e.
-O(B * H * q * S) floats, the same order as the attention itself; long prefills (the prompt)
-are not observed. Outputs are those of SDPA, unchanged.
+A batch's rows are root-to-leaf paths that share blocks. For each layer, the attention function
+registered here attends each block segment once for all rows whose path contains it (their
+queries gathered, the keys read in place from the device pool), attends each row's own new
+tokens, and merges the partial results exactly:
+
+    s = logsumexp_i s_i,    o = sum_i exp(s_i - s) o_i          (DeFT, Hydragen, FlashInfer cascade)
+
+Nothing proportional to rows x context is ever materialized: scratch is the gathered queries and
+partial outputs (rows x new tokens) plus, when statistics are on, score tiles of bounded size.
+Attention statistics (the softmax mass each key receives, summed over heads and queries) come
+from the same partials: a second pass per segment with the final log-sum-exp.
+
+Kernels: on CPU, ``aten::_scaled_dot_product_flash_attention_for_cpu`` returns ``(out, lse)``
+and reads strided pool views without copying; on CUDA, the memory-efficient SDPA kernel with
+``compute_log_sumexp``. Both are private ops, so they are feature-detected; a matmul fallback
+(keys in chunks, merged with the same function) is always available and tested.
 """
 
 from __future__ import annotations
@@ -13,72 +23,143 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-IMPLEMENTATION = "arbor_sdpa"
-_ACTIVE: contextvars.ContextVar[AttentionRecorder | None] = contextvars.ContextVar("arbor_recorder", default=None)
+if TYPE_CHECKING:
+    from arbor_runtime.backend import TreeBatch
+
+IMPLEMENTATION = "arbor_tree"
+#: key / query tile sizes of the fallback kernel and of the statistics pass (bounded scratch)
+KEY_CHUNK = 1024
+QUERY_CHUNK = 512
+_ACTIVE: contextvars.ContextVar[TreeBatch | None] = contextvars.ContextVar("arbor_tree_batch", default=None)
 
 
-class AttentionRecorder:
-    """Accumulates attention mass per (row, physical key slot) over layers, heads and queries.
+# ---- kernels ------------------------------------------------------------------------------
+def merge_partials(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact combination of attention over two disjoint key sets.
 
-    ``mass``: (B, S_max) float32, S_max = the batch cache's total slots.
+    Args:
+        out_a, out_b: (..., M, D) normalized outputs; lse_a, lse_b: (..., M) log-sum-exp of the scores.
+    Returns:
+        (out, lse) of attention over the union, float32.
     """
-
-    def __init__(self, rows: int, slots: int, device: torch.device, max_queries: int = 64) -> None:
-        self.mass = torch.zeros(rows, slots, dtype=torch.float32, device=device)
-        self.max_queries = max_queries
-        self.row_weight: torch.Tensor | None = None  # (B,) 0/1: rows whose queries count this step
-        self.queries = torch.zeros(rows, dtype=torch.float32, device=device)  # (B,) queries observed per row
-
-    def observe(self, module, query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling) -> None:
-        """query: (B, Hq, q, D); key: (B, Hkv, S, D); mask: (B, 1, q, S) bool or additive, or None."""
-        b, hq, q, d = query.shape
-        hkv, s = key.shape[1], key.shape[2]
-        groups = hq // hkv
-        # query heads j*groups..(j+1)*groups-1 share kv head j: group them instead of copying keys
-        qg = query.float().reshape(b, hkv, groups * q, d)
-        scale = scaling if scaling is not None else d**-0.5
-        scores = torch.matmul(qg, key.float().transpose(-1, -2)).mul_(scale).view(b, hkv, groups, q, s)
-        if mask is not None:
-            m = mask.unsqueeze(2)  # (B, 1, 1, q, S)
-            scores = scores.masked_fill(~m, float("-inf")) if mask.dtype == torch.bool else scores + m
-        probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)
-        mass = probs.sum(dim=(1, 2, 3))  # (B, S)
-        weight = self.row_weight if self.row_weight is not None else torch.ones_like(self.queries)
-        self.mass[:, :s] += mass * weight.unsqueeze(1)
-        if getattr(module, "layer_idx", 0) == 0:  # count each forward's queries once, not per layer
-            self.queries += q * weight
+    lse = torch.logaddexp(lse_a.float(), lse_b.float())
+    wa = torch.exp(lse_a.float() - lse).nan_to_num_(0.0).unsqueeze(-1)
+    wb = torch.exp(lse_b.float() - lse).nan_to_num_(0.0).unsqueeze(-1)
+    return out_a.float() * wa + out_b.float() * wb, lse
 
 
-def _arbor_sdpa(module, query, key, value, attention_mask, *args, **kwargs):
-    out = sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
-    rec = _ACTIVE.get()
-    if rec is not None and query.shape[2] <= rec.max_queries:
-        rec.observe(module, query, key, attention_mask, kwargs.get("scaling"))
-    return out
+def attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Matmul attention with its log-sum-exp, keys in chunks of KEY_CHUNK merged exactly.
+
+    q: (B, H, M, D); k, v: (B, H, N, D). Causal aligns the last query with the last key.
+    Returns out (B, H, M, D) float32 and lse (B, H, M) float32.
+    """
+    m, n = q.shape[-2], k.shape[-2]
+    out = lse = None
+    for c in range(0, n, KEY_CHUNK):
+        kc, vc = k[..., c : c + KEY_CHUNK, :].float(), v[..., c : c + KEY_CHUNK, :].float()
+        scores = torch.matmul(q.float(), kc.transpose(-1, -2)) * scale  # (B, H, M, n_c)
+        if causal:
+            qpos = torch.arange(m, device=q.device).unsqueeze(1) + (n - m)
+            kpos = torch.arange(c, c + kc.shape[-2], device=q.device).unsqueeze(0)
+            scores = scores.masked_fill(kpos > qpos, float("-inf"))
+        s = torch.logsumexp(scores, dim=-1)
+        o = torch.matmul(torch.softmax(scores, dim=-1).nan_to_num_(0.0), vc)
+        out, lse = (o, s) if out is None else merge_partials(out, lse, o, s)
+    return out, lse
 
 
-AttentionInterface.register(IMPLEMENTATION, _arbor_sdpa)
-AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+def _fast_kernel(device: torch.device):
+    """The fused (out, lse) kernel for a device, or None when this torch build lacks it."""
+    ops = torch.ops.aten
+    if device.type == "cpu" and hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu"):
+
+        def cpu(q, k, v, scale, causal):
+            out, lse = ops._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+            return out, lse
+
+        return cpu
+    if device.type == "cuda" and hasattr(ops, "_scaled_dot_product_efficient_attention"):
+
+        def cuda(q, k, v, scale, causal):
+            out, lse, _, _ = ops._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal, scale=scale)
+            return out, lse[..., : q.shape[-2]]
+
+        return cuda
+    return None
+
+
+class Kernel:
+    """Attention with log-sum-exp: the fused op when available (``use_fast``), else the reference."""
+
+    def __init__(self, device: torch.device, use_fast: bool = True) -> None:
+        self.fast = _fast_kernel(device) if use_fast else None
+
+    def __call__(self, q, k, v, scale: float, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: (B, H, M, D); k, v: (B, H, N, D), strided views allowed. Returns (out, lse)."""
+        if self.fast is not None:
+            return self.fast(q, k, v, scale, causal)
+        return attention_reference(q, k, v, scale, causal)
+
+
+def attention_mass(
+    q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float, causal: bool = False
+) -> torch.Tensor:
+    """Softmax mass each key receives, summed over batch, heads and queries, in bounded tiles.
+
+    Args:
+        q: (B, H, M, D); k: (B, H, N, D); lse: (B, H, M) the queries' final log-sum-exp over
+            *all* keys they attend (so masses over a partial key set are true probabilities).
+        causal: query i (of M) sees key j only if j <= i + N - M.
+    Returns:
+        (N,) float32.
+    """
+    m, n = q.shape[-2], k.shape[-2]
+    mass = torch.zeros(n, dtype=torch.float32, device=q.device)
+    for r in range(0, m, QUERY_CHUNK):
+        qc, sc = q[..., r : r + QUERY_CHUNK, :].float(), lse[..., r : r + QUERY_CHUNK].float().unsqueeze(-1)
+        for c in range(0, n, KEY_CHUNK):
+            kc = k[..., c : c + KEY_CHUNK, :].float()
+            p = torch.exp(torch.matmul(qc, kc.transpose(-1, -2)) * scale - sc)  # (B, H, m_c, n_c)
+            if causal:
+                qpos = torch.arange(r, r + qc.shape[-2], device=q.device).unsqueeze(1) + (n - m)
+                kpos = torch.arange(c, c + kc.shape[-2], device=q.device).unsqueeze(0)
+                p = p.masked_fill(kpos > qpos, 0.0)
+            mass[c : c + kc.shape[-2]] += p.sum(dim=(0, 1, 2))
+    return mass
+
+
+# ---- the attention function ---------------------------------------------------------------
+def _tree_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """transformers attention interface: query (R, Hq, q, D); key/value (R, H_kv, q, D) = the new tokens."""
+    batch = _ACTIVE.get()
+    if batch is None:
+        raise RuntimeError("arbor_tree attention called outside a tree batch")
+    out = batch.attend(module.layer_idx, query, key, value, scaling or query.shape[-1] ** -0.5)
+    return out, None
+
+
+AttentionInterface.register(IMPLEMENTATION, _tree_attention)
 
 
 @contextmanager
-def recording(model: torch.nn.Module, recorder: AttentionRecorder | None) -> Iterator[None]:
-    """Route the model's attention through the recording function while the block runs.
+def tree_attention(model: torch.nn.Module, batch: TreeBatch) -> Iterator[None]:
+    """Route the model's attention through the tree attention of ``batch`` while the block runs.
 
-    With ``recorder=None`` nothing changes. The model's attention implementation is restored in
-    ``finally`` whatever happens.
+    The model's attention implementation is restored in ``finally`` whatever happens. No mask is
+    built by transformers for this implementation (it is not registered as a mask function).
     """
-    if recorder is None:
-        yield
-        return
     previous = model.config._attn_implementation
-    token = _ACTIVE.set(recorder)
+    token = _ACTIVE.set(batch)
     model.config._attn_implementation = IMPLEMENTATION
     try:
         yield

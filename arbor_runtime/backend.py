@@ -1,87 +1,227 @@
-"""Model backend: batched forward passes over gathered per-row KV contexts.
+"""Model backend: one forward over a :class:`TreeBatch` whose context is read in place from the pool.
 
-The backend knows nothing about trees. A :class:`BatchCache` holds, for B rows, each row's
-context KV (right-padded to a common length) followed by room for new tokens; the model writes
-new K/V into it in place through the ``cache.update`` call every transformers attention layer
-makes. Masks are built here as explicit 4D boolean masks, because transformers derives causal
-masks from *physical* cache lengths, while our rows have padding and evicted tokens; positions
-always come from explicit ``position_ids`` (RoPE is applied to cached keys already).
+The backend knows nothing about trees. A batch is R rows of q new tokens each; every row's
+context is a list of *pieces* (runs of pool slots, each shared by the rows whose path holds it),
+its previously generated tokens (decode), and the new tokens themselves. The model writes the new
+tokens' K/V straight into their pool slots through the ``update`` call each transformers
+attention layer makes (the batch duck-types that one method of ``Cache``), then the tree
+attention function (attention.py) attends each piece once for all its rows. Positions always come
+from explicit ``position_ids`` (RoPE is already applied to cached keys); no mask is built.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from arbor_runtime.attention import AttentionRecorder, recording
-from arbor_runtime.kv.store import KVShape
+from arbor_runtime.attention import Kernel, attention_mass, merge_partials, tree_attention
+from arbor_runtime.kv.pool import DevicePool
+from arbor_runtime.kv.store import KVShape, KVStore
 
 
-class BatchCache:
-    """Working KV for one batched generation or prefill.
+@dataclass(slots=True)
+class Piece:
+    """One pool segment of a context block: slots [start, start + length), token ids ``idx``."""
 
-    Layout: ``keys[l, b, h, s, d]`` for s in [0, ctx_len) is row b's context (valid where
-    ``valid[b, s]``), then new tokens at [ctx_len, ctx_len + steps). Duck-types the one method of
-    transformers' ``Cache`` that attention layers call (``update``).
-    """
-
-    def __init__(self, shape: KVShape, contexts: Sequence[tuple[torch.Tensor, torch.Tensor]], capacity: int) -> None:
-        """contexts: per row (keys, values), each (L, H_kv, T_r, D). capacity: new tokens to make room for."""
-        self.rows = len(contexts)
-        self.ctx_len = max(int(k.shape[2]) for k, _ in contexts)
-        total = self.ctx_len + capacity
-        size = (shape.layers, self.rows, shape.kv_heads, total, shape.head_dim)
-        self.keys = torch.zeros(size, dtype=shape.dtype, device=shape.device)
-        self.values = torch.zeros(size, dtype=shape.dtype, device=shape.device)
-        self.valid = torch.zeros(self.rows, total, dtype=torch.bool, device=shape.device)
-        for row, (k, v) in enumerate(contexts):
-            t = int(k.shape[2])
-            self.keys[:, row, :, :t] = k
-            self.values[:, row, :, :t] = v
-            self.valid[row, :t] = True
-        self.length = self.ctx_len  # physical tokens written (context + new)
-
-    # transformers calls this once per layer per forward
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Write (B, H_kv, q, D) new K/V at the end; return (B, H_kv, length + q, D) views."""
-        q = key_states.shape[2]
-        end = self.length + q
-        if end > self.keys.shape[3]:
-            raise RuntimeError(f"BatchCache overflow: {end} > capacity {self.keys.shape[3]}")
-        self.keys[layer_idx, :, :, self.length : end] = key_states
-        self.values[layer_idx, :, :, self.length : end] = value_states
-        return self.keys[layer_idx, :, :, :end], self.values[layer_idx, :, :, :end]
-
-    def step_mask(self, q: int) -> torch.Tensor:
-        """(B, 1, q, length + q) bool: valid context and earlier new tokens, causal among the q new ones."""
-        past = self.valid[:, : self.length].unsqueeze(1).expand(self.rows, q, self.length)
-        causal = torch.ones(q, q, dtype=torch.bool, device=self.valid.device).tril()
-        causal = causal.unsqueeze(0).expand(self.rows, q, q)
-        return torch.cat([past, causal], dim=-1).unsqueeze(1)
-
-    def advance(self, q: int) -> None:
-        """Mark the q tokens written by the last forward as part of the cache."""
-        self.valid[:, self.length : self.length + q] = True
-        self.length += q
-
-    def extract(self, row: int, start: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy out row's new tokens [start, start + count) (relative to ctx_len) as (L, H_kv, count, D)."""
-        s = self.ctx_len + start
-        return self.keys[:, row, :, s : s + count].clone(), self.values[:, row, :, s : s + count].clone()
+    block_id: int
+    start: int
+    idx: torch.Tensor  # (length,) block-local token indices held in those slots
 
     @property
-    def nbytes(self) -> int:
-        return 2 * self.keys.numel() * self.keys.element_size()
+    def length(self) -> int:
+        return int(self.idx.numel())
+
+
+@dataclass(slots=True)
+class Group:
+    """A context block and the batch rows whose path holds it (``rows`` None = every row)."""
+
+    block_id: int
+    rows: torch.Tensor | None
+    n_rows: int
+    pieces: list[Piece]
+    mass: list[torch.Tensor] | None = None  # per piece (length,) float32 when statistics are on
+
+
+class TreeBatch:
+    """Plan of one forward: who attends what, where new K/V go, what statistics to collect.
+
+    Args:
+        pool: the device pool holding every context token.
+        groups: context blocks with their rows and segments.
+        rows / q: batch rows and new tokens per row.
+        write_slots: (R, q) long pool slot for each new token's K/V, -1 to not store it.
+        own_slots / own_valid: (R, n) long / bool, decode only: each row's generated tokens so far
+            *including* this step's token (written before attention reads it). None for a prefill,
+            where the new tokens attend each other causally from the layer's own K/V.
+        stats: collect attention mass per context token (``Group.mass``) and per own token (``own_mass``).
+        kernel: the (out, lse) attention kernel.
+    """
+
+    def __init__(
+        self,
+        pool: DevicePool,
+        groups: list[Group],
+        rows: int,
+        q: int,
+        write_slots: torch.Tensor,
+        own_slots: torch.Tensor | None = None,
+        own_valid: torch.Tensor | None = None,
+        stats: bool = False,
+        kernel: Kernel | None = None,
+    ) -> None:
+        self.pool, self.groups, self.rows, self.q = pool, groups, rows, q
+        self.kernel = kernel or Kernel(pool.keys.device)
+        flat = write_slots.reshape(-1)
+        keep = flat >= 0
+        device = pool.keys.device
+        self._write_sel = None if bool(keep.all()) else torch.nonzero(keep).squeeze(1).to(device)
+        self._write_slots = flat[keep].to(device)
+        self.own_slots = None if own_slots is None else own_slots.to(device)
+        self.own_valid = None if own_valid is None else own_valid.to(device)
+        self.stats = stats
+        self.own_mass: torch.Tensor | None = None
+        if stats:
+            for g in groups:
+                g.mass = [torch.zeros(p.length, dtype=torch.float32, device=device) for p in g.pieces]
+
+    # ---- Cache duck type: transformers calls this once per layer -------------------------------
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write the new tokens' (R, H_kv, q, D) K/V into their slots; hand them back unchanged."""
+        if self._write_slots.numel():
+            for src, dst in ((key_states, self.pool.keys), (value_states, self.pool.values)):
+                flat = src.transpose(0, 1).reshape(src.shape[1], -1, src.shape[3])  # (H_kv, R*q, D)
+                if self._write_sel is not None:
+                    flat = flat.index_select(1, self._write_sel)
+                dst[layer_idx].index_copy_(1, self._write_slots, flat.to(dst.dtype))
+        return key_states, value_states
+
+    # ---- attention ------------------------------------------------------------------------------
+    def attend(self, layer: int, query, key, value, scale: float) -> torch.Tensor:
+        """query (R, Hq, q, D); key/value (R, H_kv, q, D). Returns (R, q, Hq, D) in the query dtype."""
+        r, hq, q, d = query.shape
+        hkv = key.shape[1]
+        g = hq // hkv
+        qg = query.reshape(r, hkv, g * q, d)  # query head h = kv * g + j: grouped, keys never repeated
+        own = self._attend_own(layer, qg, query, key, value, scale)
+        out, lse = own[0], own[1]
+        gathered = []
+        for grp in self.groups:
+            qf = _gather_queries(qg, grp.rows)  # (1, H_kv, rows * g * q, D)
+            gathered.append(qf)
+            for piece in grp.pieces:
+                k, v = self._piece_kv(layer, piece)
+                o, s = self.kernel(qf, k, v, scale)
+                out, lse = _merge_rows(out, lse, grp.rows, grp.n_rows, o, s)
+        if self.stats:
+            self._collect(layer, gathered, own, lse, scale)
+        return out.to(query.dtype).view(r, hq, q, d).transpose(1, 2)
+
+    def _attend_own(self, layer, qg, query, key, value, scale):
+        """Each row's own tokens: its generated tokens from the pool (decode) or causal new tokens.
+
+        Returns (out, lse, extra): (R, H_kv, g*q, D), (R, H_kv, g*q) float32, and what the
+        statistics pass needs: the own scores (decode) or the (query, repeated keys) pair (prefill).
+        """
+        if self.own_slots is None:
+            g = query.shape[1] // key.shape[1]
+            k, v = key.repeat_interleave(g, dim=1), value.repeat_interleave(g, dim=1)  # rows x new tokens only
+            o, s = self.kernel(query, k, v, scale, causal=True)  # (R, Hq, q, D), (R, Hq, q)
+            r, hkv, gq, d = qg.shape
+            return o.reshape(r, hkv, gq, d).float(), s.reshape(r, hkv, gq).float(), (query, k)
+        k = _rows_gather(self.pool.keys[layer], self.own_slots)  # (R, H_kv, n, D)
+        v = _rows_gather(self.pool.values[layer], self.own_slots)
+        scores = torch.matmul(qg.float(), k.float().transpose(-1, -2)) * scale  # (R, H_kv, g*q, n)
+        scores = scores.masked_fill(~self.own_valid[:, None, None, :], float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        out = torch.matmul(torch.softmax(scores, dim=-1), v.float())
+        return out, lse, scores
+
+    def _piece_kv(self, layer: int, piece: Piece) -> tuple[torch.Tensor, torch.Tensor]:
+        """(1, H_kv, length, D) strided views into the pool: no copy."""
+        end = piece.start + piece.length
+        return self.pool.keys[layer, :, piece.start : end].unsqueeze(0), self.pool.values[
+            layer, :, piece.start : end
+        ].unsqueeze(0)
+
+    def _collect(self, layer, gathered, own, lse, scale) -> None:
+        """Attention mass per key under the final log-sum-exp of each query."""
+        for grp, qf in zip(self.groups, gathered, strict=True):
+            s = lse if grp.rows is None else lse.index_select(0, grp.rows)
+            s = s.transpose(0, 1).reshape(1, s.shape[1], -1)  # (1, H_kv, rows * g * q), query order of qf
+            for i, piece in enumerate(grp.pieces):
+                k, _ = self._piece_kv(layer, piece)
+                grp.mass[i] += attention_mass(qf, k, s, scale)
+        extra = own[2]
+        if isinstance(extra, torch.Tensor):  # decode: (R, H_kv, g*q, n) scores of the own tokens
+            mass = torch.exp(extra - lse.unsqueeze(-1)).sum(dim=(1, 2))  # (R, n)
+        else:  # prefill: causal mass over the new tokens, row by row
+            query, k = extra
+            final = lse.reshape(query.shape[0], query.shape[1], query.shape[2])  # (R, Hq, q)
+            mass = torch.stack(
+                [
+                    attention_mass(query[i : i + 1], k[i : i + 1], final[i : i + 1], scale, causal=True)
+                    for i in range(query.shape[0])
+                ]
+            )
+        self.own_mass = mass if self.own_mass is None else self.own_mass + mass
+
+
+def _gather_queries(qg: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """(R, H_kv, G, D) -> (1, H_kv, r * G, D) for the given rows (all when None)."""
+    sub = qg if rows is None else qg.index_select(0, rows)
+    return sub.transpose(0, 1).reshape(1, qg.shape[1], -1, qg.shape[3])
+
+
+def _merge_rows(out, lse, rows, n_rows, o, s):
+    """Merge a piece's partial (1, H_kv, rows * G, D) / (1, H_kv, rows * G) into the running rows."""
+    hkv, gq, d = out.shape[1], out.shape[2], out.shape[3]
+    o = o.view(hkv, n_rows, gq, d).transpose(0, 1)
+    s = s.view(hkv, n_rows, gq).transpose(0, 1)
+    if rows is None:
+        return merge_partials(out, lse, o, s)
+    mo, ms = merge_partials(out.index_select(0, rows), lse.index_select(0, rows), o, s)
+    return out.index_copy(0, rows, mo), lse.index_copy(0, rows, ms)
+
+
+def _rows_gather(layer_pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """(H_kv, S, D) pool layer, (R, n) slots -> (R, H_kv, n, D)."""
+    r, n = slots.shape
+    got = layer_pool.index_select(1, slots.reshape(-1))  # (H_kv, R*n, D)
+    return got.view(layer_pool.shape[0], r, n, layer_pool.shape[2]).transpose(0, 1)
+
+
+def context_groups(store: KVStore, contexts: Sequence[Sequence[int]]) -> list[Group]:
+    """Group the blocks of each row's context (block ids in path order) by block.
+
+    Blocks with no token on the device are skipped. Rows of a block shared by every row get
+    ``rows=None`` (their queries are used without gathering).
+    """
+    holders: dict[int, list[int]] = {}
+    for row, ids in enumerate(contexts):
+        for block_id in ids:
+            holders.setdefault(block_id, []).append(row)
+    groups = []
+    for block_id, rows in sorted(holders.items()):
+        blk = store.get(block_id)
+        pieces = [Piece(block_id, s.start, s.idx) for s in blk.segments if s.length]
+        if not pieces:
+            continue
+        every = len(rows) == len(contexts)
+        groups.append(Group(block_id, None if every else torch.tensor(rows), len(rows), pieces))
+    return groups
 
 
 class ModelBackend:
-    """Runs the model on a :class:`BatchCache`; counts forward calls and model time."""
+    """Runs the model on a :class:`TreeBatch`; counts forward calls and model time."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, fast_kernel: bool = True) -> None:
         self.model = model
         self.shape = KVShape.of(model)
+        self.kernel = Kernel(self.shape.device, use_fast=fast_kernel)
         self.forward_calls = 0
         self.model_seconds = 0.0
 
@@ -89,36 +229,24 @@ class ModelBackend:
     def device(self) -> torch.device:
         return self.shape.device
 
-    def new_cache(self, contexts: Sequence[tuple[torch.Tensor, torch.Tensor]], capacity: int) -> BatchCache:
-        return BatchCache(self.shape, contexts, capacity)
-
     @torch.inference_mode()
     def forward(
-        self,
-        cache: BatchCache,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        logits_to_keep: int = 1,
-        recorder: AttentionRecorder | None = None,
+        self, batch: TreeBatch, input_ids: torch.Tensor, position_ids: torch.Tensor, logits_to_keep: int = 1
     ) -> torch.Tensor:
         """One forward over q new tokens per row.
 
         Args:
-            input_ids: (B, q) long; position_ids: (B, q) long true positions.
+            input_ids: (R, q) long; position_ids: (R, q) long true positions.
             logits_to_keep: last positions to compute logits for (0 = all).
-            recorder: when given, attention mass per key slot is added to it (see attention.py).
         Returns:
-            (B, k, V) float logits, k = q when logits_to_keep is 0 else logits_to_keep.
+            (R, k, V) logits, k = q when logits_to_keep is 0 else logits_to_keep.
         """
-        q = input_ids.shape[1]
-        mask = cache.step_mask(q)
         start = time.perf_counter()
-        with recording(self.model, recorder):
+        with tree_attention(self.model, batch):
             out = self.model(
                 input_ids=input_ids.to(self.device),
                 position_ids=position_ids.to(self.device),
-                attention_mask=mask,
-                cache=cache,
+                cache=batch,
                 use_cache=True,
                 logits_to_keep=logits_to_keep,
             )
@@ -126,5 +254,4 @@ class ModelBackend:
             torch.cuda.current_stream().synchronize()  # honest model time; one sync per step
         self.model_seconds += time.perf_counter() - start
         self.forward_calls += 1
-        cache.advance(q)
         return out.logits

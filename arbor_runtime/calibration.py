@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from arbor_runtime.backend import Group, Piece, TreeBatch, context_groups
 from arbor_runtime.policies.msve import SIGNALS, MSVEWeights
 from arbor_runtime.runtime import Runtime
 from arbor_runtime.sampling import SamplingParams
@@ -22,13 +23,9 @@ def continuation_loglik(rt: Runtime, context: list[Node], leaf: Node) -> float:
     """Mean log-probability of ``leaf``'s tokens 1.. teacher-forced after ``context``'s KV.
 
     The leaf's first token is left out: it is predicted from the context's last position, which
-    changes meaning when the block right before the leaf is the one masked.
+    changes meaning when the block right before the leaf is the one masked. Nothing is stored.
     """
-    ids = [n.id for n in context]
-    keys, values, _ = rt.store.gather(ids)
-    cache = rt.backend.new_cache([(keys, values)], capacity=leaf.length)
-    positions = torch.arange(leaf.start_pos, leaf.end_pos).unsqueeze(0)
-    logits = rt.backend.forward(cache, torch.tensor([leaf.token_ids]), positions, logits_to_keep=0)[0]
+    logits = _forward_over(rt, _groups(rt, context), leaf.token_ids, leaf.start_pos, logits_to_keep=0)
     logp = torch.log_softmax(logits[:-1].float(), dim=-1)
     target = torch.tensor(leaf.token_ids[1:])
     return float(logp.gather(-1, target.view(-1, 1)).mean())
@@ -46,22 +43,54 @@ def leave_one_out(rt: Runtime, leaf: Node) -> dict[int, float]:
 def regenerate(rt: Runtime, context: list[Node], max_new_tokens: int, stop: list[str]) -> str:
     """Greedy text that follows ``context``'s KV (masked blocks simply left out of ``context``).
 
-    The context's last token is fed again as the first input (its KV is dropped from the gathered
-    context), so the first new token sees the masked context too.
+    The context's last token is fed again as the first input (its own KV is left out of the
+    context), so the first new token sees the masked context too. Nothing is stored: each step
+    re-feeds the new tokens (a few dozen) over the context read in place.
     """
-    keys, values, _ = rt.store.gather([n.id for n in context])
     last = context[-1]
-    cache = rt.backend.new_cache([(keys[:, :, :-1], values[:, :, :-1])], capacity=max_new_tokens + 1)
-    token, pos, out = last.token_ids[-1], last.end_pos - 1, []
+    groups = _groups(rt, context, drop_last_token=True)
+    fed, out = [last.token_ids[-1]], []
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=stop)
     for _ in range(max_new_tokens):
-        logits = rt.backend.forward(cache, torch.tensor([[token]]), torch.tensor([[pos]]))[0, -1]
-        token, pos = int(logits.argmax()), pos + 1
+        logits = _forward_over(rt, groups, fed, last.end_pos - 1, logits_to_keep=1)
+        token = int(logits[-1].argmax())
         out.append(token)
+        fed.append(token)
         text = rt.tokenizer.decode(out)
         if token in rt._eos_ids or any(s in text for s in params.stop):
             break
     return rt.tokenizer.decode(out)
+
+
+def _groups(rt: Runtime, context: list[Node], drop_last_token: bool = False) -> list[Group]:
+    """One context group per block of ``context`` (optionally without the last block's last token)."""
+    groups = context_groups(rt.store, [[n.id for n in context]])
+    if drop_last_token:
+        last = context[-1]
+        grp = next(g for g in groups if g.block_id == last.id)
+        grp.pieces = [p for piece in grp.pieces for p in _without(piece, last.length - 1)]
+    return groups
+
+
+def _without(piece: Piece, token: int) -> list[Piece]:
+    """``piece`` with block-local ``token`` left out (split around it)."""
+    hit = torch.nonzero(piece.idx == token).flatten()
+    if not hit.numel():
+        return [piece]
+    i = int(hit[0])
+    parts = [
+        Piece(piece.block_id, piece.start, piece.idx[:i]),
+        Piece(piece.block_id, piece.start + i + 1, piece.idx[i + 1 :]),
+    ]
+    return [p for p in parts if p.length]
+
+
+def _forward_over(rt: Runtime, groups: list[Group], ids: list[int], start_pos: int, logits_to_keep: int):
+    """(k, V) logits of ``ids`` at positions start_pos.. over the given context, storing nothing."""
+    n = len(ids)
+    batch = TreeBatch(rt.store.pool, groups, 1, n, torch.full((1, n), -1), kernel=rt.backend.kernel)
+    positions = torch.arange(start_pos, start_pos + n).unsqueeze(0)
+    return rt.backend.forward(batch, torch.tensor([ids]), positions, logits_to_keep)[0]
 
 
 def fit_weights(features: list[tuple[float, ...]], effects: list[float]) -> tuple[MSVEWeights, float]:

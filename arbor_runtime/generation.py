@@ -1,46 +1,92 @@
-"""Batched sampling loop: every row decodes from its own context until it stops.
+"""Rows being generated: their state, their pool slots, one decode step's batch, and sampling.
 
-One step reads ``schedule -> run -> postprocess``: feed each row's last sampled token, run the
-model once for the whole batch, then sample the next token (or, for a row that just stopped,
-keep the logits that follow its final token). A row's final token is fed too, so a finished
-block's KV is complete and the distribution after it is kept for its future children.
+A row is one child thought in flight. It samples from its own random stream (seeded from the
+call's seed and the child's node id), so what it samples never depends on which rows share its
+batch, or on whether it was preempted and restarted. A row's first token is sampled from its
+parent's stored next-token logits; every sampled token is then fed once, so a finished block's
+KV is complete and the distribution after it is kept for its future children.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from arbor_runtime.attention import AttentionRecorder
-from arbor_runtime.backend import BatchCache, ModelBackend
+from arbor_runtime.backend import TreeBatch, context_groups
+from arbor_runtime.kv import Extent, KVStore
 from arbor_runtime.sampling import SamplingParams, sample_tokens, token_stats
+from arbor_runtime.tree import Node
 
 
 @dataclass(slots=True)
 class Row:
-    """One sequence being generated.
+    """One child being generated.
 
     Attributes:
-        start_pos: position id of the row's first new token (its context's path length).
+        owner: the node being expanded; child_id: the id its child will get (fixed up front).
+        order: its index in the call's request order; seed: its sampling stream's seed.
         tokens / logprobs / entropies: what was sampled so far.
         fed: tokens whose KV the model has computed (<= len(tokens)).
         stop_reason: set once the row has sampled its last token.
         next_logits: (V,) logits after the final token, set when the row is done.
+        extents: the pool slots admitted for its tokens (token i sits in the i-th slot).
+        attention: (capacity,) attention mass its own tokens received from its later queries.
     """
 
-    start_pos: int
+    owner: Node
+    child_id: int
+    order: int
+    seed: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
     fed: int = 0
     stop_reason: str = ""
     next_logits: torch.Tensor | None = None
+    extents: list[Extent] = field(default_factory=list)
+    attention: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    generator: torch.Generator = field(default_factory=torch.Generator)
+
+    def __post_init__(self) -> None:
+        self.generator.manual_seed(self.seed)
+
+    @property
+    def start_pos(self) -> int:
+        return self.owner.end_pos
 
     @property
     def done(self) -> bool:
         return self.next_logits is not None
+
+    @property
+    def capacity(self) -> int:
+        return sum(e.length for e in self.extents)
+
+    def slots(self, n: int) -> torch.Tensor:
+        """(n,) pool slots of the row's first n tokens."""
+        return torch.cat([torch.arange(e.start, e.end) for e in self.extents])[:n]
+
+    def add_slots(self, extents: Sequence[Extent]) -> None:
+        """Admitted slots: merged into the last extent when they continue it."""
+        for ext in extents:
+            last = self.extents[-1] if self.extents else None
+            if last is not None and last.end == ext.start:
+                self.extents[-1] = Extent(last.start, last.length + ext.length)
+            else:
+                self.extents.append(ext)
+        grown = self.capacity - int(self.attention.numel())
+        self.attention = torch.cat([self.attention, torch.zeros(grown)])
+
+    def restart(self) -> list[Extent]:
+        """Back to the state before its first token (preemption); returns the slots it gave up."""
+        gone = self.extents
+        self.tokens, self.logprobs, self.entropies, self.extents = [], [], [], []
+        self.fed, self.stop_reason, self.next_logits = 0, "", None
+        self.attention = torch.zeros(0)
+        self.generator.manual_seed(self.seed)
+        return gone
 
 
 class StopChecker:
@@ -66,61 +112,59 @@ class StopChecker:
         return any(s in tail for s in self.params.stop)
 
 
-def sample_into(rows: Sequence[Row], logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> None:
-    """Sample one token for each row from (B, V) logits and record its stats."""
-    tokens = sample_tokens(logits, params, gen)
+def sample_into(rows: Sequence[Row], logits: torch.Tensor, params: SamplingParams, stop: StopChecker) -> None:
+    """Sample one token for each row from (B, V) logits, each from its own stream; record stats."""
+    tokens = sample_tokens(logits, params, [r.generator for r in rows])
     logprobs, entropies = token_stats(logits, tokens)
     for row, tok, lp, ent in zip(rows, tokens.tolist(), logprobs.tolist(), entropies.tolist(), strict=True):
         row.tokens.append(tok)
         row.logprobs.append(lp)
         row.entropies.append(ent)
-
-
-def decode_rows(
-    backend: ModelBackend,
-    cache: BatchCache,
-    rows: list[Row],
-    params: SamplingParams,
-    stop: StopChecker,
-    gen: torch.Generator,
-    before_step: Callable[[int, int], None],
-    recorder: AttentionRecorder | None = None,
-) -> None:
-    """Run the loop until every row is done. Rows arrive with their first token sampled.
-
-    ``before_step(working_tokens, live_rows)`` is called before each forward with the KV tokens
-    the batch will hold after it and the rows still decoding (the runtime checks the budget there).
-    With a ``recorder``, only live rows' queries count (finished rows feed padding that must not
-    add attention mass).
-    """
-    for row in rows:
         row.stop_reason = stop.reason(row)
-    pad = rows[0].tokens[0]
-    while not all(r.done for r in rows):
-        live = [not r.done for r in rows]
-        before_step(sum(r.fed + int(alive) for r, alive in zip(rows, live, strict=True)), sum(live))
-        ids = torch.tensor([[r.tokens[-1] if alive else pad] for r, alive in zip(rows, live, strict=True)])
-        pos = torch.tensor([[r.start_pos + (r.fed if alive else 0)] for r, alive in zip(rows, live, strict=True)])
-        if recorder is not None:
-            recorder.row_weight = torch.tensor(live, dtype=torch.float32, device=recorder.mass.device)
-        logits = backend.forward(cache, ids, pos, recorder=recorder)[:, -1]  # (B, V)
-        _postprocess(rows, live, logits, params, stop, gen)
 
 
-def _postprocess(
-    rows: list[Row], live: list[bool], logits: torch.Tensor, params: SamplingParams, stop: StopChecker, gen
-) -> None:
-    going = []
-    for i, (row, alive) in enumerate(zip(rows, live, strict=True)):
-        if not alive:
-            continue
+def decode_batch(
+    store: KVStore, rows: Sequence[Row], stats: bool, kernel
+) -> tuple[TreeBatch, torch.Tensor, torch.Tensor]:
+    """The batch that feeds every row its newest unfed token.
+
+    Returns the :class:`TreeBatch` (contexts = the rows' paths, read in place; own tokens = their
+    slots so far plus this step's), input ids (R, 1) and position ids (R, 1).
+    """
+    contexts = [[n.id for n in row.owner.path()] for row in rows]
+    width = max(r.fed + 1 for r in rows)
+    own = torch.zeros(len(rows), width, dtype=torch.long)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        slots = row.slots(row.fed + 1)
+        own[i, : slots.numel()] = slots
+        own[i, slots.numel() :] = slots[0]
+        valid[i, : slots.numel()] = True
+    write = own.gather(1, torch.tensor([[r.fed] for r in rows]))  # (R, 1): this step's token
+    batch = TreeBatch(store.pool, context_groups(store, contexts), len(rows), 1, write, own, valid, stats, kernel)
+    ids = torch.tensor([[r.tokens[r.fed]] for r in rows])
+    pos = torch.tensor([[r.start_pos + r.fed] for r in rows])
+    return batch, ids, pos
+
+
+def postprocess(
+    rows: Sequence[Row], batch: TreeBatch, logits: torch.Tensor, params: SamplingParams, stop: StopChecker
+) -> list[Row]:
+    """After a step: own-token statistics, finished rows keep their next logits, the rest sample.
+
+    logits: (R, V). Returns the rows that finished this step.
+    """
+    if batch.own_mass is not None:
+        for i, row in enumerate(rows):
+            row.attention[: row.fed + 1] += batch.own_mass[i, : row.fed + 1].float().cpu()
+    finished, going = [], []
+    for i, row in enumerate(rows):
         row.fed += 1
         if row.stop_reason:
             row.next_logits = logits[i].float().cpu().clone()
+            finished.append(row)
         else:
             going.append(i)
     if going:
-        sub = [rows[i] for i in going]
-        sample_into(sub, logits[going], params, gen)
-        for row in sub:
-            row.stop_reason = stop.reason(row)
+        sample_into([rows[i] for i in going], logits[going], params, stop)
+    return finished

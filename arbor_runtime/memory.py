@@ -1,79 +1,120 @@
-"""Memory manager: turns runtime operations into events, asks the policy, carries out plans.
+"""Memory manager: the one place that admits work under the budget.
 
-The runtime tells it what is about to happen (``prepare``: these nodes will be expanded with
-this many working tokens), what happened (``after``: these blocks were created), and each step's
-working tokens (``reserve``). It derives the events (branch switch, node end, memory
-threshold), builds the policy's view, executes retention plans on the store, restores the
-active path for policies that keep it whole, and enforces the budget: resident blocks plus
-working tokens never pass ``budget_tokens``; when they would, :class:`KVBudgetExceeded`.
+Device KV is one pool of slots (kv/pool.py); with a budget the pool *is* the budget, so what the
+manager promises is what the process allocates. Before anything moves, the runtime asks it:
+
+- ``admit(queue, running)``: how many queued rows (each needing its context path, whole under
+  ``keep_active_whole`` policies, plus its first slots) can start now. It makes one plan: the
+  policy's retention plan for the room needed (evictions), the host spans to restore, the dropped
+  blocks to recompute; it checks the plan against the budget, carries out the evictions and
+  restores on the store, and returns the admission (how many rows, what to recompute) for the
+  runtime to execute. Rows that do not fit wait (the runtime runs them as others finish).
+- ``make_room(need, ahead)``: room for ``need`` more slots (a growing row, a prefill chunk), or
+  False when even the policy's plan cannot make it (the runtime then preempts or stops).
+
+It also derives the events (branch switch, node end, memory threshold) the policies react to, and
+logs them. The manager never calls back into the runtime.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
-from arbor_runtime.errors import KVBudgetExceeded
+import torch
+
 from arbor_runtime.events import BranchSwitch, Event, EventLog, MemoryThreshold, NodeEnd
 from arbor_runtime.kv import KVStore
 from arbor_runtime.policies.base import BlockView, MemoryView, Policy, RetentionPlan
 from arbor_runtime.tree import Node
 
 
+@dataclass(slots=True)
+class Admission:
+    """What the manager decided for a queue head: ``rows`` start now; ``recompute`` (parents
+    first) must be rebuilt by the runtime before they run."""
+
+    rows: int = 0
+    recompute: list[Node] = field(default_factory=list)
+
+
 class MemoryManager:
-    """Event-driven bridge between the runtime's tree, the policy and the store.
+    """Admission, events and plan execution over one store and one policy.
 
     Args:
-        store: the block store; policy: the retention policy; nodes: the runtime's live nodes by id.
-        recompute: rebuilds a block whose tokens were dropped from every tier (ancestors whole).
+        store: the block store (its pool holds every device KV slot).
+        policy: the retention policy; nodes: the runtime's live nodes by id.
     """
 
-    def __init__(
-        self, store: KVStore, policy: Policy, nodes: dict[int, Node], recompute: Callable[[Node], None]
-    ) -> None:
-        self.store, self.policy, self.nodes, self._recompute = store, policy, nodes, recompute
+    def __init__(self, store: KVStore, policy: Policy, nodes: dict[int, Node]) -> None:
+        self.store, self.policy, self.nodes = store, policy, nodes
         self.events = EventLog()
         self.active: frozenset[int] = frozenset()
         self._leaves: set[int] = set()  # the current frontier: last expansion's targets and new blocks
         self._sampled: set[int] = set()  # the children the last expansion sampled
         self.step = 0
-        self.peak_tokens = 0
 
     @property
     def budget(self) -> int | None:
         return self.policy.budget_tokens
 
-    # ---- protocol used by the runtime ----------------------------------------------------
-    def prepare(self, targets: Sequence[Node], reserve: int) -> None:
-        """Before an operation on ``targets`` needing ``reserve`` working tokens at most."""
+    @property
+    def used(self) -> int:
+        """Device slots in use: resident block tokens plus slots held by rows in flight."""
+        return self.store.pool.used
+
+    @property
+    def free(self) -> int:
+        return (1 << 62) if self.budget is None else self.budget - self.used
+
+    # ---- operation protocol --------------------------------------------------------------
+    def begin(self, targets: Sequence[Node]) -> None:
+        """A new operation on ``targets`` starts: count the step, detect a branch switch."""
         self.step += 1
         self._check_switch(targets)
-        self.active = frozenset(n.id for t in targets for n in t.path() if n.id in self.store)
-        path = _ordered_path_nodes(targets, self.active)
-        missing = sum(self._missing(n) for n in path) if self.policy.keep_active_whole else 0
-        if self.budget is not None and self.store.resident_tokens + missing + reserve > self.budget:
-            need = self.store.resident_tokens + missing + reserve - self.budget
-            self.emit(MemoryThreshold(self.store.resident_tokens, self.budget, need), self.budget - reserve - missing)
-        if self.policy.keep_active_whole:
-            for node in path:  # top-down: a block is rebuilt over whole ancestors
-                self._make_whole(node)
+        self.active = frozenset()
 
-    def reserve(self, working: int, where: str, ahead: int = 0) -> None:
-        """Check that resident blocks + ``working`` tokens fit; ask the policy once, else raise.
+    def admit(self, queue: Sequence[tuple[Node, int]], running: Iterable[Node]) -> Admission:
+        """How many of ``queue`` (path end, slots needed) can start next to the ``running`` paths.
 
-        ``ahead``: when the policy has to make room, it makes this much more than needed now (the
-        next decode steps' tokens), so a plan is not computed at every step.
+        Rows are taken in queue order while the room they need (slots, plus the evicted tokens of
+        their paths under ``keep_active_whole``) fits the budget once everything the policy may
+        evict is gone. Then the policy is asked for that room, the admitted paths' host spans come
+        back, and the blocks that were dropped from every tier are listed for recompute.
         """
-        needed = self.store.resident_tokens + working
-        if self.budget is not None and needed > self.budget:
-            target = self.budget - working - ahead
-            self.emit(MemoryThreshold(self.store.resident_tokens, self.budget, needed - self.budget), target)
-            needed = self.store.resident_tokens + working
-            if needed > self.budget:
-                raise KVBudgetExceeded(needed, self.budget, where)
-        self.peak_tokens = max(self.peak_tokens, needed)
+        base = _path_ids(running)
+        active, need, rows = set(base), 0, 0
+        for i, (node, slots) in enumerate(queue):
+            path = _path_ids([node])
+            extra = slots + self._missing(path - active)
+            if not self._fits(active | path, need + extra, first=not base and i == 0):
+                break
+            active |= path
+            need += extra
+            rows += 1
+        if rows == 0:
+            return Admission()
+        self.active = frozenset(i for i in active if i in self.store)
+        self._ensure(need, ahead=0)
+        return Admission(rows, self._make_whole([n for n, _ in queue[:rows]]))
+
+    def make_room(self, need: int, ahead: int = 0, active: Iterable[Node] = ()) -> bool:
+        """Room for ``need`` more slots next to the ``active`` paths; ask the policy once if short.
+
+        ``ahead``: when the policy has to plan, it makes this much more room than needed now (the
+        next decode steps), so a plan is not computed at every step.
+        """
+        self.active = frozenset(i for i in _path_ids(active) if i in self.store)
+        if self.free >= need:
+            return True
+        return self._ensure(need, ahead)
+
+    def node_end(self, node: Node) -> None:
+        """A new block is complete and in the store."""
+        self.emit(NodeEnd(node.id), self._threshold_target())
 
     def after(self, targets: Sequence[Node], created: Sequence[Node], forced: bool = False) -> None:
-        """After an operation: NodeEnd per new block, then a threshold check.
+        """After an operation: frontier bookkeeping, then a threshold check.
 
         ``forced``: the operation appended a forced block. Appended to a child of the last expansion
         (a task's forced text after a sampled thought), it continues that expansion's frontier;
@@ -85,18 +126,20 @@ class MemoryManager:
         else:
             self._leaves = leaves
             self._sampled = set() if forced else {n.id for n in created}
-        self.active = self.active | {n.id for n in created}
-        for node in created:
-            self.emit(NodeEnd(node.id), self._threshold_target())
+        self.active = frozenset(_path_ids(list(targets) + list(created))) & frozenset(self.store.block_ids())
         if self.budget is not None and self.store.resident_tokens > self._threshold_target():
             self.emit(MemoryThreshold(self.store.resident_tokens, self.budget), self._threshold_target())
+        for node in created:
+            if node.id in self.store:
+                self.store.consolidate(node.id)
 
     def forget(self, node_ids: Sequence[int]) -> None:
-        """Released blocks leave the active set."""
+        """Released blocks leave the active set and the frontier."""
         gone = set(node_ids)
         self.active = frozenset(self.active - gone)
         self._leaves -= gone
 
+    # ---- policy interaction --------------------------------------------------------------
     def emit(self, event: Event, target: int) -> None:
         """Deliver an event to the policy, carry out its plan, log the result."""
         plan = self.policy.on_event(event, self.view(target))
@@ -116,31 +159,69 @@ class MemoryManager:
         return MemoryView(blocks=blocks, active=self.active, budget=self.budget, target=target)
 
     def execute(self, plan: RetentionPlan) -> None:
-        """Apply a plan; active blocks are never shrunk under a policy that keeps them whole."""
+        """Apply a plan's evictions (never growing a block: restores are the manager's own decision);
+        active blocks are never shrunk under a policy that keeps them whole."""
         for block_id, keep in plan.keep.items():
             if self.policy.keep_active_whole and block_id in self.active:
                 continue
-            self.store.apply(block_id, keep, offload=self.policy.offload)
+            kept = self.store.get(block_id).kept
+            self.store.apply(block_id, kept[torch.isin(kept, keep.cpu())], offload=self.policy.offload)
         for block_id in plan.drop_host:
             if block_id not in self.active:
                 self.store.drop_host(block_id)
 
     # ---- internals -----------------------------------------------------------------------
+    def _fits(self, active: set[int], need: int, first: bool) -> bool:
+        """Would ``need`` more slots fit once the policy evicted all it may (inactive blocks; for a
+        policy that may shrink the active path, everything when this is the only row)?"""
+        if self.budget is None:
+            return True
+        if not self.policy.frees_memory:
+            return self.free >= need
+        may_shrink_active = first and not self.policy.keep_active_whole
+        evictable = sum(
+            self.store.get(i).kept_tokens for i in self.store.block_ids() if may_shrink_active or i not in active
+        )
+        return self.free + evictable >= need
+
+    def _ensure(self, need: int, ahead: int) -> bool:
+        """Ask the policy for room (one MemoryThreshold plan) when ``need`` slots are not free."""
+        if self.free >= need:
+            return True
+        if self.policy.frees_memory:
+            target = self.budget - (self.used - self.store.resident_tokens) - need - ahead
+            self.emit(MemoryThreshold(self.store.resident_tokens, self.budget, need - self.free), target)
+        return self.free >= need
+
+    def _missing(self, block_ids: Iterable[int]) -> int:
+        """Tokens of these blocks not on the device (what making them whole costs)."""
+        if not self.policy.keep_active_whole:
+            return 0
+        total = 0
+        for i in block_ids:
+            if i in self.store:
+                blk = self.store.get(i)
+                total += blk.length - blk.kept_tokens
+        return total
+
+    def _make_whole(self, ends: Sequence[Node]) -> list[Node]:
+        """Restore the paths to ``ends`` from the host tier, top-down; returns blocks still missing
+        tokens (dropped from every tier), parents first, for the runtime to recompute."""
+        if not self.policy.keep_active_whole:
+            return []
+        recompute = []
+        for node in _ordered_path_nodes(ends, self.active):
+            blk = self.store.get(node.id)
+            if blk.whole:
+                continue
+            if node.id in self.store.host:
+                self.store.apply(node.id, torch.arange(blk.length), offload=self.policy.offload)
+            if not self.store.get(node.id).whole:
+                recompute.append(node)
+        return recompute
+
     def _threshold_target(self) -> int:
         return int(self.policy.threshold * self.budget) if self.budget is not None else 1 << 62
-
-    def _missing(self, node: Node) -> int:
-        blk = self.store.get(node.id)
-        return blk.length - blk.kept_tokens
-
-    def _make_whole(self, node: Node) -> None:
-        blk = self.store.get(node.id)
-        if blk.whole:
-            return
-        if node.id in self.store.host:
-            self.store.apply(node.id, _all(blk.length), offload=self.policy.offload)
-        if not self.store.get(node.id).whole:
-            self._recompute(node)
 
     def _check_switch(self, targets: Sequence[Node]) -> None:
         if not self._leaves:
@@ -151,17 +232,15 @@ class MemoryManager:
             self.emit(BranchSwitch(last, switched), self._threshold_target())
 
 
-def _ordered_path_nodes(targets: Sequence[Node], active: frozenset[int]) -> list[Node]:
-    """Active nodes, parents before children (depth order)."""
+def _path_ids(ends: Iterable[Node]) -> set[int]:
+    return {n.id for end in ends for n in end.path()}
+
+
+def _ordered_path_nodes(ends: Sequence[Node], active: frozenset[int]) -> list[Node]:
+    """Active nodes on the paths to ``ends``, parents before children (depth order)."""
     seen: dict[int, Node] = {}
-    for t in targets:
-        for n in t.path():
+    for end in ends:
+        for n in end.path():
             if n.id in active:
                 seen[n.id] = n
     return sorted(seen.values(), key=lambda n: (n.depth, n.id))
-
-
-def _all(length: int):
-    import torch
-
-    return torch.arange(length)

@@ -35,6 +35,11 @@ class TracePoint:
 class RuntimeMetrics:
     """Counters a run records; ``to_dict`` gives a JSON-friendly summary (trace excluded).
 
+    Memory: ``peak_device_tokens`` / ``_bytes`` is the most device KV slots ever in use (retained
+    blocks plus the slots admitted to rows in flight); ``pool_bytes`` is what the device pool holds
+    (with a budget, exactly the budget). ``preemptions``: rows restarted because a growing row
+    needed their slots.
+
     Token counts: ``prefill_tokens`` are tokens whose KV a prefill computed (prompts, forced
     blocks), ``decode_tokens`` those computed one step at a time (generated blocks). Each token of
     the tree is computed exactly once, so their sum equals the sum of block lengths.
@@ -47,7 +52,8 @@ class RuntimeMetrics:
     runtime_seconds: float = 0.0
     peak_device_tokens: int = 0
     peak_device_bytes: int = 0
-    peak_working_bytes: int = 0
+    pool_bytes: int = 0
+    preemptions: int = 0
     nodes_created: int = 0
     nodes_released: int = 0
     evicted_tokens: int = 0

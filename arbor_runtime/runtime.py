@@ -1,8 +1,11 @@
 """The public runtime: a search tree whose KV is kept once per thought block.
 
 Controllers call ``new_tree``, ``expand``/``expand_many``, ``append``, ``set_value`` and
-``release``; the runtime gathers each path's KV from the store, runs the backend, stores new
-blocks, and lets the memory manager turn each operation into policy events.
+``release``. An expansion is a small serving loop over the requested rows: the memory manager
+admits as many as fit (schedule), the backend runs one step for them with attention that reads
+every block in place (run), rows sample their next token or finish, and waiting rows take the
+place of finished ones (postprocess). New blocks go to the store; the memory manager turns each
+operation into policy events.
 """
 
 from __future__ import annotations
@@ -11,27 +14,25 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 
-from arbor_runtime.attention import AttentionRecorder
-from arbor_runtime.backend import BatchCache, ModelBackend
-from arbor_runtime.errors import BudgetError
-from arbor_runtime.generation import Row, StopChecker, decode_rows, sample_into
-from arbor_runtime.kv import BlockKV, KVStore
+from arbor_runtime.backend import ModelBackend, TreeBatch, context_groups
+from arbor_runtime.errors import BudgetError, KVBudgetExceeded
+from arbor_runtime.generation import Row, StopChecker, decode_batch, postprocess, sample_into
+from arbor_runtime.kv import BlockKV, Extent, KVStore
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.memory import MemoryManager
 from arbor_runtime.metrics import RuntimeMetrics, TracePoint
 from arbor_runtime.policies import Policy, build_policy
-from arbor_runtime.sampling import SamplingParams
+from arbor_runtime.sampling import SamplingParams, row_seed
 from arbor_runtime.tree import FORCED, GENERATED, PROMPT, Node
 
 log = logging.getLogger(__name__)
 
-#: decode tokens per row the memory manager makes room for at a time (like a KV page): room for
-#: the first DECODE_AHEAD tokens of every row before an expansion, then more as rows grow
-DECODE_AHEAD = 8
+#: pool slots a generating row is given at a time (like a KV page): its first PAGE tokens at
+#: admission, then PAGE more whenever it fills them
+PAGE = 8
 
 
 class Runtime:
@@ -40,19 +41,27 @@ class Runtime:
     Args:
         loaded: model and tokenizer from :func:`arbor_runtime.load_model`.
         policy: a policy name (``"full"``, ``"arbor"``, ...) or a built :class:`Policy`.
-        budget_tokens: cap on resident device KV tokens (used when ``policy`` is a name).
-        seed: seeds the runtime's sampling generator.
+        budget_tokens: cap on device KV tokens (used when ``policy`` is a name); the device pool
+            holds exactly this many token slots.
+        seed: seeds the runtime's sampling streams when a call gives no seed.
+        fast_kernel: use the fused (out, lse) attention op when torch has one (False: the matmul
+            reference, for tests).
     """
 
     def __init__(
-        self, loaded: LoadedModel, policy: str | Policy = "full", budget_tokens: int | None = None, seed: int = 0
+        self,
+        loaded: LoadedModel,
+        policy: str | Policy = "full",
+        budget_tokens: int | None = None,
+        seed: int = 0,
+        fast_kernel: bool = True,
     ) -> None:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.policy = build_policy(policy, budget_tokens=budget_tokens)
         if hasattr(self.policy, "vocab_size"):
             self.policy.vocab_size = int(self.model.config.vocab_size)
-        self.backend = ModelBackend(self.model)
-        self.store = KVStore(self.backend.shape)
+        self.backend = ModelBackend(self.model, fast_kernel=fast_kernel)
+        self.store = KVStore(self.backend.shape, capacity=self.policy.budget_tokens)
         self.metrics = RuntimeMetrics()
         self.nodes: dict[int, Node] = {}  # live nodes
         self.all_nodes: dict[int, Node] = {}  # every node ever created, released ones too
@@ -60,7 +69,7 @@ class Runtime:
         self.oplog: list[dict] = []
         #: called with (node, (T, V) log-probs) for every forced block; used by trace replay
         self.logits_hook: Callable[[Node, torch.Tensor], None] | None = None
-        self.memory = MemoryManager(self.store, self.policy, self.nodes, self._recompute)
+        self.memory = MemoryManager(self.store, self.policy, self.nodes)
         self._next_id = 0
         self._gen = torch.Generator().manual_seed(seed)
         self._eos_ids = _eos_ids(loaded)
@@ -81,45 +90,53 @@ class Runtime:
         return self.new_tree_ids(self.tokenizer(prompt, add_special_tokens=True)["input_ids"], prompt)
 
     def new_tree_ids(self, ids: Sequence[int], text: str | None = None) -> Node:
-        """Start a tree whose root block is exactly these token ids (trace replay uses this)."""
+        """Start a tree whose root block is exactly these token ids (trace replay uses this).
+
+        A prompt larger than the budget is prefilled in chunks under policies that may evict from
+        the active path; under the others (``full``, ``arbor``) it is refused up front.
+        """
         ids = [int(i) for i in ids]
         if not ids:
             raise ValueError("prompt is empty: a root block needs at least one token")
         budget = self.budget_tokens
-        if budget is not None and len(ids) > budget:
+        if budget is not None and len(ids) > budget and not self._chunkable:
             raise BudgetError(
                 f"budget_tokens={budget} is smaller than the root prompt ({len(ids)} tokens): "
                 "the active path could never fit; raise the budget"
             )
         text = self.tokenizer.decode(ids) if text is None else text
         with self._op("new_tree"):
+            self.memory.begin([])
             node = self._new_node(None, ids, text, PROMPT, start_pos=0)
-            self.memory.prepare([], len(ids))
-            self._prefill(node, with_logprobs=False)
+            self._prefill_new(node, with_logprobs=False)
             self.memory.after([], [node])
         self.oplog.append({"op": "new_tree", "node": node.id, "ids": list(ids)})
         return node
 
     def expand(self, node: Node, n: int = 1, sampling: SamplingParams | None = None) -> list[Node]:
-        """Sample ``n`` child thoughts of ``node`` as one batch; returns the children."""
+        """Sample ``n`` child thoughts of ``node`` (batched); returns the children."""
         return self.expand_many([(node, n)], sampling)[0]
 
     def expand_many(
         self, requests: Sequence[tuple[Node, int]], sampling: SamplingParams | None = None
     ) -> list[list[Node]]:
-        """Sample children for several nodes (any depths) in one batch.
+        """Sample children for several nodes (any depths), batched as the budget allows.
+
+        Rows that do not fit the budget together wait and join as others finish; each row samples
+        from its own stream, so the children are the same however the rows were batched.
 
         Args:
-            requests: (node, n) pairs; rows of different context lengths are right-padded.
+            requests: (node, n) pairs.
         Returns:
             one list of children per request, in request order.
+        Raises:
+            KVBudgetExceeded: a single row (its path plus its new tokens) cannot fit.
         """
         params = sampling or SamplingParams()
         self._check_requests(requests)
         targets = [node for node, _ in requests]
         with self._op("expand"):
-            rows = sum(n for _, n in requests)
-            self.memory.prepare(targets, rows * min(params.max_new_tokens, DECODE_AHEAD))
+            self.memory.begin(targets)
             out = self._expand(requests, params)
             self.memory.after(targets, [c for kids in out for c in kids])
         self.oplog.append(
@@ -146,9 +163,9 @@ class Runtime:
             raise ValueError("append_ids needs at least one token id")
         text = self.tokenizer.decode(ids) if text is None else text
         with self._op("append"):
-            self.memory.prepare([node], len(ids))
+            self.memory.begin([node])
             child = self._new_node(node, ids, text, FORCED, start_pos=node.end_pos)
-            self._prefill(child, with_logprobs=True)
+            self._prefill_new(child, with_logprobs=True)
             self.memory.after([node], [child], forced=True)
         self.oplog.append({"op": "append", "node": node.id, "child": child.id, "ids": ids})
         return child
@@ -161,17 +178,8 @@ class Runtime:
     def release(self, node: Node) -> None:
         """Drop ``node``'s subtree and its KV from every tier; the node stays readable."""
         with self._op("release"):
-            gone = []
-            for sub in list(node.subtree()):
-                if sub.id in self.store:
-                    self.store.pop(sub.id)
-                sub.released = True
-                self.nodes.pop(sub.id, None)
-                gone.append(sub.id)
-                self.metrics.nodes_released += 1
+            gone = self._forget_subtree(node)
             self.memory.forget(gone)
-            if node.parent is not None and node in node.parent.children:
-                node.parent.children.remove(node)
         self.oplog.append({"op": "release", "node": node.id})
 
     def path_token_ids(self, node: Node) -> list[int]:
@@ -190,36 +198,96 @@ class Runtime:
         if node.id not in self.store:
             return {"device": 0, "host": 0, "dropped": node.length}
         blk = self.store.get(node.id)
-        host = self.store.host.indices(node.id)
-        n_host = 0 if host is None else int(host.numel())
+        n_host = self.store.host_count(node.id)
         return {"device": blk.kept_tokens, "host": n_host, "dropped": blk.length - blk.kept_tokens - n_host}
 
+    def device_kv_bytes(self) -> int:
+        """Bytes of every device KV tensor the runtime holds (the pool: blocks and rows in flight)."""
+        return self.store.pool.nbytes
+
     # ---- internals: prefill --------------------------------------------------------------
+    @property
+    def _chunkable(self) -> bool:
+        """Long blocks may be prefilled in chunks, evicting between them (policies that may shrink
+        the active path)."""
+        return self.policy.frees_memory and not self.policy.keep_active_whole
+
+    def _prefill_new(self, node: Node, with_logprobs: bool) -> None:
+        """Prefill a new prompt/forced block; on failure the node leaves the tree again."""
+        try:
+            self._prefill(node, with_logprobs)
+        except BaseException:
+            self._forget_subtree(node)
+            self._discard(node)
+            raise
+        self.memory.node_end(node)
+
     def _prefill(self, node: Node, with_logprobs: bool) -> None:
-        """Compute ``node``'s block KV over its ancestors' KV (its tokens are new)."""
-        batch, logits = self._run_prefill(node, logits_to_keep=0 if with_logprobs else 1, record=True)
+        """Compute ``node``'s block KV over its ancestors' KV, in chunks when it does not fit at once."""
+        done, parts = 0, []
+        while done < node.length:
+            count = self._admit_prefill(node, node.length - done)
+            logits = self._forward_block(node, done, count, logits_to_keep=0 if with_logprobs else 1)
+            parts.append(logits)
+            done += count
+        self.store.get(node.id).next_logits = parts[-1][-1].float().cpu().clone()
         if with_logprobs:
-            self._score_forced(node, logits)
-        keys, values = batch.cache.extract(0, 0, node.length)
-        self.store.put(node.id, BlockKV.full(keys, values, node.start_pos, logits[-1].float().cpu().clone()))
-        self._take_attention(batch, node, 0)
+            self._score_forced(node, torch.cat(parts))
         self.metrics.prefill_tokens += node.length
 
-    def _recompute(self, node: Node) -> None:
-        """Rebuild a block dropped from every tier by prefilling it over its (whole) ancestors."""
-        batch, _ = self._run_prefill(node, logits_to_keep=1, record=False)
-        self.store.replace_whole(node.id, *batch.cache.extract(0, 0, node.length))
+    def _admit_prefill(self, node: Node, left: int) -> int:
+        """Admit the next chunk of ``node``'s tokens: all ``left`` when they fit, else a chunk."""
+        count = left
+        admission = self.memory.admit([(node, count)], [])
+        if not admission.rows and self._chunkable:
+            count = min(left, self.policy.chunk_tokens())
+            admission = self.memory.admit([(node, count)], [])
+        if not admission.rows:
+            raise KVBudgetExceeded(self.memory.used + count, self.budget_tokens, "prefill")
+        self._recompute_all(admission.recompute)
+        return count
 
-    def _run_prefill(self, node: Node, logits_to_keep: int, record: bool) -> tuple[_Batch, torch.Tensor]:
-        """One forward of ``node``'s tokens over its parent's path. Returns the batch and (T', V) logits."""
-        self.memory.reserve(node.length, "prefill")
-        context = self._context(node.parent)
-        batch = self._new_batch([context], node.length, record)
+    def _forward_block(self, node: Node, offset: int, count: int, logits_to_keep: int) -> torch.Tensor:
+        """Forward tokens [offset, offset + count) of ``node`` over its path; store their KV.
+
+        Returns (k, V) logits. Earlier chunks of the same block are part of the context.
+        """
+        extents = self.store.pool.alloc(count)
+        context = [a.id for a in node.path()[:-1]] + ([node.id] if offset else [])
+        slots = _slots(extents).view(1, count)
+        batch = self._batch([context], count, slots, stats=self.policy.needs_attention)
+        positions = torch.arange(node.start_pos + offset, node.start_pos + offset + count).unsqueeze(0)
+        ids = torch.tensor([node.token_ids[offset : offset + count]])
+        logits = self.backend.forward(batch, ids, positions, logits_to_keep)[0]
+        own = torch.arange(offset, offset + count)
+        if offset == 0:
+            self.store.put(node.id, BlockKV.from_extents(extents, node.start_pos, None))
+        else:
+            self.store.add_tokens(node.id, extents, own, op="extend")
+        self._take_attention(batch)
+        if batch.own_mass is not None:  # causal: a block's own queries see half of it on average
+            self.store.add_attention(node.id, own, batch.own_mass[0], count / 2)
+        return logits
+
+    def _recompute_all(self, nodes: Sequence[Node]) -> None:
+        for node in nodes:
+            self._recompute(node)
+
+    def _recompute(self, node: Node) -> None:
+        """Rebuild a block's tokens dropped from every tier by prefilling it over its (whole) ancestors.
+
+        Only the missing tokens get slots (the admission counted them); the retained ones stay as
+        they are.
+        """
+        blk = self.store.get(node.id)
+        missing = torch.nonzero(~torch.isin(torch.arange(blk.length), blk.kept)).squeeze(1)
+        extents = self.store.pool.alloc(int(missing.numel()))
+        write = torch.full((1, blk.length), -1, dtype=torch.long)
+        write[0, missing] = _slots(extents)
+        batch = self._batch([[a.id for a in node.path()[:-1]]], blk.length, write, stats=False)
         positions = torch.arange(node.start_pos, node.end_pos).unsqueeze(0)
-        logits = self.backend.forward(
-            batch.cache, torch.tensor([node.token_ids]), positions, logits_to_keep, batch.recorder
-        )
-        return batch, logits[0]
+        self.backend.forward(batch, torch.tensor([node.token_ids]), positions, logits_to_keep=1)
+        self.store.add_tokens(node.id, extents, missing)
 
     def _score_forced(self, node: Node, logits: torch.Tensor) -> None:
         """Fill logprobs/entropies of a forced block. logits: (T, V), row i predicts token i+1."""
@@ -234,76 +302,159 @@ class Runtime:
 
     # ---- internals: expansion ------------------------------------------------------------
     def _expand(self, requests: Sequence[tuple[Node, int]], params: SamplingParams) -> list[list[Node]]:
-        gen = self._gen if params.seed is None else torch.Generator().manual_seed(params.seed)
-        owners = [node for node, n in requests for _ in range(n)]
-        rows = [Row(start_pos=node.end_pos) for node in owners]
-        first = torch.stack([self.store.get(node.id).next_logits for node in owners])  # (B, V)
-        sample_into(rows, first, params, gen)
-        contexts = {node.id: self._context(node) for node, _ in requests}
-        batch = self._new_batch([contexts[o.id] for o in owners], params.max_new_tokens, record=True)
-        self.metrics.peak_working_bytes = max(self.metrics.peak_working_bytes, batch.cache.nbytes)
+        """schedule -> run -> postprocess until every requested row has finished."""
+        rows = self._new_rows(requests, params)
+        waiting, running, children = list(rows), [], {}
         stop = StopChecker(self.tokenizer, params, self._eos_ids)
-        decode_rows(self.backend, batch.cache, rows, params, stop, gen, self._before_step, batch.recorder)
-        children = [self._store_child(o, r, batch, i) for i, (o, r) in enumerate(zip(owners, rows, strict=True))]
+        try:
+            while waiting or running:
+                self._admit_rows(waiting, running, params, stop)
+                self._grow_rows(waiting, running, params)
+                batch, ids, pos = decode_batch(self.store, running, self.policy.needs_attention, self.backend.kernel)
+                logits = self.backend.forward(batch, ids, pos)[:, -1]  # (R, V)
+                self._take_attention(batch)
+                for row in postprocess(running, batch, logits, params, stop):
+                    running.remove(row)
+                    children[row.order] = self._finish_row(row)
+        except BaseException:
+            for row in running:
+                self._free_slots(row.extents)
+            for child in children.values():
+                self._forget_subtree(child)
+            raise
+        self._order_nodes(list(children.values()))
         out, k = [], 0
         for _, n in requests:
-            out.append(children[k : k + n])
+            out.append([children[i] for i in range(k, k + n)])
             k += n
         return out
 
-    def _before_step(self, working: int, live_rows: int) -> None:
-        self.memory.reserve(working, "decode", ahead=live_rows * DECODE_AHEAD)
+    def _new_rows(self, requests: Sequence[tuple[Node, int]], params: SamplingParams) -> list[Row]:
+        """One row per requested child, its node id and sampling stream fixed up front."""
+        base = params.seed if params.seed is not None else int(torch.randint(0, 1 << 62, (1,), generator=self._gen))
+        rows = []
+        for node, n in requests:
+            for _ in range(n):
+                rows.append(
+                    Row(owner=node, child_id=self._next_id, order=len(rows), seed=row_seed(base, self._next_id))
+                )
+                self._next_id += 1
+        return rows
 
-    def _store_child(self, parent: Node, row: Row, batch: _Batch, index: int) -> Node:
-        text = self.tokenizer.decode(row.tokens)
-        child = self._new_node(parent, row.tokens, text, GENERATED, start_pos=parent.end_pos)
+    def _admit_rows(self, waiting: list[Row], running: list[Row], params: SamplingParams, stop: StopChecker) -> None:
+        """Start as many waiting rows as the memory manager admits; sample their first tokens."""
+        if not waiting:
+            return
+        first = min(PAGE, params.max_new_tokens)
+        admission = self.memory.admit([(r.owner, first) for r in waiting], [r.owner for r in running])
+        if not admission.rows and not running:
+            raise KVBudgetExceeded(self._need_alone(waiting[0].owner, first), self.budget_tokens, "expand")
+        self._recompute_all(admission.recompute)
+        starting = waiting[: admission.rows]
+        del waiting[: admission.rows]
+        for row in starting:
+            row.add_slots(self.store.pool.alloc(first))
+        logits = torch.stack([self.store.get(r.owner.id).next_logits for r in starting]) if starting else None
+        if logits is not None:
+            sample_into(starting, logits, params, stop)
+        running.extend(starting)
+
+    def _grow_rows(self, waiting: list[Row], running: list[Row], params: SamplingParams) -> None:
+        """Give every row that has filled its slots PAGE more; preempt the youngest rows when even
+        the policy cannot make room (they restart later, sampling the same tokens)."""
+        while True:
+            needy = [r for r in running if r.capacity <= r.fed]
+            need = sum(min(PAGE, params.max_new_tokens - r.capacity) for r in needy)
+            if not needy or self.memory.make_room(need, PAGE * len(running), [r.owner for r in running]):
+                break
+            if len(running) == 1:
+                raise KVBudgetExceeded(self._need_alone(running[0].owner, params.max_new_tokens), self.budget_tokens)
+            victim = running.pop()
+            self._free_slots(victim.restart())
+            waiting.insert(sum(r.order < victim.order for r in waiting), victim)
+            self.metrics.preemptions += 1
+        for row in needy:
+            page = min(PAGE, params.max_new_tokens - row.capacity)
+            got = self.store.pool.extend(row.extents[-1], page)
+            row.add_slots([Extent(row.extents[-1].end, got)] if got else [])
+            if got < page:
+                row.add_slots(self.store.pool.alloc(page - got))
+
+    def _finish_row(self, row: Row) -> Node:
+        """A finished row becomes a child block: its used slots are the block, the rest are freed."""
+        n = len(row.tokens)
+        used, spare = _split(row.extents, n)
+        self._free_slots(spare)
+        child = self._new_node(
+            row.owner, row.tokens, self.tokenizer.decode(row.tokens), GENERATED, row.owner.end_pos, row.child_id
+        )
         child.logprobs, child.entropies, child.stop_reason = row.logprobs, row.entropies, row.stop_reason
-        keys, values = batch.cache.extract(index, 0, len(row.tokens))
-        self.store.put(child.id, BlockKV.full(keys, values, child.start_pos, row.next_logits))
-        self._take_attention(batch, child, index)
-        self.metrics.decode_tokens += len(row.tokens)
+        self.store.put(child.id, BlockKV.from_extents(used, child.start_pos, row.next_logits))
+        self.store.add_attention(child.id, torch.arange(n), row.attention[:n], n / 2)
+        self.metrics.decode_tokens += n
+        self.memory.node_end(child)
         return child
 
-    def _context(self, node: Node | None) -> _Gathered:
-        """The retained KV of the path ending at ``node`` (empty for None), with what it holds."""
-        shape = self.backend.shape
-        if node is None:
-            empty = torch.zeros(shape.layers, shape.kv_heads, 0, shape.head_dim, dtype=shape.dtype, device=shape.device)
-            return _Gathered([], [], empty, empty)
-        ids = [n.id for n in node.path()]
-        keys, values, _ = self.store.gather(ids)
-        return _Gathered(ids, [self.store.get(i).kept.clone() for i in ids], keys, values)
+    def _need_alone(self, node: Node, new_tokens: int) -> int:
+        """Device tokens one row under ``node`` needs by itself: its whole path plus its new tokens."""
+        return sum(n.length for n in node.path()) + new_tokens
 
-    def _new_batch(self, contexts: list[_Gathered], capacity: int, record: bool) -> _Batch:
-        cache = self.backend.new_cache([(c.keys, c.values) for c in contexts], capacity=capacity)
-        recorder = None
-        if record and self.policy.needs_attention:
-            recorder = AttentionRecorder(cache.rows, cache.keys.shape[3], self.backend.device)
-        return _Batch(cache, recorder, contexts)
+    def _free_slots(self, extents: Sequence[Extent]) -> None:
+        for ext in extents:
+            self.store.pool.free(ext)
 
-    # ---- internals: attention statistics -------------------------------------------------
-    def _take_attention(self, batch: _Batch, node: Node, row: int) -> None:
-        """Scatter row ``row``'s recorded attention to its context blocks and to ``node``'s block."""
-        if batch.recorder is None:
+    # ---- internals: batches and attention statistics -------------------------------------
+    def _batch(self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool) -> TreeBatch:
+        groups = context_groups(self.store, contexts)
+        return TreeBatch(self.store.pool, groups, len(contexts), q, write, stats=stats, kernel=self.backend.kernel)
+
+    def _take_attention(self, batch: TreeBatch) -> None:
+        """Add a forward's attention mass over context blocks to those blocks (queries counted once per block)."""
+        if not batch.stats:
             return
-        ctx = batch.contexts[row]
-        mass, queries = batch.recorder.mass[row], float(batch.recorder.queries[row])
-        self.store.add_attention(ctx.block_ids, ctx.kept, mass[: ctx.length], queries)
-        start = batch.cache.ctx_len
-        own = self.store.get(node.id)
-        own.attention += mass[start : start + node.length].cpu()
-        own.observers += queries / 2  # causal: a block's own queries see half of it on average
+        for grp in batch.groups:
+            for i, (piece, mass) in enumerate(zip(grp.pieces, grp.mass, strict=True)):
+                self.store.add_attention(piece.block_id, piece.idx, mass, grp.n_rows * batch.q if i == 0 else 0.0)
 
     # ---- internals: bookkeeping ----------------------------------------------------------
-    def _new_node(self, parent: Node | None, ids: list[int], text: str, kind: str, start_pos: int) -> Node:
-        node = Node(id=self._next_id, parent=parent, token_ids=list(ids), text=text, kind=kind, start_pos=start_pos)
-        self._next_id += 1
+    def _new_node(
+        self, parent: Node | None, ids: list[int], text: str, kind: str, start_pos: int, node_id: int | None = None
+    ) -> Node:
+        if node_id is None:
+            node_id, self._next_id = self._next_id, self._next_id + 1
+        node = Node(id=node_id, parent=parent, token_ids=list(ids), text=text, kind=kind, start_pos=start_pos)
         self.nodes[node.id] = node
         self.all_nodes[node.id] = node
         if parent is not None:
-            parent.children.append(node)
+            parent.children.insert(sum(c.id < node.id for c in parent.children), node)
         self.metrics.nodes_created += 1
         return node
+
+    def _order_nodes(self, created: list[Node]) -> None:
+        """Children finish in any order; keep the node tables in id (creation) order."""
+        for node in sorted(created, key=lambda n: n.id):
+            for table in (self.nodes, self.all_nodes):
+                table[node.id] = table.pop(node.id)
+
+    def _forget_subtree(self, node: Node) -> list[int]:
+        """Release ``node``'s subtree from the store and the live table; returns the ids."""
+        gone = []
+        for sub in list(node.subtree()):
+            if sub.id in self.store:
+                self.store.pop(sub.id)
+            sub.released = True
+            self.nodes.pop(sub.id, None)
+            gone.append(sub.id)
+            self.metrics.nodes_released += 1
+        if node.parent is not None and node in node.parent.children:
+            node.parent.children.remove(node)
+        return gone
+
+    def _discard(self, node: Node) -> None:
+        """A node whose operation failed: gone as if never created."""
+        self.all_nodes.pop(node.id, None)
+        self.metrics.nodes_created -= 1
+        self.metrics.nodes_released -= 1
 
     def _check_live(self, node: Node) -> None:
         if node.released:
@@ -321,8 +472,9 @@ class Runtime:
 
     @contextmanager
     def _op(self, name: str) -> Iterator[None]:
+        pool = self.store.pool
         start, fwd0, secs0 = time.perf_counter(), self.backend.forward_calls, self.backend.model_seconds
-        self.memory.peak_tokens = self.store.resident_tokens
+        pool.peak_used = pool.used
         try:
             yield
         finally:
@@ -330,8 +482,9 @@ class Runtime:
             m.runtime_seconds += time.perf_counter() - start
             m.forward_calls += self.backend.forward_calls - fwd0
             m.model_seconds += self.backend.model_seconds - secs0
-            peak = max(self.memory.peak_tokens, self.store.resident_tokens)
+            peak = max(pool.peak_used, pool.used)
             m.note_peak(peak, self.backend.shape.bytes_per_token)
+            m.pool_bytes = pool.nbytes
             m.sync_store(self.store, self.memory.events)
             m.trace.append(
                 TracePoint(
@@ -349,30 +502,24 @@ class Runtime:
             )
 
 
-@dataclass(slots=True)
-class _Gathered:
-    """A path's KV as gathered for one batch, with the retained indices of each block at that time.
-
-    keys / values: (L, H_kv, T, D); kept[i]: block_ids[i]'s kept indices, in gather order.
-    """
-
-    block_ids: list[int]
-    kept: list[torch.Tensor]
-    keys: torch.Tensor
-    values: torch.Tensor
-
-    @property
-    def length(self) -> int:
-        return int(self.keys.shape[2])
+def _slots(extents: Sequence[Extent]) -> torch.Tensor:
+    """(N,) pool slots of extents, in order."""
+    if not extents:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.cat([torch.arange(e.start, e.end) for e in extents])
 
 
-@dataclass(slots=True)
-class _Batch:
-    """One forward batch: its cache, its attention recorder (or None), each row's context."""
-
-    cache: BatchCache
-    recorder: AttentionRecorder | None
-    contexts: list[_Gathered]
+def _split(extents: Sequence[Extent], n: int) -> tuple[list[Extent], list[Extent]]:
+    """The first ``n`` slots of ``extents`` and the rest, as extents."""
+    used, spare, left = [], [], n
+    for ext in extents:
+        take = min(left, ext.length)
+        if take:
+            used.append(Extent(ext.start, take))
+        if take < ext.length:
+            spare.append(Extent(ext.start + take, ext.length - take))
+        left -= take
+    return used, spare
 
 
 def _eos_ids(loaded: LoadedModel) -> set[int]:

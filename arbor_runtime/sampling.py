@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -47,11 +48,15 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | Sequence[torch.Generator]
+) -> torch.Tensor:
     """Draw one token per row.
 
     Args:
         logits: (B, V) float logits of the next token.
+        generator: one generator for all rows, or one per row (then a row's draw depends only on
+            its own stream, never on which rows share the batch).
     Returns:
         (B,) long token ids.
     """
@@ -66,9 +71,21 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
     probs = torch.softmax(scores, dim=-1).cpu()
     # Inverse-CDF draw: one uniform per row (torch.multinomial is ~100x slower on a 49k vocab on CPU).
     cdf = probs.double().cumsum(dim=-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]
+    u = _uniforms(probs.shape[0], generator) * cdf[:, -1:]
     picks = torch.searchsorted(cdf, u, side="right").clamp_(max=probs.shape[-1] - 1)
     return picks.squeeze(-1).to(logits.device)
+
+
+def _uniforms(rows: int, generator) -> torch.Tensor:
+    """(rows, 1) float64 uniforms, from one generator or one per row."""
+    if isinstance(generator, torch.Generator):
+        return torch.rand(rows, 1, generator=generator, dtype=torch.float64)
+    return torch.cat([torch.rand(1, 1, generator=g, dtype=torch.float64) for g in generator])
+
+
+def row_seed(base: int, child_id: int) -> int:
+    """Seed of one row's sampling stream: a mix of the call's seed and the child's node id."""
+    return (base * 0x9E3779B97F4A7C15 + child_id * 0xBF58476D1CE4E5B9 + 1) % (1 << 63)
 
 
 def token_stats(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

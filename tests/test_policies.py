@@ -48,8 +48,7 @@ def run_ops(rt: Runtime, script, snapshots: dict | None = None, on_op=None) -> l
         created += new
         if snapshots is not None:
             for c in new:
-                blk = rt.store.get(c.id)
-                snapshots[c.id] = (blk.keys.clone(), blk.values.clone())
+                snapshots[c.id] = rt.store.read(c.id)
         if on_op is not None:
             on_op(rt, op, node, new)
     return created
@@ -85,7 +84,8 @@ def test_arbor_active_path_whole_and_rehydration_bit_identical(tiny, script, see
             blk = rt.store.get(block_id)
             if block_id in snapshots:  # retained (and rehydrated) tokens equal what was computed
                 keys, values = snapshots[block_id]
-                assert torch.equal(blk.keys, keys[:, :, blk.kept]) and torch.equal(blk.values, values[:, :, blk.kept])
+                now_k, now_v = rt.store.read(block_id)
+                assert torch.equal(now_k, keys[:, :, blk.kept]) and torch.equal(now_v, values[:, :, blk.kept])
 
     rt = Runtime(tiny, policy="arbor", budget_tokens=BUDGET, seed=seed)
     run_ops(rt, script, snapshots, check)
@@ -96,13 +96,13 @@ def test_arbor_rehydrates_bit_identical_after_eviction(tiny):
     rt = Runtime(tiny, policy="arbor", budget_tokens=10_000)
     root = rt.new_tree(PROMPT)
     kid = rt.expand(root, 1, PARAMS)[0]
-    blk = rt.store.get(kid.id)
-    keys, values = blk.keys.clone(), blk.values.clone()
+    keys, values = rt.store.read(kid.id)
     rt.store.apply(kid.id, torch.tensor([0]), offload=True)  # evict all but the first token
     assert rt.residency(kid) == {"device": 1, "host": kid.length - 1, "dropped": 0}
     rt.expand(kid, 1, PARAMS)  # kid is on the active path: lazily rehydrated first
-    blk = rt.store.get(kid.id)
-    assert blk.whole and torch.equal(blk.keys, keys) and torch.equal(blk.values, values)
+    assert rt.store.get(kid.id).whole and all(
+        torch.equal(a, b) for a, b in zip(rt.store.read(kid.id), (keys, values), strict=True)
+    )
     assert rt.metrics.rehydrations == 1 and rt.metrics.rehydrated_tokens == kid.length - 1
 
 
@@ -110,13 +110,13 @@ def test_dropped_block_is_recomputed_on_return(tiny):
     rt = Runtime(tiny, policy="arbor", budget_tokens=10_000)
     root = rt.new_tree(PROMPT)
     kid = rt.expand(root, 1, SamplingParams(max_new_tokens=6, temperature=0.0))[0]
-    keys = rt.store.get(kid.id).keys.clone()
+    keys = rt.store.read(kid.id)[0]
     rt.store.apply(kid.id, torch.tensor([0]), offload=False)  # drop from every tier
     prefill = rt.metrics.prefill_tokens
     grand = rt.expand(kid, 1, SamplingParams(max_new_tokens=6, temperature=0.0))[0]
     assert rt.metrics.recomputed_tokens == kid.length - 1
     assert rt.metrics.prefill_tokens == prefill  # recompute is counted apart from first-time prefill
-    assert torch.allclose(rt.store.get(kid.id).keys, keys, atol=1e-5)
+    assert torch.allclose(rt.store.read(kid.id)[0], keys, atol=1e-5)
     ref = Runtime(tiny)
     ref_kid = ref.expand(ref.new_tree(PROMPT), 1, SamplingParams(max_new_tokens=6, temperature=0.0))[0]
     assert ref.expand(ref_kid, 1, SamplingParams(max_new_tokens=6, temperature=0.0))[0].token_ids == grand.token_ids

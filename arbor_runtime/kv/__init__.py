@@ -1,6 +1,7 @@
 """KV store: per-block tensors on the device tier, accounting, path gathering."""
 
-from arbor_runtime.kv.block import BlockKV
+from arbor_runtime.kv.block import BlockKV, Segment
+from arbor_runtime.kv.pool import DevicePool, Extent, PoolExhausted
 from arbor_runtime.kv.store import KVShape, KVStore
 
-__all__ = ["BlockKV", "KVShape", "KVStore"]
+__all__ = ["BlockKV", "DevicePool", "Extent", "KVShape", "KVStore", "PoolExhausted", "Segment"]

@@ -1,42 +1,83 @@
-"""One thought block's KV on the device tier."""
+"""One thought block's KV on the device tier: which of its tokens sit in which pool slots."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from arbor_runtime.kv.pool import Extent
+
+
+@dataclass(slots=True)
+class Segment:
+    """Consecutive pool slots holding some of a block's tokens.
+
+    Attributes:
+        start: first pool slot.
+        idx: (n,) long block-local token indices; token ``idx[i]`` is in slot ``start + i``.
+    """
+
+    start: int
+    idx: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return int(self.idx.numel())
+
+    @property
+    def extent(self) -> Extent:
+        return Extent(self.start, self.length)
+
+    @property
+    def slots(self) -> torch.Tensor:
+        return torch.arange(self.start, self.start + self.length)
 
 
 @dataclass(slots=True)
 class BlockKV:
-    """KV of one block, for every layer, restricted to the tokens that stay on the device.
+    """KV record of one block: its retained tokens' pool segments and per-token statistics.
 
     Attributes:
-        keys: (L, H_kv, T_kept, D) RoPE-rotated keys of the retained tokens, model dtype.
-        values: (L, H_kv, T_kept, D).
-        kept: (T_kept,) long, sorted indices (into the block's tokens) of the retained tokens.
+        segments: where the retained tokens live (any order; attention does not care).
         start_pos: position id of the block's first token; token i has position start_pos + i.
-        length: tokens in the whole block (retained or not).
+        length: tokens in the block (retained or not; grows while a long block is prefilled in chunks).
         next_logits: (V,) float32 logits for the token after the block, on the host; children are
             sampled from them, so a block's last position is never computed twice.
         attention: (length,) float32 attention mass each token received from later queries
             (summed over layers, heads and queries; kept for evicted tokens too).
-        observers: how many recorded queries could see the block (attention / observers is the
-            block's attention per query, free of the bias toward old blocks).
+        observers: how many queries could see the block (attention / observers is the block's
+            attention per query, free of the bias toward old blocks).
     """
 
-    keys: torch.Tensor
-    values: torch.Tensor
-    kept: torch.Tensor
+    segments: list[Segment]
     start_pos: int
     length: int
-    next_logits: torch.Tensor
+    next_logits: torch.Tensor | None
     attention: torch.Tensor
     observers: float = 0.0
+    _kept: torch.Tensor | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_extents(cls, extents: list[Extent], start_pos: int, next_logits: torch.Tensor | None) -> BlockKV:
+        """A whole block whose tokens 0..n-1 fill ``extents`` in order."""
+        segments, offset = [], 0
+        for ext in extents:
+            segments.append(Segment(ext.start, torch.arange(offset, offset + ext.length)))
+            offset += ext.length
+        return cls(segments, start_pos, offset, next_logits, torch.zeros(offset))
+
+    @property
+    def kept(self) -> torch.Tensor:
+        """(T_kept,) sorted block-local indices of the tokens on the device."""
+        if self._kept is None:
+            parts = [s.idx for s in self.segments]
+            self._kept = torch.sort(torch.cat(parts)).values if parts else torch.zeros(0, dtype=torch.long)
+        return self._kept
 
     @property
     def kept_tokens(self) -> int:
-        return int(self.keys.shape[2])
+        return sum(s.length for s in self.segments)
 
     @property
     def whole(self) -> bool:
@@ -47,13 +88,21 @@ class BlockKV:
         """(T_kept,) original position ids of the retained tokens."""
         return self.kept + self.start_pos
 
-    @property
-    def nbytes(self) -> int:
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+    def set_segments(self, segments: list[Segment]) -> None:
+        self.segments = [s for s in segments if s.length]
+        self._kept = None
 
-    @classmethod
-    def full(cls, keys: torch.Tensor, values: torch.Tensor, start_pos: int, next_logits: torch.Tensor) -> BlockKV:
-        """A block with every token retained. keys/values: (L, H_kv, T, D)."""
-        length = int(keys.shape[2])
-        kept = torch.arange(length, device=keys.device)
-        return cls(keys, values, kept, start_pos, length, next_logits, torch.zeros(length))
+    def slots_of(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Pool slots of the given retained block-local ``tokens`` (N,), in that order."""
+        if not self.segments:
+            if tokens.numel():
+                raise KeyError("some tokens are not on the device")
+            return torch.zeros(0, dtype=torch.long)
+        idx = torch.cat([s.idx for s in self.segments])
+        slots = torch.cat([s.slots for s in self.segments])
+        lookup = torch.full((self.length,), -1, dtype=torch.long)
+        lookup[idx] = slots
+        out = lookup[tokens.cpu()]
+        if bool((out < 0).any()):
+            raise KeyError("some tokens are not on the device")
+        return out

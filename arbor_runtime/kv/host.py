@@ -87,6 +87,21 @@ class HostTier:
         self.tokens -= span.tokens
         return span.tokens
 
+    def forget(self, block_id: int, idx: torch.Tensor) -> int:
+        """Forget tokens ``idx`` of a block's span (they were rebuilt on the device); returns how many."""
+        span = self._spans.get(block_id)
+        if span is None:
+            return 0
+        gone = torch.isin(span.idx, idx.cpu())
+        n = int(gone.sum())
+        if n == span.tokens:
+            del self._spans[block_id]
+        elif n:
+            rest = ~gone
+            self._spans[block_id] = HostSpan(span.idx[rest], span.keys[:, :, rest], span.values[:, :, rest])
+        self.tokens -= n
+        return n
+
     def nbytes(self) -> int:
         return sum(_nbytes(s.keys) + _nbytes(s.values) for s in self._spans.values())
 

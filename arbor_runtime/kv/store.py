@@ -1,21 +1,24 @@
-"""Block store: device tier with token/byte accounting, host tier, and retention plans.
+"""Block store: device tier (a slot pool) with token accounting, host tier, and retention plans.
 
-Pure bookkeeping around tensors: the store holds each block's retained KV keyed by node id,
-counts resident tokens, moves evicted spans to the host tier (or drops them), and gathers a
-path's KV for the backend. Which tokens stay is decided by a policy; the store only carries
-plans out. Every change is journaled as (op, block, device delta, host delta) so event logs can
-be replayed.
+Pure bookkeeping around one :class:`DevicePool`: the store records which pool slots hold which
+tokens of each block, counts resident tokens, moves evicted tokens to the host tier (or drops
+them) and brings them back. Which tokens stay is decided by a policy; when, and whether there is
+room, by the memory manager; the store only carries plans out. Every change is journaled as
+(op, block, device delta, host delta) so event logs can be replayed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from arbor_runtime.kv.block import BlockKV
+from arbor_runtime.kv.block import BlockKV, Segment
 from arbor_runtime.kv.host import HostTier
+from arbor_runtime.kv.pool import DevicePool, Extent
+
+#: slots an unbounded pool starts with
+INITIAL_SLOTS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +60,16 @@ class StoreCounters:
 
 
 class KVStore:
-    """Block id -> :class:`BlockKV` on the device tier, a :class:`HostTier`, and running totals."""
+    """Block id -> :class:`BlockKV` whose tokens live in a :class:`DevicePool`; a :class:`HostTier`.
 
-    def __init__(self, shape: KVShape) -> None:
+    Args:
+        shape: the model's KV geometry.
+        capacity: device slots; the budget when there is one (the pool never grows), else None.
+    """
+
+    def __init__(self, shape: KVShape, capacity: int | None = None) -> None:
         self.shape = shape
+        self.pool = DevicePool(shape, capacity if capacity is not None else INITIAL_SLOTS, fixed=capacity is not None)
         self.host = HostTier(shape.device)
         self.counters = StoreCounters()
         self.journal: list[tuple[str, int, int, int]] = []
@@ -99,50 +108,78 @@ class KVStore:
     def dropped(self, block_id: int) -> int:
         """Tokens of a block that are in no tier (only recompute brings them back)."""
         blk = self.get(block_id)
-        host = self.host.indices(block_id)
-        return blk.length - blk.kept_tokens - (0 if host is None else int(host.numel()))
+        return blk.length - blk.kept_tokens - self.host_count(block_id)
+
+    def host_count(self, block_id: int) -> int:
+        idx = self.host.indices(block_id)
+        return 0 if idx is None else int(idx.numel())
+
+    def read(self, block_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of a block's retained K/V in token order: (L, H_kv, T_kept, D) each."""
+        blk = self.get(block_id)
+        return self.pool.read(blk.slots_of(blk.kept))
 
     # ---- updates -------------------------------------------------------------------------
     def put(self, block_id: int, block: BlockKV) -> None:
-        """Add a new block (its id must be unused)."""
+        """Add a new block whose tokens already sit in its pool segments (its id must be unused)."""
         if block_id in self._blocks:
             raise ValueError(f"block {block_id} is already in the store")
         self._blocks[block_id] = block
         self._change("put", block_id, block.kept_tokens, 0)
 
     def pop(self, block_id: int) -> BlockKV:
-        """Remove a block from every tier and return its device part."""
+        """Remove a block from every tier (its slots go back to the pool) and return its record."""
         block = self._blocks.pop(block_id)
+        for seg in block.segments:
+            self.pool.free(seg.extent)
         host = self.host.drop(block_id)
         self._change("release", block_id, -block.kept_tokens, -host)
         return block
 
-    def replace_whole(self, block_id: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Install recomputed KV for a whole block (drops whatever the host tier held for it)."""
-        old = self.get(block_id)
-        host = self.host.drop(block_id)
-        new = BlockKV.full(keys, values, old.start_pos, old.next_logits)
-        new.attention, new.observers = old.attention, old.observers
-        self._blocks[block_id] = new
-        self.counters.recomputed_tokens += new.length - old.kept_tokens - host
-        self._change("recompute", block_id, new.kept_tokens - old.kept_tokens, -host)
+    def add_tokens(self, block_id: int, extents: list[Extent], idx: torch.Tensor, op: str = "recompute") -> None:
+        """Record that tokens ``idx`` (N,) of a block now fill ``extents`` (in order).
+
+        Used for recomputed tokens (which replace whatever the host held for them) and for the
+        next chunk of a block prefilled in chunks (``op="extend"``; the block's length grows).
+        """
+        blk = self.get(block_id)
+        segments, offset = list(blk.segments), 0
+        for ext in extents:
+            segments.append(Segment(ext.start, idx[offset : offset + ext.length].clone()))
+            offset += ext.length
+        blk.set_segments(segments)
+        if op == "extend":
+            grown = int(idx.max()) + 1 - blk.length
+            if grown > 0:
+                blk.length += grown
+                blk.attention = torch.cat([blk.attention, torch.zeros(grown)])
+            self._change("extend", block_id, int(idx.numel()), 0)
+            return
+        host = self.host.forget(block_id, idx)
+        self.counters.recomputed_tokens += int(idx.numel()) - host
+        self._change("recompute", block_id, int(idx.numel()), -host)
 
     def apply(self, block_id: int, keep: torch.Tensor, offload: bool) -> None:
         """Carry out one block's retention plan: exactly ``keep`` (block-local indices) on device.
 
         Tokens leaving the device go to the host tier when ``offload``, else are dropped. Tokens in
-        ``keep`` that are on the host come back (bit-identical); tokens in ``keep`` that were
-        dropped cannot come back here (see :meth:`replace_whole`) and are ignored.
+        ``keep`` that are on the host come back (bit-identical) into free pool slots (the caller
+        made sure there are enough); tokens in ``keep`` that were dropped cannot come back here
+        (see :meth:`add_tokens`) and are ignored.
         """
         blk = self.get(block_id)
-        keep = keep.to(blk.kept.device)
-        stay = torch.isin(blk.kept, keep)
-        self._evict(block_id, blk, ~stay, offload)
+        keep = keep.cpu()
+        self._evict(block_id, blk, keep, offload)
         host_idx = self.host.indices(block_id)
         if host_idx is not None:
-            wanted = host_idx[torch.isin(host_idx, keep.cpu())]
+            wanted = host_idx[torch.isin(host_idx, keep)]
             if wanted.numel():
                 self._restore(block_id, wanted)
+
+    def restorable(self, block_id: int, keep: torch.Tensor) -> int:
+        """Tokens of ``keep`` that :meth:`apply` would bring back from the host."""
+        host_idx = self.host.indices(block_id)
+        return 0 if host_idx is None else int(torch.isin(host_idx, keep.cpu()).sum())
 
     def drop_host(self, block_id: int) -> int:
         """Drop a block's host span (host cap); returns tokens dropped."""
@@ -152,60 +189,71 @@ class KVStore:
             self._change("drop_host", block_id, 0, -n)
         return n
 
-    # ---- path gathering ------------------------------------------------------------------
-    def gather(self, block_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Concatenate the retained KV of blocks in path order.
+    def consolidate(self, block_id: int) -> bool:
+        """Move a block split over several segments into one free range, if one fits; True if moved."""
+        blk = self.get(block_id)
+        n = blk.kept_tokens
+        if len(blk.segments) <= 1 or self.pool.largest_free() < n:
+            return False
+        (ext,) = self.pool.alloc(n, contiguous=True)
+        src = torch.cat([s.slots for s in blk.segments])
+        self.pool.move(src, torch.arange(ext.start, ext.end))
+        idx = torch.cat([s.idx for s in blk.segments])
+        for seg in blk.segments:
+            self.pool.free(seg.extent)
+        blk.set_segments([Segment(ext.start, idx)])
+        return True
 
-        Returns:
-            keys (L, H_kv, T, D), values (L, H_kv, T, D), positions (T,) long original position ids.
+    def add_attention(self, block_id: int, tokens: torch.Tensor, mass: torch.Tensor, queries: float) -> None:
+        """Add attention ``mass`` (N,) received by block-local ``tokens`` (N,) from ``queries`` queries.
+
+        Released blocks are skipped (a plan may release a block while its mass is in flight).
         """
-        blocks = [self.get(b) for b in block_ids]
-        keys = torch.cat([b.keys for b in blocks], dim=2)
-        values = torch.cat([b.values for b in blocks], dim=2)
-        positions = torch.cat([b.positions for b in blocks])
-        return keys, values, positions
-
-    def add_attention(
-        self, block_ids: Sequence[int], kept: Sequence[torch.Tensor], mass: torch.Tensor, queries: float
-    ) -> None:
-        """Scatter attention mass over a gathered path back to its blocks.
-
-        Args:
-            block_ids / kept: the blocks and their retained indices *as gathered* (plans may have
-                changed them since); mass: (T_path,) float in gather order; queries: how many
-                recorded queries produced it. Released blocks are skipped.
-        """
-        offset = 0
-        for block_id, idx in zip(block_ids, kept, strict=True):
-            n = int(idx.numel())
-            if block_id in self._blocks:
-                blk = self._blocks[block_id]
-                blk.attention.index_add_(0, idx.cpu(), mass[offset : offset + n].cpu())
-                blk.observers += queries
-            offset += n
+        blk = self._blocks.get(block_id)
+        if blk is None:
+            return
+        blk.attention.index_add_(0, tokens.cpu(), mass.float().cpu())
+        blk.observers += queries
 
     # ---- internals -----------------------------------------------------------------------
-    def _evict(self, block_id: int, blk: BlockKV, leave: torch.Tensor, offload: bool) -> None:
-        n = int(leave.sum())
+    def _evict(self, block_id: int, blk: BlockKV, keep: torch.Tensor, offload: bool) -> None:
+        leaving = blk.kept[~torch.isin(blk.kept, keep)]
+        n = int(leaving.numel())
         if n == 0:
             return
         if offload:
-            self.host.put(block_id, blk.kept[leave], blk.keys[:, :, leave], blk.values[:, :, leave])
-        stay = ~leave
-        blk.keys, blk.values, blk.kept = blk.keys[:, :, stay], blk.values[:, :, stay], blk.kept[stay]
+            keys, values = self.pool.read(blk.slots_of(leaving))
+            self.host.put(block_id, leaving, keys, values)
+        blk.set_segments([self._compact(seg, keep) for seg in blk.segments])
         self.counters.evicted_tokens += n
         if not offload:
             self.counters.dropped_tokens += n
         self._change("evict" if offload else "drop", block_id, -n, n if offload else 0)
 
+    def _compact(self, seg: Segment, keep: torch.Tensor) -> Segment:
+        """Move a segment's kept tokens to its front and free the rest of its slots."""
+        stay = torch.isin(seg.idx, keep)
+        k = int(stay.sum())
+        if k < seg.length:
+            src = seg.start + torch.nonzero(stay).squeeze(1)
+            dst = torch.arange(seg.start, seg.start + k)
+            moved = src != dst
+            if bool(moved.any()):
+                self.pool.move(src[moved], dst[moved])
+            self.pool.free(Extent(seg.start + k, seg.length - k))
+        return Segment(seg.start, seg.idx[stay])
+
     def _restore(self, block_id: int, idx: torch.Tensor) -> None:
         blk = self.get(block_id)
         keys, values = self.host.take(block_id, idx)
-        all_idx = torch.cat([blk.kept, idx.to(blk.kept.device)])
-        order = torch.argsort(all_idx)
-        blk.kept = all_idx[order]
-        blk.keys = torch.cat([blk.keys, keys], dim=2)[:, :, order]
-        blk.values = torch.cat([blk.values, values], dim=2)[:, :, order]
+        extents = self.pool.alloc(int(idx.numel()))
+        slots = torch.cat([torch.arange(e.start, e.end) for e in extents])
+        self.pool.write(slots, keys, values)
+        segments, offset = list(blk.segments), 0
+        for ext in extents:
+            segments.append(Segment(ext.start, idx[offset : offset + ext.length].clone()))
+            offset += ext.length
+        blk.set_segments(segments)
         self.counters.rehydrations += 1
         self.counters.rehydrated_tokens += int(idx.numel())
         self._change("rehydrate", block_id, int(idx.numel()), -int(idx.numel()))

@@ -69,6 +69,9 @@ class Policy:
         budget_tokens: cap on resident device KV tokens (blocks + working buffers); None = no cap.
         threshold: a MemoryThreshold event fires when resident blocks pass ``threshold * budget``
             after an operation; the plan then aims at that level.
+        prefill_chunk: tokens per chunk when a block larger than the room left is prefilled in
+            chunks, evicting between them (policies that may shrink the active path only);
+            None = a quarter of the budget.
     """
 
     name = "base"
@@ -78,15 +81,26 @@ class Policy:
     keep_active_whole = False
     #: the runtime records attention statistics for this policy
     needs_attention = False
+    #: the policy's plans can free device memory (full's cannot: over budget is an OOM)
+    frees_memory = True
 
     budget_tokens: int | None = None
     threshold: float = 0.9
+    prefill_chunk: int | None = None
 
     def __post_init__(self) -> None:
         if self.budget_tokens is not None and (not isinstance(self.budget_tokens, int) or self.budget_tokens <= 0):
             raise ValueError(f"budget_tokens={self.budget_tokens} must be a positive number of tokens or None")
         if not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"threshold={self.threshold} must be in (0, 1]")
+        if self.prefill_chunk is not None and (not isinstance(self.prefill_chunk, int) or self.prefill_chunk < 1):
+            raise ValueError(f"prefill_chunk={self.prefill_chunk} must be a positive number of tokens or None")
+
+    def chunk_tokens(self) -> int:
+        """Tokens per prefill chunk when a block must be prefilled in chunks."""
+        if self.prefill_chunk is not None:
+            return self.prefill_chunk
+        return max(1, (self.budget_tokens or 2048) // 4)
 
     def on_event(self, event: Event, view: MemoryView) -> RetentionPlan | None:
         """React to an event; the default plans only on memory pressure."""

@@ -12,3 +12,4 @@ class FullPolicy(Policy):
     """Retains everything (the exactness reference). Never frees room."""
 
     name = "full"
+    frees_memory = False
