@@ -74,20 +74,24 @@ class MemoryManager:
         self._check_switch(targets)
         self.active = frozenset()
 
-    def admit(self, queue: Sequence[tuple[Node, int]], running: Iterable[Node]) -> Admission:
+    def admit(
+        self, queue: Sequence[tuple[Node, int]], running: Iterable[Node], shrink_active: bool = True
+    ) -> Admission:
         """How many of ``queue`` (path end, slots needed) can start next to the ``running`` paths.
 
         Rows are taken in queue order while the room they need (slots, plus the evicted tokens of
         their paths under ``keep_active_whole``) fits the budget once everything the policy may
-        evict is gone. Then the policy is asked for that room, the admitted paths' host spans come
-        back, and the blocks that were dropped from every tier are listed for recompute.
+        evict is gone: inactive blocks, and, for a lone row under a policy that may shrink the
+        active path, that path too (unless ``shrink_active`` is False). Then the policy is asked
+        for that room, the admitted paths' host spans come back, and the blocks that were dropped
+        from every tier are listed for recompute.
         """
         base = _path_ids(running)
         active, need, rows = set(base), 0, 0
         for i, (node, slots) in enumerate(queue):
             path = _path_ids([node])
             extra = slots + self._missing(path - active)
-            if not self._fits(active | path, need + extra, first=not base and i == 0):
+            if not self._fits(active | path, need + extra, lone=shrink_active and not base and i == 0):
                 break
             active |= path
             need += extra
@@ -102,7 +106,8 @@ class MemoryManager:
         """Room for ``need`` more slots next to the ``active`` paths; ask the policy once if short.
 
         ``ahead``: when the policy has to plan, it makes this much more room than needed now (the
-        next decode steps), so a plan is not computed at every step.
+        next decode steps), so a plan is not computed at every step; at most an eighth of the
+        budget, so a tight budget is not emptied for tokens that may never come.
         """
         self.active = frozenset(i for i in _path_ids(active) if i in self.store)
         if self.free >= need:
@@ -171,14 +176,14 @@ class MemoryManager:
                 self.store.drop_host(block_id)
 
     # ---- internals -----------------------------------------------------------------------
-    def _fits(self, active: set[int], need: int, first: bool) -> bool:
+    def _fits(self, active: set[int], need: int, lone: bool) -> bool:
         """Would ``need`` more slots fit once the policy evicted all it may (inactive blocks; for a
-        policy that may shrink the active path, everything when this is the only row)?"""
+        policy that may shrink the active path, everything when this is a ``lone`` row)?"""
         if self.budget is None:
             return True
         if not self.policy.frees_memory:
             return self.free >= need
-        may_shrink_active = first and not self.policy.keep_active_whole
+        may_shrink_active = lone and not self.policy.keep_active_whole
         evictable = sum(
             self.store.get(i).kept_tokens for i in self.store.block_ids() if may_shrink_active or i not in active
         )
@@ -189,6 +194,7 @@ class MemoryManager:
         if self.free >= need:
             return True
         if self.policy.frees_memory:
+            ahead = min(ahead, self.budget // 8)
             target = self.budget - (self.used - self.store.resident_tokens) - need - ahead
             self.emit(MemoryThreshold(self.store.resident_tokens, self.budget, need - self.free), target)
         return self.free >= need

@@ -238,7 +238,7 @@ class Runtime:
     def _admit_prefill(self, node: Node, left: int) -> int:
         """Admit the next chunk of ``node``'s tokens: all ``left`` when they fit, else a chunk."""
         count = left
-        admission = self.memory.admit([(node, count)], [])
+        admission = self.memory.admit([(node, count)], [], shrink_active=False)
         if not admission.rows and self._chunkable:
             count = min(left, self.policy.chunk_tokens())
             admission = self.memory.admit([(node, count)], [])

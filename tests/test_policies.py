@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_budget import watch_forwards
 
 from arbor_runtime import KVBudgetExceeded, Runtime, SamplingParams
 from arbor_runtime.events import replay_resident
@@ -59,10 +60,14 @@ def run_ops(rt: Runtime, script, snapshots: dict | None = None, on_op=None) -> l
 @given(script=ops, seed=st.integers(0, 3))
 def test_budget_never_exceeded_and_events_replay(tiny, name, script, seed):
     rt = Runtime(tiny, policy=name, budget_tokens=BUDGET, seed=seed)
+    walked: list[int] = []
+    watch_forwards(rt, walked)  # every KV tensor the runtime holds, walked at each forward
     try:
         run_ops(rt, script)
     except KVBudgetExceeded:
         assert name == "full", "only full may run out of memory at this budget"
+    assert walked and max(walked) <= BUDGET * rt.backend.shape.bytes_per_token
+    assert rt.store.pool.used == rt.store.resident_tokens  # no slots left in flight after an op
     assert rt.metrics.peak_device_tokens <= BUDGET
     assert all(p.peak_tokens <= BUDGET for p in rt.metrics.trace)
     assert rt.store.resident_tokens == sum(rt.store.get(i).kept_tokens for i in rt.store.block_ids())

@@ -97,6 +97,27 @@ def test_arbor_is_exact_at_a_low_budget_while_linear_policies_are_not(tiny, trac
     assert ref.fidelity.kl_max == 0.0
 
 
+def longest_path_tokens(trace: Trace) -> int:
+    """Tokens on the longest root-to-node path of the trace (what a replayed append needs alone)."""
+
+    def path(node_id):
+        node = trace.nodes[node_id]
+        return len(node.token_ids) + (0 if node.parent is None else path(node.parent))
+
+    return max(path(i) for i in trace.nodes)
+
+
+def test_arbor_completes_exactly_at_any_budget_that_holds_the_longest_path(tiny, trace):
+    need = longest_path_tokens(trace)
+    assert need < 0.6 * trace.full_replay_peak()  # a budget well below what full needs
+    runs = replay_lockstep(tiny, trace, [ReplayRun("arbor", b) for b in (need - 1, need, need + 7)])
+    assert runs[1].oom  # one token short: the longest path alone cannot fit
+    for run in runs[2:]:
+        assert not run.oom and run.metrics["peak_device_tokens"] <= run.budget_tokens
+        assert run.fidelity.positions == trace.scored_positions
+        assert run.fidelity.top1_agree == run.fidelity.positions and run.fidelity.kl_max < 1e-6
+
+
 def test_oom_is_recorded_not_raised(tiny, trace):
     budget = budgets_for(trace, [LOW])[LOW]
     tiny_budget = len(trace.prompt_ids) - 1  # the root prompt itself does not fit
