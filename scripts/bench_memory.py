@@ -119,15 +119,14 @@ def main() -> None:
         table.add_column(col, justify="right")
     for r in rows:
         b = before.get((r["policy"], r["rows"]))
-        pair = (lambda k, f: f"{f.format(b[k])} -> {f.format(r[k])}") if b else (lambda k, f: f.format(r[k]))
-        table.add_row(
-            r["policy"],
-            str(r["rows"]),
-            pair("peak_over_tree_kv", "{:.2f}x"),
-            pair("peak_alloc_mb", "{:.1f}"),
-            pair("decode_tokens_per_s", "{:.1f}"),
-        )
+        cells = [_cell(b, r, k, f) for k, f in (("peak_over_tree_kv", "{:.2f}x"), ("peak_alloc_mb", "{:.1f}"))]
+        table.add_row(r["policy"], str(r["rows"]), *cells, _cell(b, r, "decode_tokens_per_s", "{:.1f}"))
     Console().print(table)
+
+
+def _cell(before: dict | None, now: dict, key: str, fmt: str) -> str:
+    """``before -> now`` when there is a before, else ``now``."""
+    return f"{fmt.format(before[key])} -> {fmt.format(now[key])}" if before else fmt.format(now[key])
 
 
 if __name__ == "__main__":
