@@ -49,7 +49,9 @@ class PolicyFactory:
 
 def check_budget(factory: PolicyFactory, task: Task, problems: list[Problem], tokenizer) -> dict[int, str]:
     """Budgets smaller than the least a problem's active path needs: its prompt plus one thought of
-    ``max_thought_tokens`` in flight. (Deeper paths need more; running out then is an OOM.)
+    ``max_thought_tokens`` in flight. (Deeper paths need more; running out then is an OOM.) Policies
+    that may shrink the active path (h2o, streaming, thinkv) prefill a longer prompt in chunks, so
+    they need room for one thought and one prompt token only.
 
     An absolute ``budget_tokens`` that is too small for any problem fails up front (BudgetError).
     Budgets derived per problem from ``budget_ratio`` are results, not input errors: the problems
@@ -57,15 +59,17 @@ def check_budget(factory: PolicyFactory, task: Task, problems: list[Problem], to
     """
     infeasible = {}
     for problem in problems:
-        budget = factory.budget_for(problem.index)
+        policy = factory.build(problem.index)
+        budget = policy.budget_tokens
         if budget is None:
             continue
-        prompt = len(tokenizer(task.prompt(problem))["input_ids"])
+        prompt = 1 if policy.shrinks_active_path else len(tokenizer(task.prompt(problem))["input_ids"])
         need = prompt + task.max_thought_tokens
         if budget < need:
+            what = "one prompt token (it is prefilled in chunks)" if policy.shrinks_active_path else f"prompt {prompt}"
             infeasible[problem.index] = (
                 f"policy.budget_tokens={budget} is smaller than the active path of problem {problem.index} needs: "
-                f"prompt {prompt} + one thought of {task.max_thought_tokens} tokens = {need}; use a budget >= {need}"
+                f"{what} + one thought of {task.max_thought_tokens} tokens = {need}; use a budget >= {need}"
             )
     if infeasible and factory.ratio is None:
         raise BudgetError(next(iter(infeasible.values())))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from arbor_runtime.attention import Kernel, attention_mass, merge_partials, tree_attention
-from arbor_runtime.kv.pool import DevicePool
+from arbor_runtime.kv.pool import DevicePool, Extent
 from arbor_runtime.kv.store import KVShape, KVStore
 
 
@@ -74,10 +74,10 @@ class TreeBatch:
         kernel: Kernel | None = None,
     ) -> None:
         self.pool, self.groups, self.rows, self.q = pool, groups, rows, q
-        self.kernel = kernel or Kernel(pool.keys.device)
+        self.kernel = kernel or Kernel(pool.device)
         flat = write_slots.reshape(-1)
         keep = flat >= 0
-        device = pool.keys.device
+        device = pool.device
         self._write_sel = None if bool(keep.all()) else torch.nonzero(keep).squeeze(1).to(device)
         self._write_slots = flat[keep].to(device)
         self.own_slots = None if own_slots is None else own_slots.to(device)
@@ -92,11 +92,10 @@ class TreeBatch:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write the new tokens' (R, H_kv, q, D) K/V into their slots; hand them back unchanged."""
         if self._write_slots.numel():
-            for src, dst in ((key_states, self.pool.keys), (value_states, self.pool.values)):
-                flat = src.transpose(0, 1).reshape(src.shape[1], -1, src.shape[3])  # (H_kv, R*q, D)
-                if self._write_sel is not None:
-                    flat = flat.index_select(1, self._write_sel)
-                dst[layer_idx].index_copy_(1, self._write_slots, flat.to(dst.dtype))
+            flat = [s.transpose(0, 1).reshape(s.shape[1], -1, s.shape[3]) for s in (key_states, value_states)]
+            if self._write_sel is not None:  # (H_kv, R*q, D) -> the tokens that are stored
+                flat = [f.index_select(1, self._write_sel) for f in flat]
+            self.pool.write_layer(layer_idx, self._write_slots, *flat)
         return key_states, value_states
 
     # ---- attention ------------------------------------------------------------------------------
@@ -132,8 +131,7 @@ class TreeBatch:
             o, s = self.kernel(query, k, v, scale, causal=True)  # (R, Hq, q, D), (R, Hq, q)
             r, hkv, gq, d = qg.shape
             return o.reshape(r, hkv, gq, d).float(), s.reshape(r, hkv, gq).float(), (query, k)
-        k = _rows_gather(self.pool.keys[layer], self.own_slots)  # (R, H_kv, n, D)
-        v = _rows_gather(self.pool.values[layer], self.own_slots)
+        k, v = _rows_gather(self.pool, layer, self.own_slots)  # (R, H_kv, n, D) each
         scores = torch.matmul(qg.float(), k.float().transpose(-1, -2)) * scale  # (R, H_kv, g*q, n)
         scores = scores.masked_fill(~self.own_valid[:, None, None, :], float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)
@@ -142,10 +140,8 @@ class TreeBatch:
 
     def _piece_kv(self, layer: int, piece: Piece) -> tuple[torch.Tensor, torch.Tensor]:
         """(1, H_kv, length, D) strided views into the pool: no copy."""
-        end = piece.start + piece.length
-        return self.pool.keys[layer, :, piece.start : end].unsqueeze(0), self.pool.values[
-            layer, :, piece.start : end
-        ].unsqueeze(0)
+        k, v = self.pool.layer_view(layer, Extent(piece.start, piece.length))
+        return k.unsqueeze(0), v.unsqueeze(0)
 
     def _collect(self, layer, gathered, own, lse, scale) -> None:
         """Attention mass per key under the final log-sum-exp of each query."""
@@ -187,11 +183,11 @@ def _merge_rows(out, lse, rows, n_rows, o, s):
     return out.index_copy(0, rows, mo), lse.index_copy(0, rows, ms)
 
 
-def _rows_gather(layer_pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """(H_kv, S, D) pool layer, (R, n) slots -> (R, H_kv, n, D)."""
+def _rows_gather(pool: DevicePool, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's K and V at (R, n) slots -> (R, H_kv, n, D) each (a copy: rows x new tokens)."""
     r, n = slots.shape
-    got = layer_pool.index_select(1, slots.reshape(-1))  # (H_kv, R*n, D)
-    return got.view(layer_pool.shape[0], r, n, layer_pool.shape[2]).transpose(0, 1)
+    k, v = pool.gather_layer(layer, slots.reshape(-1))  # (H_kv, R*n, D)
+    return k.view(-1, r, n, k.shape[-1]).transpose(0, 1), v.view(-1, r, n, v.shape[-1]).transpose(0, 1)
 
 
 def context_groups(store: KVStore, contexts: Sequence[Sequence[int]]) -> list[Group]:

@@ -99,7 +99,7 @@ class Runtime:
         if not ids:
             raise ValueError("prompt is empty: a root block needs at least one token")
         budget = self.budget_tokens
-        if budget is not None and len(ids) > budget and not self._chunkable:
+        if budget is not None and len(ids) > budget and not self.policy.shrinks_active_path:
             raise BudgetError(
                 f"budget_tokens={budget} is smaller than the root prompt ({len(ids)} tokens): "
                 "the active path could never fit; raise the budget"
@@ -206,12 +206,6 @@ class Runtime:
         return self.store.pool.nbytes
 
     # ---- internals: prefill --------------------------------------------------------------
-    @property
-    def _chunkable(self) -> bool:
-        """Long blocks may be prefilled in chunks, evicting between them (policies that may shrink
-        the active path)."""
-        return self.policy.frees_memory and not self.policy.keep_active_whole
-
     def _prefill_new(self, node: Node, with_logprobs: bool) -> None:
         """Prefill a new prompt/forced block; on failure the node leaves the tree again."""
         try:
@@ -239,7 +233,7 @@ class Runtime:
         """Admit the next chunk of ``node``'s tokens: all ``left`` when they fit, else a chunk."""
         count = left
         admission = self.memory.admit([(node, count)], [], shrink_active=False)
-        if not admission.rows and self._chunkable:
+        if not admission.rows and self.policy.shrinks_active_path:
             count = min(left, self.policy.chunk_tokens())
             admission = self.memory.admit([(node, count)], [])
         if not admission.rows:

@@ -74,7 +74,7 @@ def measure(loaded, ids, rows, params, policy, repeats):
         start = time.perf_counter()
         rt.expand(root, rows, params)
         seconds.append(time.perf_counter() - start)
-    sec = statistics.median(seconds)
+    sec = statistics.median(seconds) if seconds else float("nan")
     return {
         "policy": policy,
         "rows": rows,
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--rows", default="1,8,32")
     ap.add_argument("--policies", default="full,h2o")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per setting (0: memory only)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--label", default="after")
     ap.add_argument("--compare", default=None, help="an earlier run's JSON to show side by side")

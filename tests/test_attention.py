@@ -83,8 +83,8 @@ def test_tree_batch_equals_attention_over_each_rows_concatenated_path(fast):
     torch.manual_seed(4)
     shape = KVShape(layers=1, kv_heads=2, head_dim=16, dtype=torch.float32, device=torch.device("cpu"))
     pool = DevicePool(shape, 200, fixed=True)
-    pool.keys.normal_()
-    pool.values.normal_()
+    pool.arenas[0].keys.normal_()
+    pool.arenas[0].values.normal_()
     # blocks: root [0, 50) in two segments, a [60, 70), b [80, 95); own tokens at 150+
     root = [Piece(0, 0, torch.arange(30)), Piece(0, 30, torch.arange(30, 50))]
     a, b = [Piece(1, 60, torch.arange(10))], [Piece(2, 80, torch.arange(15))]
@@ -103,8 +103,7 @@ def test_tree_batch_equals_attention_over_each_rows_concatenated_path(fast):
     ]
     total_mass = {}
     for r, slots in enumerate(paths):
-        k = pool.keys[0, :, slots].repeat_interleave(3, dim=0)  # (Hq, S, D)
-        v = pool.values[0, :, slots].repeat_interleave(3, dim=0)
+        k, v = (t.repeat_interleave(3, dim=0) for t in pool.gather_layer(0, torch.tensor(slots)))  # (Hq, S, D)
         ref, _ = sdpa(query[r : r + 1], k[None], v[None])
         assert (out[r, 0] - ref[0, :, 0]).abs().max() < TOL
         probs = torch.softmax(query[r] @ k.transpose(-1, -2) * 16**-0.5, -1).sum(dim=(0, 1))

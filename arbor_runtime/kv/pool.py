@@ -1,27 +1,31 @@
-"""Device KV pool: one preallocated tensor of token slots, handed out as ranges.
+"""Device KV pool: preallocated token slots for every layer, handed out as ranges.
 
 Every KV tensor the runtime keeps on the device lives here: retained block tokens and the slots
-of rows being generated. With a budget the pool holds exactly ``budget_tokens`` slots, allocated
-once, so device KV can never pass the budget whatever the bookkeeping says; without one it grows
-(doubling, one copy) as the tree does. Ranges are handed out first-fit; a request that no single
-free range can hold is split over several (a block is a list of segments), so an allocation
-succeeds exactly when enough slots are free: fragmentation costs extra attention calls, never
-memory. Moves inside the pool go through a staging chunk of at most ``STAGE_TOKENS`` slots.
+of rows being generated. With a budget the pool is one arena of exactly ``budget_tokens`` slots,
+allocated once, so device KV can never pass the budget whatever the bookkeeping says. Without
+one, arenas are added as the tree grows (never copied: a new arena is just more slots). Slots
+have global ids; a range never crosses an arena. Ranges are handed out first-fit; a request that
+no single free range can hold is split over several (a block is a list of segments), so an
+allocation succeeds exactly when enough slots are free: fragmentation costs extra attention calls,
+never memory. Moves inside the pool go through a staging chunk of at most ``STAGE_TOKENS`` slots.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import torch
 
 #: tokens moved per staging copy inside the pool (bounded scratch, independent of context)
 STAGE_TOKENS = 64
+#: slots of each arena an unbounded pool adds (or what the request needs, if more)
+ARENA_SLOTS = 1024
 
 
 @dataclass(frozen=True, slots=True)
 class Extent:
-    """A run of ``length`` consecutive slots starting at ``start``."""
+    """A run of ``length`` consecutive slots starting at global slot ``start`` (inside one arena)."""
 
     start: int
     length: int
@@ -35,27 +39,49 @@ class PoolExhausted(MemoryError):
     """More slots were asked for than the pool has free (a scheduling bug: plans check first)."""
 
 
+@dataclass(slots=True)
+class _Arena:
+    """Slots [base, base + capacity): keys / values (L, H_kv, capacity, D)."""
+
+    base: int
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def capacity(self) -> int:
+        return int(self.keys.shape[2])
+
+    @property
+    def end(self) -> int:
+        return self.base + self.capacity
+
+
 class DevicePool:
-    """K/V slots for every layer: ``keys`` / ``values`` of shape (L, H_kv, S, D).
+    """K/V slots for every layer, in one arena (a budget) or a growing list of arenas.
 
     Args:
         shape: the model's KV geometry (layers, kv heads, head dim, dtype, device).
-        capacity: slots; with ``fixed`` the pool never grows past it (the budget).
-        fixed: True when ``capacity`` is a hard budget; False lets the pool double when full.
+        capacity: slots of the first arena; with ``fixed`` the pool never grows past it (the budget).
+        fixed: True when ``capacity`` is a hard budget; False adds arenas when full.
     """
 
     def __init__(self, shape, capacity: int, fixed: bool) -> None:
         self.shape, self.fixed = shape, fixed
-        self.keys = self._empty(capacity)
-        self.values = self._empty(capacity)
-        self._free: list[list[int]] = [[0, capacity]] if capacity else []  # sorted [start, end)
+        self.arenas: list[_Arena] = []
+        self._free: list[list[int]] = []  # sorted [start, end); a free range never crosses an arena
         self.used = 0
         self.peak_used = 0
+        if capacity:
+            self._add_arena(capacity)
 
     # ---- queries -------------------------------------------------------------------------
     @property
+    def device(self) -> torch.device:
+        return self.shape.device
+
+    @property
     def capacity(self) -> int:
-        return int(self.keys.shape[2])
+        return sum(a.capacity for a in self.arenas)
 
     @property
     def free_slots(self) -> int:
@@ -64,7 +90,7 @@ class DevicePool:
     @property
     def nbytes(self) -> int:
         """Bytes the pool holds on the device (all slots, used or not)."""
-        return 2 * self.keys.numel() * self.keys.element_size()
+        return sum(2 * a.keys.numel() * a.keys.element_size() for a in self.arenas)
 
     def largest_free(self) -> int:
         return max((e - s for s, e in self._free), default=0)
@@ -76,7 +102,7 @@ class DevicePool:
     def alloc(self, n: int, contiguous: bool = False) -> list[Extent]:
         """``n`` slots as one extent when a free range holds them, else split over several.
 
-        Raises :class:`PoolExhausted` when fewer than ``n`` slots are free (a fixed pool), or when
+        Raises :class:`PoolExhausted` when fewer than ``n`` slots are free in a fixed pool, or when
         ``contiguous`` and no single range fits.
         """
         if n <= 0:
@@ -106,15 +132,16 @@ class DevicePool:
         return 0
 
     def free(self, ext: Extent) -> None:
-        """Give ``ext``'s slots back (merged with free neighbours)."""
+        """Give ``ext``'s slots back (merged with free neighbours of the same arena)."""
         if ext.length <= 0:
             return
+        arena = self._arena_of(ext.start)
         lo, hi = ext.start, ext.end
         keep = []
         for s, e in self._free:
-            if e == lo:
+            if e == lo and s >= arena.base:
                 lo = s
-            elif s == hi:
+            elif s == hi and e <= arena.end:
                 hi = e
             else:
                 keep.append([s, e])
@@ -123,17 +150,52 @@ class DevicePool:
         self._free = keep
         self.used -= ext.length
 
-    # ---- data movement -------------------------------------------------------------------
+    # ---- data access ---------------------------------------------------------------------
+    def layer_view(self, layer: int, ext: Extent) -> tuple[torch.Tensor, torch.Tensor]:
+        """(H_kv, length, D) strided views of one layer's K and V over ``ext``: no copy."""
+        arena = self._arena_of(ext.start)
+        a, b = ext.start - arena.base, ext.end - arena.base
+        return arena.keys[layer, :, a:b], arena.values[layer, :, a:b]
+
+    def gather_layer(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of one layer's K and V at ``slots`` (N,): (H_kv, N, D) each."""
+        if len(self.arenas) == 1:
+            local = slots.to(self.device) - self.arenas[0].base
+            return self.arenas[0].keys[layer].index_select(1, local), self.arenas[0].values[layer].index_select(
+                1, local
+            )
+        k = self._empty_layer(int(slots.numel()))
+        v = torch.empty_like(k)
+        for arena, pos, local in self._by_arena(slots):
+            k[:, pos] = arena.keys[layer].index_select(1, local)
+            v[:, pos] = arena.values[layer].index_select(1, local)
+        return k, v
+
+    def write_layer(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store one layer's (H_kv, N, D) K/V into ``slots`` (N,)."""
+        for arena, pos, local in self._by_arena(slots):
+            arena.keys[layer].index_copy_(1, local, keys[:, pos].to(arena.keys.dtype))
+            arena.values[layer].index_copy_(1, local, values[:, pos].to(arena.values.dtype))
+
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of the K/V in ``slots`` (N,): (L, H_kv, N, D) each."""
-        slots = slots.to(self.keys.device)
-        return self.keys.index_select(2, slots), self.values.index_select(2, slots)
+        """Copies of the K/V in ``slots`` (N,) for every layer: (L, H_kv, N, D) each."""
+        if len(self.arenas) == 1:
+            local = slots.to(self.device) - self.arenas[0].base
+            return self.arenas[0].keys.index_select(2, local), self.arenas[0].values.index_select(2, local)
+        s = self.shape
+        k = torch.empty(s.layers, s.kv_heads, int(slots.numel()), s.head_dim, dtype=s.dtype, device=s.device)
+        v = torch.empty_like(k)
+        for arena, pos, local in self._by_arena(slots):
+            k[:, :, pos] = arena.keys.index_select(2, local)
+            v[:, :, pos] = arena.values.index_select(2, local)
+        return k, v
 
     def write(self, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Store (L, H_kv, N, D) K/V into ``slots`` (N,)."""
-        slots = slots.to(self.keys.device)
-        self.keys.index_copy_(2, slots, keys.to(self.keys.device, self.keys.dtype))
-        self.values.index_copy_(2, slots, values.to(self.values.device, self.values.dtype))
+        keys, values = keys.to(self.device), values.to(self.device)
+        for arena, pos, local in self._by_arena(slots):
+            arena.keys.index_copy_(2, local, keys[:, :, pos].to(arena.keys.dtype))
+            arena.values.index_copy_(2, local, values[:, :, pos].to(arena.values.dtype))
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy slots ``src`` (N,) to ``dst`` (N,), STAGE_TOKENS at a time.
@@ -146,9 +208,33 @@ class DevicePool:
             self.write(dst[i : i + STAGE_TOKENS], k, v)
 
     # ---- internals -----------------------------------------------------------------------
-    def _empty(self, slots: int) -> torch.Tensor:
+    def _arena_of(self, slot: int) -> _Arena:
+        i = bisect.bisect_right([a.base for a in self.arenas], slot) - 1
+        return self.arenas[i]
+
+    def _by_arena(self, slots: torch.Tensor):
+        """(arena, positions in ``slots``, arena-local slots) for each arena the slots touch."""
+        slots = slots.to(self.device)
+        if len(self.arenas) == 1:
+            arena = self.arenas[0]
+            yield arena, slice(None), slots - arena.base
+            return
+        for arena in self.arenas:
+            pos = torch.nonzero((slots >= arena.base) & (slots < arena.end)).squeeze(1)
+            if pos.numel():
+                yield arena, pos, slots[pos] - arena.base
+
+    def _empty_layer(self, n: int) -> torch.Tensor:
         s = self.shape
-        return torch.empty(s.layers, s.kv_heads, slots, s.head_dim, dtype=s.dtype, device=s.device)
+        return torch.empty(s.kv_heads, n, s.head_dim, dtype=s.dtype, device=s.device)
+
+    def _add_arena(self, slots: int) -> None:
+        s = self.shape
+        size = (s.layers, s.kv_heads, slots, s.head_dim)
+        base = self.capacity
+        keys = torch.empty(size, dtype=s.dtype, device=s.device)
+        self.arenas.append(_Arena(base, keys, torch.empty_like(keys)))
+        self._free.append([base, base + slots])
 
     def _take(self, i: int, n: int) -> Extent:
         s, e = self._free[i]
@@ -166,14 +252,4 @@ class DevicePool:
             return
         if self.fixed:
             raise PoolExhausted(f"{n} slots asked, {self.free_slots} free of {self.capacity}")
-        self._grow(max(self.capacity, short, 256))
-
-    def _grow(self, extra: int) -> None:
-        """Unbounded pools only: ``extra`` more slots at the end (one copy of the used data)."""
-        old = self.capacity
-        self.keys = torch.cat([self.keys, self._empty(extra)], dim=2)
-        self.values = torch.cat([self.values, self._empty(extra)], dim=2)
-        if self._free and self._free[-1][1] == old:
-            self._free[-1][1] = old + extra
-        else:
-            self._free.append([old, old + extra])
+        self._add_arena(max(n if contiguous else short, ARENA_SLOTS))

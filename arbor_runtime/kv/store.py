@@ -17,9 +17,6 @@ from arbor_runtime.kv.block import BlockKV, Segment
 from arbor_runtime.kv.host import HostTier
 from arbor_runtime.kv.pool import DevicePool, Extent
 
-#: slots an unbounded pool starts with
-INITIAL_SLOTS = 1024
-
 
 @dataclass(frozen=True, slots=True)
 class KVShape:
@@ -69,7 +66,7 @@ class KVStore:
 
     def __init__(self, shape: KVShape, capacity: int | None = None) -> None:
         self.shape = shape
-        self.pool = DevicePool(shape, capacity if capacity is not None else INITIAL_SLOTS, fixed=capacity is not None)
+        self.pool = DevicePool(shape, capacity or 0, fixed=capacity is not None)  # unbounded: arenas on demand
         self.host = HostTier(shape.device)
         self.counters = StoreCounters()
         self.journal: list[tuple[str, int, int, int]] = []

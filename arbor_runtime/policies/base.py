@@ -96,6 +96,12 @@ class Policy:
         if self.prefill_chunk is not None and (not isinstance(self.prefill_chunk, int) or self.prefill_chunk < 1):
             raise ValueError(f"prefill_chunk={self.prefill_chunk} must be a positive number of tokens or None")
 
+    @property
+    def shrinks_active_path(self) -> bool:
+        """The policy may evict from the active path itself (tree-blind policies): a prompt larger
+        than the budget is then prefilled in chunks, evicting between them."""
+        return self.frees_memory and not self.keep_active_whole
+
     def chunk_tokens(self) -> int:
         """Tokens per prefill chunk when a block must be prefilled in chunks."""
         if self.prefill_chunk is not None:
