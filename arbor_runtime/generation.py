@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -27,6 +28,7 @@ class Row:
     Attributes:
         owner: the node being expanded; child_id: the id its child will get (fixed up front).
         order: its index in the call's request order; seed: its sampling stream's seed.
+        job: the expansion it belongs to (the engine's bookkeeping).
         tokens / logprobs / entropies: what was sampled so far.
         fed: tokens whose KV the model has computed (<= len(tokens)).
         stop_reason: set once the row has sampled its last token.
@@ -48,6 +50,7 @@ class Row:
     extents: list[Extent] = field(default_factory=list)
     attention: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
     generator: torch.Generator = field(default_factory=torch.Generator)
+    job: Any = None
 
     def __post_init__(self) -> None:
         self.generator.manual_seed(self.seed)
@@ -147,16 +150,18 @@ def decode_batch(
     return batch, ids, pos
 
 
-def postprocess(
-    rows: Sequence[Row], batch: TreeBatch, logits: torch.Tensor, params: SamplingParams, stop: StopChecker
-) -> list[Row]:
-    """After a step: own-token statistics, finished rows keep their next logits, the rest sample.
-
-    logits: (R, V). Returns the rows that finished this step.
-    """
+def add_own_attention(rows: Sequence[Row], batch: TreeBatch) -> None:
+    """Attention mass the step's queries gave each row's own tokens (the batch's rows, in order)."""
     if batch.own_mass is not None:
         for i, row in enumerate(rows):
             row.attention[: row.fed + 1] += batch.own_mass[i, : row.fed + 1].float().cpu()
+
+
+def postprocess(rows: Sequence[Row], logits: torch.Tensor, params: SamplingParams, stop: StopChecker) -> list[Row]:
+    """After a step: finished rows keep their next logits, the rest sample their next token.
+
+    logits: (R, V), one row per entry of ``rows``. Returns the rows that finished this step.
+    """
     finished, going = [], []
     for i, row in enumerate(rows):
         row.fed += 1

@@ -49,9 +49,11 @@ class MemoryManager:
     def __init__(self, store: KVStore, policy: Policy, nodes: dict[int, Node]) -> None:
         self.store, self.policy, self.nodes = store, policy, nodes
         self.events = EventLog()
+        #: events are also logged here while set (the account of the work being carried out)
+        self.account = None
         self.active: frozenset[int] = frozenset()
-        self._leaves: set[int] = set()  # the current frontier: last expansion's targets and new blocks
-        self._sampled: set[int] = set()  # the children the last expansion sampled
+        self._leaves: dict[int, set[int]] = {}  # per tree: the frontier (last expansion's targets and new blocks)
+        self._sampled: dict[int, set[int]] = {}  # per tree: the children its last expansion sampled
         self.step = 0
 
     @property
@@ -68,11 +70,10 @@ class MemoryManager:
         return (1 << 62) if self.budget is None else self.budget - self.used
 
     # ---- operation protocol --------------------------------------------------------------
-    def begin(self, targets: Sequence[Node]) -> None:
-        """A new operation on ``targets`` starts: count the step, detect a branch switch."""
+    def begin(self, targets: Sequence[Node], account=None) -> None:
+        """A new operation on ``targets`` starts: count the step, detect a branch switch (per tree)."""
         self.step += 1
         self._check_switch(targets)
-        self.active = frozenset()
 
     def admit(
         self, queue: Sequence[tuple[Node, int]], running: Iterable[Node], shrink_active: bool = True
@@ -118,20 +119,27 @@ class MemoryManager:
         """A new block is complete and in the store."""
         self.emit(NodeEnd(node.id), self._threshold_target())
 
-    def after(self, targets: Sequence[Node], created: Sequence[Node], forced: bool = False) -> None:
-        """After an operation: frontier bookkeeping, then a threshold check.
+    def after(
+        self, targets: Sequence[Node], created: Sequence[Node], forced: bool = False, running: Iterable[Node] = ()
+    ) -> None:
+        """After an operation: frontier bookkeeping (per tree), then a threshold check.
 
         ``forced``: the operation appended a forced block. Appended to a child of the last expansion
         (a task's forced text after a sampled thought), it continues that expansion's frontier;
         appended anywhere else it starts a new one, like an expansion of its parent.
+        ``running``: nodes whose rows are still decoding (other trees' work): their paths stay active.
         """
-        leaves = {n.id for n in targets} | {n.id for n in created}
-        if forced and all(t.id in self._sampled for t in targets):
-            self._leaves |= leaves
-        else:
-            self._leaves = leaves
-            self._sampled = set() if forced else {n.id for n in created}
-        self.active = frozenset(_path_ids(list(targets) + list(created))) & frozenset(self.store.block_ids())
+        if created:
+            tree = created[0].tree_id
+            leaves = {n.id for n in targets} | {n.id for n in created}
+            sampled = self._sampled.get(tree, set())
+            if forced and targets and all(t.id in sampled for t in targets):
+                self._leaves[tree] = self._leaves.get(tree, set()) | leaves
+            else:
+                self._leaves[tree] = leaves
+                self._sampled[tree] = set() if forced else {n.id for n in created}
+        ends = [*targets, *created, *running]
+        self.active = frozenset(_path_ids(ends)) & frozenset(self.store.block_ids())
         if self.budget is not None and self.store.resident_tokens > self._threshold_target():
             self.emit(MemoryThreshold(self.store.resident_tokens, self.budget), self._threshold_target())
         for node in created:
@@ -142,7 +150,11 @@ class MemoryManager:
         """Released blocks leave the active set and the frontier."""
         gone = set(node_ids)
         self.active = frozenset(self.active - gone)
-        self._leaves -= gone
+        for tree in list(self._leaves):
+            self._leaves[tree] -= gone
+            if tree in gone:
+                del self._leaves[tree]
+                self._sampled.pop(tree, None)
 
     # ---- policy interaction --------------------------------------------------------------
     def emit(self, event: Event, target: int) -> None:
@@ -150,14 +162,16 @@ class MemoryManager:
         plan = self.policy.on_event(event, self.view(target))
         if plan:
             self.execute(plan)
-        self.events.add(
-            event,
-            self.step,
-            self.store.resident_tokens,
-            self.store.host_tokens,
-            len(self.store.journal),
-            len(plan or ()),
-        )
+        logs = [self.events] if self.account is None else [self.events, self.account.events]
+        for log in logs:
+            log.add(
+                event,
+                self.step,
+                self.store.resident_tokens,
+                self.store.host_tokens,
+                len(self.store.journal),
+                len(plan or ()),
+            )
 
     def view(self, target: int) -> MemoryView:
         blocks = [BlockView(self.nodes[i], self.store.get(i), i in self.active) for i in sorted(self.store.block_ids())]
@@ -230,12 +244,17 @@ class MemoryManager:
         return int(self.policy.threshold * self.budget) if self.budget is not None else 1 << 62
 
     def _check_switch(self, targets: Sequence[Node]) -> None:
-        if not self._leaves:
-            return
-        switched = tuple(t.id for t in targets if not any(n.id in self._leaves for n in t.path()))
-        if switched:
-            last = max(self._leaves) if self._leaves else None
-            self.emit(BranchSwitch(last, switched), self._threshold_target())
+        """A BranchSwitch per tree whose targets leave that tree's frontier."""
+        by_tree: dict[int, list[Node]] = {}
+        for t in targets:
+            by_tree.setdefault(t.tree_id, []).append(t)
+        for tree, mine in by_tree.items():
+            leaves = self._leaves.get(tree)
+            if not leaves:
+                continue
+            switched = tuple(t.id for t in mine if not any(n.id in leaves for n in t.path()))
+            if switched:
+                self.emit(BranchSwitch(max(leaves), switched), self._threshold_target())
 
 
 def _path_ids(ends: Iterable[Node]) -> set[int]:

@@ -95,6 +95,17 @@ class RuntimeMetrics:
             host.bytes_to_device,
             host.transfer_seconds,
         )
+        self.sync_events(events)
+
+    def add_store_delta(self, before: dict[str, float], after: dict[str, float]) -> None:
+        """Add what the store moved between two :func:`store_totals` snapshots (an account's share)."""
+        for name in STORE_FIELDS:
+            setattr(self, name, getattr(self, name) + after[name] - before[name])
+        if after["host_tokens"] > self.peak_host_tokens:
+            self.peak_host_tokens, self.peak_host_bytes = int(after["host_tokens"]), int(after["host_bytes"])
+
+    def sync_events(self, events) -> None:
+        """Event counts from an event log (an account's own)."""
         counts = events.counts()
         self.branch_switch_events = counts.get("branch_switch", 0)
         self.node_end_events = counts.get("node_end", 0)
@@ -104,3 +115,20 @@ class RuntimeMetrics:
         out = {k: v for k, v in asdict(self).items() if k != "trace"}
         out["overhead_seconds"] = self.overhead_seconds
         return out
+
+
+#: store movement counters an account adds up as deltas (see :func:`store_totals`)
+STORE_FIELDS = (
+    "evicted_tokens", "dropped_tokens", "rehydrations", "rehydrated_tokens", "recomputed_tokens",
+    "bytes_to_host", "bytes_to_device", "transfer_seconds",
+)  # fmt: skip
+
+
+def store_totals(store) -> dict[str, float]:
+    """The store's running movement totals and its host-tier size now."""
+    c, host = store.counters, store.host
+    out = {name: getattr(c, name) for name in STORE_FIELDS[:5]}
+    out |= {"bytes_to_host": host.bytes_to_host, "bytes_to_device": host.bytes_to_device}
+    out |= {"transfer_seconds": host.transfer_seconds, "host_tokens": store.host_tokens}
+    out["host_bytes"] = store.host_tokens * store.shape.bytes_per_token
+    return out

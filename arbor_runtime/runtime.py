@@ -1,38 +1,39 @@
-"""The public runtime: a search tree whose KV is kept once per thought block.
+"""The public runtime: search trees whose KV is kept once per thought block.
 
 Controllers call ``new_tree``, ``expand``/``expand_many``, ``append``, ``set_value`` and
-``release``. An expansion is a small serving loop over the requested rows: the memory manager
-admits as many as fit (schedule), the backend runs one step for them with attention that reads
-every block in place (run), rows sample their next token or finish, and waiting rows take the
-place of finished ones (postprocess). New blocks go to the store; the memory manager turns each
-operation into policy events.
+``release``, from one thread or from many (one search per thread, several trees in one runtime).
+Each call is a unit of work for the :class:`~arbor_runtime.engine.Engine`, which runs every
+expansion in flight as one serving loop: the memory manager admits as many rows as fit
+(schedule), the backend runs one step for all of them with attention that reads every block in
+place (run), rows sample their next token or finish, and waiting rows take the place of finished
+ones (postprocess). New blocks go to the store; the memory manager turns each operation into
+policy events.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
 from arbor_runtime.backend import ModelBackend, TreeBatch, context_groups
-from arbor_runtime.errors import BudgetError, KVBudgetExceeded
-from arbor_runtime.generation import Row, StopChecker, decode_batch, postprocess, sample_into
+from arbor_runtime.engine import Account, Engine, ExpandJob, Work
+from arbor_runtime.errors import BudgetError, KVBudgetExceeded, NotYet
+from arbor_runtime.generation import Row, StopChecker
 from arbor_runtime.kv import BlockKV, Extent, KVStore
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.memory import MemoryManager
-from arbor_runtime.metrics import RuntimeMetrics, TracePoint
+from arbor_runtime.metrics import RuntimeMetrics, TracePoint, store_totals
 from arbor_runtime.policies import Policy, build_policy
-from arbor_runtime.sampling import SamplingParams, row_seed
+from arbor_runtime.sampling import SamplingParams
 from arbor_runtime.tree import FORCED, GENERATED, PROMPT, Node
 
 log = logging.getLogger(__name__)
-
-#: pool slots a generating row is given at a time (like a KV page): its first PAGE tokens at
-#: admission, then PAGE more whenever it fills them
-PAGE = 8
 
 
 class Runtime:
@@ -42,8 +43,8 @@ class Runtime:
         loaded: model and tokenizer from :func:`arbor_runtime.load_model`.
         policy: a policy name (``"full"``, ``"arbor"``, ...) or a built :class:`Policy`.
         budget_tokens: cap on device KV tokens (used when ``policy`` is a name); the device pool
-            holds exactly this many token slots.
-        seed: seeds the runtime's sampling streams when a call gives no seed.
+            holds exactly this many token slots, shared by every tree of the runtime.
+        seed: default seed of each tree's sampling streams (``new_tree(seed=...)`` overrides it).
         fast_kernel: use the fused (out, lse) attention op when torch has one (False: the matmul
             reference, for tests).
     """
@@ -65,13 +66,18 @@ class Runtime:
         self.metrics = RuntimeMetrics()
         self.nodes: dict[int, Node] = {}  # live nodes
         self.all_nodes: dict[int, Node] = {}  # every node ever created, released ones too
-        #: public operations in call order (JSON-friendly), for trace recording and replay
+        #: public operations in completion order (JSON-friendly), for trace recording and replay
         self.oplog: list[dict] = []
         #: called with (node, (T, V) log-probs) for every forced block; used by trace replay
         self.logits_hook: Callable[[Node, torch.Tensor], None] | None = None
         self.memory = MemoryManager(self.store, self.policy, self.nodes)
+        self.engine = Engine(self)
+        self.seed = seed
+        self._tree_seeds: dict[int, int] = {}
         self._next_id = 0
-        self._gen = torch.Generator().manual_seed(seed)
+        self._ids = threading.Lock()
+        self._local = threading.local()
+        self._work: Work | None = None  # the work being carried out (driver only)
         self._eos_ids = _eos_ids(loaded)
         self._t0 = time.perf_counter()
 
@@ -82,14 +88,18 @@ class Runtime:
 
     @property
     def events(self):
-        """The :class:`~arbor_runtime.events.EventLog` of this runtime."""
+        """The :class:`~arbor_runtime.events.EventLog` of this runtime (every tree)."""
         return self.memory.events
 
-    def new_tree(self, prompt: str) -> Node:
-        """Start a tree whose root block is ``prompt`` (prefilled once)."""
-        return self.new_tree_ids(self.tokenizer(prompt, add_special_tokens=True)["input_ids"], prompt)
+    def new_tree(self, prompt: str, seed: int | None = None) -> Node:
+        """Start a tree whose root block is ``prompt`` (prefilled once).
 
-    def new_tree_ids(self, ids: Sequence[int], text: str | None = None) -> Node:
+        ``seed`` seeds the tree's sampling streams (default: the runtime's seed); calls with an
+        explicit ``SamplingParams.seed`` use that instead.
+        """
+        return self.new_tree_ids(self.tokenizer(prompt, add_special_tokens=True)["input_ids"], prompt, seed)
+
+    def new_tree_ids(self, ids: Sequence[int], text: str | None = None, seed: int | None = None) -> Node:
         """Start a tree whose root block is exactly these token ids (trace replay uses this).
 
         A prompt larger than the budget is prefilled in chunks under policies that may evict from
@@ -105,12 +115,9 @@ class Runtime:
                 "the active path could never fit; raise the budget"
             )
         text = self.tokenizer.decode(ids) if text is None else text
-        with self._op("new_tree"):
-            self.memory.begin([])
-            node = self._new_node(None, ids, text, PROMPT, start_pos=0)
-            self._prefill_new(node, with_logprobs=False)
-            self.memory.after([], [node])
-        self.oplog.append({"op": "new_tree", "node": node.id, "ids": list(ids)})
+        job = _Prefill(self, None, ids, text, PROMPT, seed=self.seed if seed is None else int(seed))
+        node = self._submit(Work("new_tree", self._account(), run=job))
+        self.log_op({"op": "new_tree", "node": node.id, "ids": list(ids)})
         return node
 
     def expand(self, node: Node, n: int = 1, sampling: SamplingParams | None = None) -> list[Node]:
@@ -123,7 +130,8 @@ class Runtime:
         """Sample children for several nodes (any depths), batched as the budget allows.
 
         Rows that do not fit the budget together wait and join as others finish; each row samples
-        from its own stream, so the children are the same however the rows were batched.
+        from its own stream, so the children are the same however the rows were batched (and
+        whatever other trees the runtime was serving at the same time).
 
         Args:
             requests: (node, n) pairs.
@@ -134,19 +142,9 @@ class Runtime:
         """
         params = sampling or SamplingParams()
         self._check_requests(requests)
-        targets = [node for node, _ in requests]
-        with self._op("expand"):
-            self.memory.begin(targets)
-            out = self._expand(requests, params)
-            self.memory.after(targets, [c for kids in out for c in kids])
-        self.oplog.append(
-            {
-                "op": "expand",
-                "requests": [[n.id, k] for n, k in requests],
-                "children": [[c.id for c in kids] for kids in out],
-            }
-        )
-        return out
+        stop = StopChecker(self.tokenizer, params, self._eos_ids)
+        job = ExpandJob("expand", self._account(), requests=list(requests), params=params, stop=stop)
+        return self._submit(job)
 
     def append(self, node: Node, text: str) -> Node:
         """Add a teacher-forced child block holding ``text``; its ``logprobs`` score the text."""
@@ -162,25 +160,38 @@ class Runtime:
         if not ids:
             raise ValueError("append_ids needs at least one token id")
         text = self.tokenizer.decode(ids) if text is None else text
-        with self._op("append"):
-            self.memory.begin([node])
-            child = self._new_node(node, ids, text, FORCED, start_pos=node.end_pos)
-            self._prefill_new(child, with_logprobs=True)
-            self.memory.after([node], [child], forced=True)
-        self.oplog.append({"op": "append", "node": node.id, "child": child.id, "ids": ids})
+        child = self._submit(Work("append", self._account(), run=_Prefill(self, node, ids, text, FORCED)))
+        self.log_op({"op": "append", "node": node.id, "child": child.id, "ids": ids})
         return child
 
     def set_value(self, node: Node, value: float) -> None:
         """Record the search value a verifier gave ``node`` (MSVE reads it)."""
         node.value = float(value)
-        self.oplog.append({"op": "set_value", "node": node.id, "value": node.value})
+        self.log_op({"op": "set_value", "node": node.id, "value": node.value})
 
     def release(self, node: Node) -> None:
-        """Drop ``node``'s subtree and its KV from every tier; the node stays readable."""
-        with self._op("release"):
-            gone = self._forget_subtree(node)
-            self.memory.forget(gone)
-        self.oplog.append({"op": "release", "node": node.id})
+        """Drop ``node``'s subtree and its KV from every tier; the node stays readable.
+
+        Releasing a root frees exactly that tree's blocks; other trees are untouched.
+        """
+        self._submit(Work("release", self._account(), run=lambda: self._release(node)))
+        self.log_op({"op": "release", "node": node.id})
+
+    @contextmanager
+    def account(self, account: Account | None = None) -> Iterator[Account]:
+        """Count this thread's calls in their own :class:`Account` (metrics, events) while inside.
+
+        With several searches in one runtime, each search thread opens one: its ``metrics`` then hold
+        that search's token counts, time, peaks and store movements, as ``rt.metrics`` does for the
+        whole runtime.
+        """
+        account = account or Account()
+        previous = getattr(self._local, "account", None)
+        self._local.account = account
+        try:
+            yield account
+        finally:
+            self._local.account = previous
 
     def path_token_ids(self, node: Node) -> list[int]:
         """Token ids from the root to ``node`` inclusive (the flattened text's ids)."""
@@ -205,40 +216,137 @@ class Runtime:
         """Bytes of every device KV tensor the runtime holds (the pool: blocks and rows in flight)."""
         return self.store.pool.nbytes
 
-    # ---- internals: prefill --------------------------------------------------------------
-    def _prefill_new(self, node: Node, with_logprobs: bool) -> None:
-        """Prefill a new prompt/forced block; on failure the node leaves the tree again."""
+    # ---- for the engine (driver thread only) ---------------------------------------------
+    def tree_seed(self, node: Node) -> int:
+        return self._tree_seeds.get(node.tree_id, self.seed)
+
+    def next_id(self) -> int:
+        with self._ids:
+            self._next_id += 1
+            return self._next_id - 1
+
+    def targets(self, work: Work | None = None) -> list[RuntimeMetrics]:
+        """The metrics a work's counts go to: the runtime's, and its account's when it has one."""
+        work = work or self._work
+        acc = work.account if work is not None else None
+        return [self.metrics] if acc is None else [self.metrics, acc.metrics]
+
+    @contextmanager
+    def accounting(self, work: Work) -> Iterator[None]:
+        """Attribute what happens inside (store movements, events, counts) to ``work``."""
+        before, previous = store_totals(self.store), self._work
+        self._work, self.memory.account = work, work.account
         try:
-            self._prefill(node, with_logprobs)
+            yield
+        finally:
+            self._work, self.memory.account = previous, previous.account if previous is not None else None
+            if work.account is not None:
+                work.account.metrics.add_store_delta(before, store_totals(self.store))
+
+    def log_op(self, entry: dict) -> None:
+        self.oplog.append(entry)
+
+    def take_attention(self, batch: TreeBatch) -> None:
+        """Add a forward's attention mass over context blocks to those blocks (queries counted once per block)."""
+        if not batch.stats:
+            return
+        for grp in batch.groups:
+            for i, (piece, mass) in enumerate(zip(grp.pieces, grp.mass, strict=True)):
+                self.store.add_attention(piece.block_id, piece.idx, mass, grp.n_rows * batch.q if i == 0 else 0.0)
+
+    def recompute_all(self, nodes: Sequence[Node]) -> None:
+        for node in nodes:
+            self._recompute(node)
+
+    def free_slots(self, extents: Sequence[Extent]) -> None:
+        for ext in extents:
+            self.store.pool.free(ext)
+
+    def child_from_row(self, row: Row) -> Node:
+        """A finished row becomes a child block: its used slots are the block, the rest are freed."""
+        n = len(row.tokens)
+        used, spare = _split(row.extents, n)
+        self.free_slots(spare)
+        text = self.tokenizer.decode(row.tokens)
+        child = self._new_node(row.owner, row.tokens, text, GENERATED, row.owner.end_pos, row.child_id)
+        child.logprobs, child.entropies, child.stop_reason = row.logprobs, row.entropies, row.stop_reason
+        self.store.put(child.id, BlockKV.from_extents(used, child.start_pos, row.next_logits))
+        self.store.add_attention(child.id, torch.arange(n), row.attention[:n], n / 2)
+        for m in self.targets():
+            m.decode_tokens += n
+        self.memory.node_end(child)
+        return child
+
+    def order_nodes(self, created: list[Node]) -> None:
+        """Children finish in any order; keep the node tables in id (creation) order."""
+        for node in sorted(created, key=lambda n: n.id):
+            for table in (self.nodes, self.all_nodes):
+                if node.id in table:
+                    table[node.id] = table.pop(node.id)
+
+    def forget_subtree(self, node: Node) -> list[int]:
+        """Release ``node``'s subtree from the store and the live table; returns the ids."""
+        gone = []
+        for sub in list(node.subtree()):
+            if sub.id in self.store:
+                self.store.pop(sub.id)
+            sub.released = True
+            self.nodes.pop(sub.id, None)
+            gone.append(sub.id)
+            for m in self.targets():
+                m.nodes_released += 1
+        if node.parent is not None and node in node.parent.children:
+            node.parent.children.remove(node)
+        return gone
+
+    # ---- internals: prefill --------------------------------------------------------------
+    def prefill(self, state: _Prefill) -> Node:
+        """Run (or resume) a prefill work: create the node, admit and forward its chunks."""
+        if state.node is None:
+            state.node = self._new_node(state.parent, state.ids, state.text, state.kind, state.start_pos)
+            if state.parent is None:
+                self._tree_seeds[state.node.id] = state.seed
+            self.memory.begin([state.parent] if state.parent is not None else [], self._work.account)
+        node = state.node
+        try:
+            while state.done < node.length:
+                count = self._admit_prefill(node, node.length - state.done)
+                state.parts.append(self._forward_block(node, state.done, count, 0 if state.kind == FORCED else 1))
+                state.done += count
+        except NotYet:
+            raise  # resumed in a later engine cycle
         except BaseException:
-            self._forget_subtree(node)
+            self.forget_subtree(node)
             self._discard(node)
             raise
+        self.store.get(node.id).next_logits = state.parts[-1][-1].float().cpu().clone()
+        if state.kind == FORCED:
+            self._score_forced(node, torch.cat(state.parts))
+        for m in self.targets():
+            m.prefill_tokens += node.length
         self.memory.node_end(node)
-
-    def _prefill(self, node: Node, with_logprobs: bool) -> None:
-        """Compute ``node``'s block KV over its ancestors' KV, in chunks when it does not fit at once."""
-        done, parts = 0, []
-        while done < node.length:
-            count = self._admit_prefill(node, node.length - done)
-            logits = self._forward_block(node, done, count, logits_to_keep=0 if with_logprobs else 1)
-            parts.append(logits)
-            done += count
-        self.store.get(node.id).next_logits = parts[-1][-1].float().cpu().clone()
-        if with_logprobs:
-            self._score_forced(node, torch.cat(parts))
-        self.metrics.prefill_tokens += node.length
+        parents = [state.parent] if state.parent is not None else []
+        self.memory.after(parents, [node], forced=state.kind == FORCED, running=self.engine.running_owners())
+        self.engine.note_peak()
+        return node
 
     def _admit_prefill(self, node: Node, left: int) -> int:
-        """Admit the next chunk of ``node``'s tokens: all ``left`` when they fit, else a chunk."""
+        """Admit the next chunk of ``node``'s tokens: all ``left`` when they fit, else a chunk.
+
+        Raises NotYet when it does not fit now but rows in flight will free room, and
+        KVBudgetExceeded when it cannot fit even alone.
+        """
+        running = self.engine.running_owners()
         count = left
-        admission = self.memory.admit([(node, count)], [], shrink_active=False)
+        admission = self.memory.admit([(node, count)], running, shrink_active=False)
         if not admission.rows and self.policy.shrinks_active_path:
             count = min(left, self.policy.chunk_tokens())
-            admission = self.memory.admit([(node, count)], [])
+            admission = self.memory.admit([(node, count)], running)
         if not admission.rows:
+            if running:
+                raise NotYet(node.id)
             raise KVBudgetExceeded(self.memory.used + count, self.budget_tokens, "prefill")
-        self._recompute_all(admission.recompute)
+        self.recompute_all(admission.recompute)
         return count
 
     def _forward_block(self, node: Node, offset: int, count: int, logits_to_keep: int) -> torch.Tensor:
@@ -252,20 +360,27 @@ class Runtime:
         batch = self._batch([context], count, slots, stats=self.policy.needs_attention)
         positions = torch.arange(node.start_pos + offset, node.start_pos + offset + count).unsqueeze(0)
         ids = torch.tensor([node.token_ids[offset : offset + count]])
-        logits = self.backend.forward(batch, ids, positions, logits_to_keep)[0]
+        self.engine.note_peak()
+        logits = self._forward(batch, ids, positions, logits_to_keep)[0]
         own = torch.arange(offset, offset + count)
         if offset == 0:
             self.store.put(node.id, BlockKV.from_extents(extents, node.start_pos, None))
         else:
             self.store.add_tokens(node.id, extents, own, op="extend")
-        self._take_attention(batch)
+        self.take_attention(batch)
         if batch.own_mass is not None:  # causal: a block's own queries see half of it on average
             self.store.add_attention(node.id, own, batch.own_mass[0], count / 2)
         return logits
 
-    def _recompute_all(self, nodes: Sequence[Node]) -> None:
-        for node in nodes:
-            self._recompute(node)
+    def _forward(self, batch: TreeBatch, ids: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor:
+        """A prefill-style forward, its time charged to the current work's account."""
+        start = time.perf_counter()
+        logits = self.backend.forward(batch, ids, positions, keep)
+        acc = self._work.account if self._work is not None else None
+        if acc is not None:
+            acc.metrics.forward_calls += 1
+            acc.metrics.model_seconds += time.perf_counter() - start
+        return logits
 
     def _recompute(self, node: Node) -> None:
         """Rebuild a block's tokens dropped from every tier by prefilling it over its (whole) ancestors.
@@ -278,9 +393,10 @@ class Runtime:
         extents = self.store.pool.alloc(int(missing.numel()))
         write = torch.full((1, blk.length), -1, dtype=torch.long)
         write[0, missing] = _slots(extents)
+        self.engine.note_peak()
         batch = self._batch([[a.id for a in node.path()[:-1]]], blk.length, write, stats=False)
         positions = torch.arange(node.start_pos, node.end_pos).unsqueeze(0)
-        self.backend.forward(batch, torch.tensor([node.token_ids]), positions, logits_to_keep=1)
+        self._forward(batch, torch.tensor([node.token_ids]), positions, 1)
         self.store.add_tokens(node.id, extents, missing)
 
     def _score_forced(self, node: Node, logits: torch.Tensor) -> None:
@@ -294,161 +410,74 @@ class Runtime:
         if self.logits_hook is not None:
             self.logits_hook(node, logp)
 
-    # ---- internals: expansion ------------------------------------------------------------
-    def _expand(self, requests: Sequence[tuple[Node, int]], params: SamplingParams) -> list[list[Node]]:
-        """schedule -> run -> postprocess until every requested row has finished."""
-        rows = self._new_rows(requests, params)
-        waiting, running, children = list(rows), [], {}
-        stop = StopChecker(self.tokenizer, params, self._eos_ids)
-        try:
-            while waiting or running:
-                self._admit_rows(waiting, running, params, stop)
-                self._grow_rows(waiting, running, params)
-                batch, ids, pos = decode_batch(self.store, running, self.policy.needs_attention, self.backend.kernel)
-                logits = self.backend.forward(batch, ids, pos)[:, -1]  # (R, V)
-                self._take_attention(batch)
-                for row in postprocess(running, batch, logits, params, stop):
-                    running.remove(row)
-                    children[row.order] = self._finish_row(row)
-        except BaseException:
-            for row in running:
-                self._free_slots(row.extents)
-            for child in children.values():
-                self._forget_subtree(child)
-            raise
-        self._order_nodes(list(children.values()))
-        out, k = [], 0
-        for _, n in requests:
-            out.append([children[i] for i in range(k, k + n)])
-            k += n
-        return out
-
-    def _new_rows(self, requests: Sequence[tuple[Node, int]], params: SamplingParams) -> list[Row]:
-        """One row per requested child, its node id and sampling stream fixed up front."""
-        base = params.seed if params.seed is not None else int(torch.randint(0, 1 << 62, (1,), generator=self._gen))
-        rows = []
-        for node, n in requests:
-            for _ in range(n):
-                rows.append(
-                    Row(owner=node, child_id=self._next_id, order=len(rows), seed=row_seed(base, self._next_id))
-                )
-                self._next_id += 1
-        return rows
-
-    def _admit_rows(self, waiting: list[Row], running: list[Row], params: SamplingParams, stop: StopChecker) -> None:
-        """Start as many waiting rows as the memory manager admits; sample their first tokens."""
-        if not waiting:
-            return
-        first = min(PAGE, params.max_new_tokens)
-        admission = self.memory.admit([(r.owner, first) for r in waiting], [r.owner for r in running])
-        if not admission.rows and not running:
-            raise KVBudgetExceeded(self._need_alone(waiting[0].owner, first), self.budget_tokens, "expand")
-        self._recompute_all(admission.recompute)
-        starting = waiting[: admission.rows]
-        del waiting[: admission.rows]
-        for row in starting:
-            row.add_slots(self.store.pool.alloc(first))
-        logits = torch.stack([self.store.get(r.owner.id).next_logits for r in starting]) if starting else None
-        if logits is not None:
-            sample_into(starting, logits, params, stop)
-        running.extend(starting)
-
-    def _grow_rows(self, waiting: list[Row], running: list[Row], params: SamplingParams) -> None:
-        """Give every row that has filled its slots PAGE more; preempt the youngest rows when even
-        the policy cannot make room (they restart later, sampling the same tokens)."""
-        while True:
-            needy = [r for r in running if r.capacity <= r.fed]
-            need = sum(min(PAGE, params.max_new_tokens - r.capacity) for r in needy)
-            if not needy or self.memory.make_room(need, PAGE * len(running), [r.owner for r in running]):
-                break
-            if len(running) == 1:
-                raise KVBudgetExceeded(self._need_alone(running[0].owner, params.max_new_tokens), self.budget_tokens)
-            victim = running.pop()
-            self._free_slots(victim.restart())
-            waiting.insert(sum(r.order < victim.order for r in waiting), victim)
-            self.metrics.preemptions += 1
-        for row in needy:
-            page = min(PAGE, params.max_new_tokens - row.capacity)
-            got = self.store.pool.extend(row.extents[-1], page)
-            row.add_slots([Extent(row.extents[-1].end, got)] if got else [])
-            if got < page:
-                row.add_slots(self.store.pool.alloc(page - got))
-
-    def _finish_row(self, row: Row) -> Node:
-        """A finished row becomes a child block: its used slots are the block, the rest are freed."""
-        n = len(row.tokens)
-        used, spare = _split(row.extents, n)
-        self._free_slots(spare)
-        child = self._new_node(
-            row.owner, row.tokens, self.tokenizer.decode(row.tokens), GENERATED, row.owner.end_pos, row.child_id
-        )
-        child.logprobs, child.entropies, child.stop_reason = row.logprobs, row.entropies, row.stop_reason
-        self.store.put(child.id, BlockKV.from_extents(used, child.start_pos, row.next_logits))
-        self.store.add_attention(child.id, torch.arange(n), row.attention[:n], n / 2)
-        self.metrics.decode_tokens += n
-        self.memory.node_end(child)
-        return child
-
-    def _need_alone(self, node: Node, new_tokens: int) -> int:
-        """Device tokens one row under ``node`` needs by itself: its whole path plus its new tokens."""
-        return sum(n.length for n in node.path()) + new_tokens
-
-    def _free_slots(self, extents: Sequence[Extent]) -> None:
-        for ext in extents:
-            self.store.pool.free(ext)
-
-    # ---- internals: batches and attention statistics -------------------------------------
     def _batch(self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool) -> TreeBatch:
         groups = context_groups(self.store, contexts)
         return TreeBatch(self.store.pool, groups, len(contexts), q, write, stats=stats, kernel=self.backend.kernel)
 
-    def _take_attention(self, batch: TreeBatch) -> None:
-        """Add a forward's attention mass over context blocks to those blocks (queries counted once per block)."""
-        if not batch.stats:
-            return
-        for grp in batch.groups:
-            for i, (piece, mass) in enumerate(zip(grp.pieces, grp.mass, strict=True)):
-                self.store.add_attention(piece.block_id, piece.idx, mass, grp.n_rows * batch.q if i == 0 else 0.0)
+    def _release(self, node: Node) -> None:
+        self.memory.forget(self.forget_subtree(node))
 
     # ---- internals: bookkeeping ----------------------------------------------------------
+    def _submit(self, work: Work):
+        return self.engine.submit(work)
+
+    def _account(self) -> Account | None:
+        return getattr(self._local, "account", None)
+
+    def end_op(self, work: Work) -> None:
+        """A work is over: its time, the pool peak while it ran, a trace point (runtime and account)."""
+        pool = self.store.pool
+        seconds = time.perf_counter() - work.started
+        peak = max(work.peak, pool.used)
+        bpt = self.backend.shape.bytes_per_token
+        if work.account is not None:
+            work.account.metrics.runtime_seconds += seconds
+            work.account.metrics.note_peak(peak, bpt)
+            work.account.metrics.pool_bytes = pool.nbytes
+        m = self.metrics
+        m.runtime_seconds += seconds
+        m.note_peak(pool.peak_used, bpt)
+        m.pool_bytes = pool.nbytes
+        m.forward_calls, m.model_seconds = self.backend.forward_calls, self.backend.model_seconds
+        m.sync_store(self.store, self.memory.events)
+        if work.account is not None:
+            work.account.metrics.sync_events(work.account.events)
+        point = TracePoint(
+            step=len(m.trace),
+            op=work.name,
+            resident_tokens=self.store.resident_tokens,
+            resident_bytes=self.store.resident_bytes,
+            peak_tokens=peak,
+            t=time.perf_counter() - self._t0,
+            host_tokens=self.store.host_tokens,
+            events=len(self.memory.events.records),
+            rehydrations=self.store.counters.rehydrations,
+            branch_switches=m.branch_switch_events,
+        )
+        for target in self.targets(work):
+            target.trace.append(point)
+
     def _new_node(
         self, parent: Node | None, ids: list[int], text: str, kind: str, start_pos: int, node_id: int | None = None
     ) -> Node:
-        if node_id is None:
-            node_id, self._next_id = self._next_id, self._next_id + 1
+        node_id = self.next_id() if node_id is None else node_id
         node = Node(id=node_id, parent=parent, token_ids=list(ids), text=text, kind=kind, start_pos=start_pos)
+        node.key = Node.path_key(parent, node.token_ids)
+        node.tree_id = node.id if parent is None else parent.tree_id
         self.nodes[node.id] = node
         self.all_nodes[node.id] = node
         if parent is not None:
             parent.children.insert(sum(c.id < node.id for c in parent.children), node)
-        self.metrics.nodes_created += 1
+        for m in self.targets():
+            m.nodes_created += 1
         return node
-
-    def _order_nodes(self, created: list[Node]) -> None:
-        """Children finish in any order; keep the node tables in id (creation) order."""
-        for node in sorted(created, key=lambda n: n.id):
-            for table in (self.nodes, self.all_nodes):
-                table[node.id] = table.pop(node.id)
-
-    def _forget_subtree(self, node: Node) -> list[int]:
-        """Release ``node``'s subtree from the store and the live table; returns the ids."""
-        gone = []
-        for sub in list(node.subtree()):
-            if sub.id in self.store:
-                self.store.pop(sub.id)
-            sub.released = True
-            self.nodes.pop(sub.id, None)
-            gone.append(sub.id)
-            self.metrics.nodes_released += 1
-        if node.parent is not None and node in node.parent.children:
-            node.parent.children.remove(node)
-        return gone
 
     def _discard(self, node: Node) -> None:
         """A node whose operation failed: gone as if never created."""
         self.all_nodes.pop(node.id, None)
-        self.metrics.nodes_created -= 1
-        self.metrics.nodes_released -= 1
+        for m in self.targets():
+            m.nodes_created -= 1
+            m.nodes_released -= 1
 
     def _check_live(self, node: Node) -> None:
         if node.released:
@@ -464,36 +493,29 @@ class Runtime:
             if not isinstance(n, int) or n < 1:
                 raise ValueError(f"n={n!r} for {node!r} must be a positive integer")
 
-    @contextmanager
-    def _op(self, name: str) -> Iterator[None]:
-        pool = self.store.pool
-        start, fwd0, secs0 = time.perf_counter(), self.backend.forward_calls, self.backend.model_seconds
-        pool.peak_used = pool.used
-        try:
-            yield
-        finally:
-            m = self.metrics
-            m.runtime_seconds += time.perf_counter() - start
-            m.forward_calls += self.backend.forward_calls - fwd0
-            m.model_seconds += self.backend.model_seconds - secs0
-            peak = max(pool.peak_used, pool.used)
-            m.note_peak(peak, self.backend.shape.bytes_per_token)
-            m.pool_bytes = pool.nbytes
-            m.sync_store(self.store, self.memory.events)
-            m.trace.append(
-                TracePoint(
-                    step=len(m.trace),
-                    op=name,
-                    resident_tokens=self.store.resident_tokens,
-                    resident_bytes=self.store.resident_bytes,
-                    peak_tokens=peak,
-                    t=time.perf_counter() - self._t0,
-                    host_tokens=self.store.host_tokens,
-                    events=len(self.memory.events.records),
-                    rehydrations=self.store.counters.rehydrations,
-                    branch_switches=m.branch_switch_events,
-                )
-            )
+
+@dataclass(eq=False, slots=True)
+class _Prefill:
+    """A prompt or forced block being prefilled; resumable when it had to wait for room."""
+
+    rt: Runtime
+    parent: Node | None
+    ids: list[int]
+    text: str
+    kind: str
+    seed: int = 0
+    node: Node | None = None
+    done: int = 0
+    parts: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def start_pos(self) -> int:
+        return 0 if self.parent is None else self.parent.end_pos
+
+    def __call__(self) -> Node:
+        if self.parent is not None:
+            self.rt._check_live(self.parent)
+        return self.rt.prefill(self)
 
 
 def _slots(extents: Sequence[Extent]) -> torch.Tensor:

@@ -83,9 +83,13 @@ def _uniforms(rows: int, generator) -> torch.Tensor:
     return torch.cat([torch.rand(1, 1, generator=g, dtype=torch.float64) for g in generator])
 
 
-def row_seed(base: int, child_id: int) -> int:
-    """Seed of one row's sampling stream: a mix of the call's seed and the child's node id."""
-    return (base * 0x9E3779B97F4A7C15 + child_id * 0xBF58476D1CE4E5B9 + 1) % (1 << 63)
+def row_seed(base: int, node_key: int, index: int) -> int:
+    """Seed of one row's sampling stream: the call's (or tree's) seed, the expanded node's content
+    key and the child's index under it. Never a node id or a batch position: a row samples the same
+    tokens however it is batched, split, preempted, or interleaved with other trees."""
+    mixed = (base * 0x9E3779B97F4A7C15 + node_key * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB + 1) % (1 << 64)
+    mixed ^= mixed >> 31
+    return mixed % (1 << 63)
 
 
 def token_stats(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,6 +6,8 @@ store, never stored twice.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +33,11 @@ class Node:
         stop_reason: "stop" (a stop string), "eos", "length" for generated blocks; "" otherwise.
         value: the search value a controller set (``Runtime.set_value``), None until then.
         meta: free-form fields controllers and tasks attach (state, scores, ...).
+        key: 64-bit digest of the path's token ids (root to this node); sampling streams are
+            seeded from it, so what a node's children sample depends on its content, not on
+            node ids or on what else the runtime was doing.
+        tree_id: id of the root of this node's tree.
+        spawned: children ever requested under this node (released ones included).
     """
 
     id: int
@@ -46,6 +53,9 @@ class Node:
     children: list[Node] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     released: bool = False
+    key: int = 0
+    tree_id: int = 0
+    spawned: int = 0
 
     @property
     def depth(self) -> int:
@@ -75,6 +85,14 @@ class Node:
     @property
     def mean_entropy(self) -> float:
         return sum(self.entropies) / len(self.entropies) if self.entropies else 0.0
+
+    @staticmethod
+    def path_key(parent: Node | None, token_ids: list[int]) -> int:
+        """The ``key`` of a node with these tokens under ``parent`` (stable across runs and machines)."""
+        digest = hashlib.blake2b(digest_size=8)
+        digest.update((parent.key if parent is not None else 0).to_bytes(8, "little"))
+        digest.update(array("q", token_ids).tobytes())
+        return int.from_bytes(digest.digest(), "little")
 
     def path(self) -> list[Node]:
         """Nodes from the root down to this one."""

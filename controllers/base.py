@@ -103,11 +103,11 @@ class Controller(ABC):
         self.terminals: list[Candidate] = []  # every valid terminal scored this search (for the vote)
 
     # ---- the loop ------------------------------------------------------------------------
-    def solve(self, problem: Problem) -> SearchResult:
-        """Run the search on one problem."""
+    def solve(self, problem: Problem, seed: int | None = None) -> SearchResult:
+        """Run the search on one problem; ``seed`` seeds its tree's sampling (default: the runtime's)."""
         start = time.perf_counter()
         self.problem, self.expansions, self.branch_switches, self.terminals = problem, [], 0, []
-        root = self.rt.new_tree(self.task.prompt(problem))
+        root = self.rt.new_tree(self.task.prompt(problem), seed=seed)
         root.meta["state"] = self.task.initial_state(problem)
         steps, best = self.search(root)
         return self.result(best, steps, time.perf_counter() - start)

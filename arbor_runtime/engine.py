@@ -1,0 +1,326 @@
+"""The engine: every runtime operation, from any number of threads, runs here in shared steps.
+
+Controllers stay plain synchronous Python: ``rt.expand(...)`` returns children. Each public call
+becomes a :class:`Work` submitted to the engine and waits for it. Whichever waiting thread finds
+no driver becomes the driver and runs engine cycles until its own work is done, then hands over;
+every cycle serves all submitted work at once:
+
+    take new work -> prefills / releases in submission order -> one decode step for every row
+    of every expansion in flight (schedule -> run -> postprocess) -> wake threads whose work is done
+
+So several searches running in threads share each model step (one batch across trees), and one
+search alone runs exactly as before. Only the driver touches runtime state; other threads only
+enqueue work and read their own nodes. A row's tokens never depend on which rows it was batched
+with (its sampling stream is seeded from its node's content, see ``sampling.row_seed``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from arbor_runtime.errors import KVBudgetExceeded, NotYet
+from arbor_runtime.events import EventLog
+from arbor_runtime.generation import Row, StopChecker, add_own_attention, decode_batch, postprocess, sample_into
+from arbor_runtime.kv import Extent
+from arbor_runtime.metrics import RuntimeMetrics
+from arbor_runtime.sampling import SamplingParams, row_seed
+from arbor_runtime.tree import Node
+
+if TYPE_CHECKING:
+    from arbor_runtime.runtime import Runtime
+
+#: pool slots a generating row is given at a time (like a KV page): its first PAGE tokens at
+#: admission, then PAGE more whenever it fills them
+PAGE = 8
+
+
+@dataclass(slots=True)
+class Account:
+    """Where one caller's work is counted (a problem's search, in a run with many at once)."""
+
+    metrics: RuntimeMetrics = field(default_factory=RuntimeMetrics)
+    events: EventLog = field(default_factory=EventLog)
+
+
+@dataclass(eq=False, slots=True)
+class Work:
+    """One submitted operation: ``run`` (a prefill, a release) or an expansion (:class:`ExpandJob`)."""
+
+    name: str
+    account: Account | None
+    run: Callable[[], Any] | None = None
+    result: Any = None
+    error: BaseException | None = None
+    done: bool = False
+    started: float = 0.0
+    peak: int = 0  # most pool slots in use while this work was in flight
+
+
+@dataclass(eq=False, slots=True)
+class ExpandJob(Work):
+    """An expansion in flight: its rows, and its children as they finish."""
+
+    requests: Sequence[tuple[Node, int]] = ()
+    params: SamplingParams | None = None
+    stop: StopChecker | None = None
+    rows: list[Row] = field(default_factory=list)
+    children: dict[int, Node] = field(default_factory=dict)
+
+
+class Engine:
+    """Runs the runtime's work: immediate operations, and the rows of every expansion in flight."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.waiting: list[Row] = []
+        self.running: list[Row] = []
+        self.jobs: list[ExpandJob] = []
+        self._pending: list[Work] = []
+        self._in_flight: list[Work] = []  # started, not done (their memory peaks are tracked)
+        self._cv = threading.Condition()
+        self._driving = False
+
+    # ---- submission (any thread) ---------------------------------------------------------
+    def submit(self, work: Work) -> Any:
+        """Enqueue ``work``, drive the engine when nobody else does, return its result (or raise)."""
+        work.started = time.perf_counter()
+        with self._cv:
+            self._pending.append(work)
+            while not work.done and self._driving:
+                self._cv.wait()
+            if not work.done:
+                self._driving = True
+        if not work.done:
+            try:
+                while not work.done:
+                    self._cycle()
+            finally:
+                with self._cv:
+                    self._driving = False
+                    self._cv.notify_all()
+        if work.error is not None:
+            raise work.error
+        return work.result
+
+    # ---- one cycle (driver only) ---------------------------------------------------------
+    def _cycle(self) -> None:
+        with self._cv:
+            new, self._pending = self._pending, []
+        for work in new:
+            if isinstance(work, ExpandJob):
+                self._start(work)
+            else:
+                self._run_now(work)
+        if self.waiting or self.running:
+            self._step()
+        with self._cv:
+            self._cv.notify_all()
+
+    def _end(self, work: Work) -> None:
+        self._in_flight.remove(work)
+        self.rt.end_op(work)
+        work.done = True
+
+    def work_started(self, work: Work) -> None:
+        if work not in self._in_flight:
+            self._in_flight.append(work)
+            work.peak = self.rt.store.pool.used
+
+    def _run_now(self, work: Work) -> None:
+        """A prefill or release, now; a prefill that must wait for room goes back to the queue."""
+        self.work_started(work)
+        try:
+            with self.rt.accounting(work):
+                work.result = work.run()
+        except NotYet:
+            with self._cv:
+                self._pending.insert(0, work)
+            return
+        except BaseException as exc:  # the caller's thread re-raises it
+            work.error = exc
+        self._end(work)
+
+    # ---- expansions ----------------------------------------------------------------------
+    def _start(self, job: ExpandJob) -> None:
+        """Rows for the job's requests; their sampling streams are fixed here."""
+        rt = self.rt
+        self.work_started(job)
+        with rt.accounting(job):
+            rt.memory.begin([node for node, _ in job.requests], job.account)
+            for node, n in job.requests:
+                base = job.params.seed if job.params.seed is not None else rt.tree_seed(node)
+                first = 0 if job.params.seed is not None else node.spawned
+                for k in range(n):
+                    seed = row_seed(base, node.key, first + k)
+                    job.rows.append(Row(owner=node, child_id=rt.next_id(), order=len(job.rows), seed=seed, job=job))
+                node.spawned += n
+        self.jobs.append(job)
+        self.waiting.extend(job.rows)
+
+    def _step(self) -> None:
+        """schedule -> run -> postprocess, for every row in flight."""
+        rt = self.rt
+        self._admit()
+        self._grow()
+        if not self.running:
+            return
+        batch, ids, pos = decode_batch(rt.store, self.running, rt.policy.needs_attention, rt.backend.kernel)
+        start = time.perf_counter()
+        logits = rt.backend.forward(batch, ids, pos)[:, -1]  # (R, V)
+        self._charge_step(time.perf_counter() - start)
+        rt.take_attention(batch)
+        add_own_attention(self.running, batch)
+        finished = []
+        for job, idx in _rows_by_job(self.running).items():
+            finished += postprocess([self.running[i] for i in idx], logits[idx], job.params, job.stop)
+        for row in finished:
+            self.running.remove(row)
+            self._finish_row(row)
+
+    def _admit(self) -> None:
+        """Start as many waiting rows as the memory manager admits; the head of an idle engine that
+        cannot start at all fails its expansion (a single row does not fit)."""
+        rt = self.rt
+        admission, head = None, None
+        while self.waiting and admission is None:
+            head = self.waiting[0].job
+            queue = [(r.owner, _first_page(r)) for r in self.waiting]
+            with rt.accounting(head):
+                got = rt.memory.admit(queue, [r.owner for r in self.running])
+            if got.rows or self.running:
+                admission = got
+            else:
+                need = sum(n.length for n in self.waiting[0].owner.path()) + _first_page(self.waiting[0])
+                self._fail(head, KVBudgetExceeded(need, rt.budget_tokens, "expand"))
+        if admission is None or not admission.rows:
+            return
+        with rt.accounting(head):
+            rt.recompute_all(admission.recompute)
+        starting = self.waiting[: admission.rows]
+        del self.waiting[: admission.rows]
+        for row in starting:
+            row.add_slots(rt.store.pool.alloc(_first_page(row)))
+        for job, idx in _rows_by_job(starting).items():
+            mine = [starting[i] for i in idx]
+            logits = torch.stack([rt.store.get(r.owner.id).next_logits for r in mine])
+            sample_into(mine, logits, job.params, job.stop)
+        self.running.extend(starting)
+        self.note_peak()
+
+    def _grow(self) -> None:
+        """Give every row that has filled its slots PAGE more; preempt the youngest rows when even
+        the policy cannot make room (they restart later, sampling the same tokens). A lone row
+        that cannot grow fails its expansion."""
+        rt = self.rt
+        while True:
+            needy = [r for r in self.running if r.capacity <= r.fed]
+            need = sum(_page(r) for r in needy)
+            if not needy:
+                return
+            with rt.accounting(needy[0].job):
+                room = rt.memory.make_room(need, PAGE * len(self.running), [r.owner for r in self.running])
+            if room:
+                break
+            if len(self.running) == 1:
+                row = self.running[0]
+                need_alone = sum(n.length for n in row.owner.path()) + row.job.params.max_new_tokens
+                self._fail(row.job, KVBudgetExceeded(need_alone, rt.budget_tokens))
+                continue
+            self._preempt(self.running[-1])
+        for row in needy:
+            page = _page(row)
+            got = rt.store.pool.extend(row.extents[-1], page)
+            row.add_slots([Extent(row.extents[-1].end, got)] if got else [])
+            if got < page:
+                row.add_slots(rt.store.pool.alloc(page - got))
+        self.note_peak()
+
+    def _preempt(self, row: Row) -> None:
+        self.running.remove(row)
+        self.rt.free_slots(row.restart())
+        order = (row.job.started, row.order)
+        self.waiting.insert(sum((r.job.started, r.order) < order for r in self.waiting), row)
+        for metrics in self.rt.targets(row.job):
+            metrics.preemptions += 1
+
+    def _finish_row(self, row: Row) -> None:
+        job = row.job
+        with self.rt.accounting(job):
+            job.children[row.order] = self.rt.child_from_row(row)
+        if len(job.children) == len(job.rows):
+            self._complete(job)
+
+    def _complete(self, job: ExpandJob) -> None:
+        rt = self.rt
+        self.jobs.remove(job)
+        children = [job.children[i] for i in range(len(job.rows))]
+        rt.order_nodes(children)
+        out, k = [], 0
+        for _, n in job.requests:
+            out.append(children[k : k + n])
+            k += n
+        with rt.accounting(job):
+            rt.memory.after([node for node, _ in job.requests], children, running=self.running_owners())
+        requests = [[n.id, k] for n, k in job.requests]
+        rt.log_op({"op": "expand", "requests": requests, "children": [[c.id for c in kids] for kids in out]})
+        job.result = out
+        self._end(job)
+
+    def _fail(self, job: ExpandJob, error: BaseException) -> None:
+        """An expansion that cannot finish: its rows leave, its finished children are released."""
+        rt = self.rt
+        for row in [r for r in self.running if r.job is job]:
+            self.running.remove(row)
+            rt.free_slots(row.extents)
+        self.waiting = [r for r in self.waiting if r.job is not job]
+        for child in job.children.values():
+            rt.forget_subtree(child)
+        if job in self.jobs:
+            self.jobs.remove(job)
+        job.error = error
+        self._end(job)
+
+    # ---- accounting ----------------------------------------------------------------------
+    def running_owners(self) -> list[Node]:
+        """The nodes whose rows are decoding now (their paths are active)."""
+        return [r.owner for r in self.running]
+
+    def note_peak(self) -> None:
+        """Pool slots in use now count toward the peak of every work in flight."""
+        used = self.rt.store.pool.used
+        for work in self._in_flight:
+            work.peak = max(work.peak, used)
+
+    def _charge_step(self, seconds: float) -> None:
+        """A forward's time, shared by the jobs in it by their rows."""
+        rows: dict[int, tuple[ExpandJob, int]] = {}
+        for row in self.running:
+            job, n = rows.get(id(row.job), (row.job, 0))
+            rows[id(row.job)] = (job, n + 1)
+        for job, n in rows.values():
+            if job.account is not None:
+                job.account.metrics.forward_calls += 1
+                job.account.metrics.model_seconds += seconds * n / len(self.running)
+
+
+def _page(row: Row) -> int:
+    """Slots a full row gets next (never past its max_new_tokens)."""
+    return min(PAGE, row.job.params.max_new_tokens - row.capacity)
+
+
+def _first_page(row: Row) -> int:
+    return min(PAGE, row.job.params.max_new_tokens)
+
+
+def _rows_by_job(rows: Sequence[Row]) -> dict[ExpandJob, list[int]]:
+    """Positions of ``rows`` per job, jobs in order of first appearance."""
+    out: dict[ExpandJob, list[int]] = {}
+    for i, row in enumerate(rows):
+        out.setdefault(row.job, []).append(i)
+    return out

@@ -1,0 +1,170 @@
+"""Several searches in one runtime: shared batch steps, one budget, results independent of concurrency."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from arbor_runtime import KVBudgetExceeded, Node, Runtime, SamplingParams
+from controllers.best_first import BestFirstController
+from controllers.bfs import BFSController
+from controllers.mcts import MCTSController
+from tasks.base import Problem, StepResult, Task
+from verifiers.base import Verifier
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+PROMPTS = [f"Problem {i}: count the steps.\nSteps:\n" for i in range(4)]
+
+
+class EchoTask(Task):
+    """Every thought is a valid step; the state is the path of thought texts (content, not order)."""
+
+    name = "echo"
+    max_thought_tokens = 5
+    stop = ()
+
+    def __init__(self, max_steps: int = 3) -> None:
+        self.max_steps = max_steps
+
+    def problems(self) -> list[Problem]:
+        return [Problem(index=i, question=p) for i, p in enumerate(PROMPTS)]
+
+    def prompt(self, problem: Problem) -> str:
+        return problem.question
+
+    def initial_state(self, problem: Problem) -> tuple[str, ...]:
+        return ()
+
+    def step(self, problem: Problem, state: tuple[str, ...], thought: str) -> StepResult:
+        path = (*state, thought)
+        return StepResult(state=path, terminal=len(path) >= self.max_steps, forced_text=" ;")
+
+    def final_answer(self, problem: Problem, state) -> str | None:
+        return "|".join(state)
+
+    def is_correct(self, problem: Problem, state) -> bool:
+        return False
+
+
+class ContentVerifier(Verifier):
+    """A score that is a function of the thought's text only."""
+
+    def score(self, problem: Problem, result: StepResult) -> float:
+        return (sum(map(ord, result.state[-1])) % 97) / 97
+
+
+CONTROLLERS = {
+    "bfs": lambda rt, task: BFSController(rt, task, ContentVerifier(), n_generate=2, breadth=2, release_pruned=False),
+    "best_first": lambda rt, task: BestFirstController(rt, task, ContentVerifier(), n_generate=2, max_expansions=4),
+    "mcts": lambda rt, task: MCTSController(rt, task, ContentVerifier(), n_generate=2, iterations=3),
+}
+
+
+def signature(rt: Runtime, root: Node) -> list[tuple]:
+    """A tree by content, released nodes included: (parent's position, depth, tokens, value,
+    released) per node in creation order (node ids differ between runs; their order within a
+    tree does not)."""
+    nodes = sorted((n for n in rt.all_nodes.values() if n.tree_id == root.id), key=lambda n: n.id)
+    pos = {n.id: i for i, n in enumerate(nodes)}
+    return [
+        (None if n.parent is None else pos[n.parent.id], n.depth, tuple(n.token_ids), n.value, n.released)
+        for n in nodes
+    ]
+
+
+def solve_all(rt: Runtime, name: str, concurrency: int) -> dict[int, tuple]:
+    """Solve every problem with ``name``; ``concurrency`` threads share ``rt``."""
+    task = EchoTask()
+
+    def one(problem):
+        with rt.account() as acc:
+            result = CONTROLLERS[name](rt, task).solve(problem, seed=100 + problem.index)
+        root = next(n for n in rt.all_nodes.values() if n.parent is None and n.text == problem.question)
+        return problem.index, (signature(rt, root), result.answer, result.expansions and len(result.expansions), acc)
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return dict(pool.map(one, task.problems()))
+
+
+@pytest.mark.parametrize("name", sorted(CONTROLLERS))
+def test_results_per_problem_are_identical_at_concurrency_1_and_4(tiny, name):
+    alone = solve_all(Runtime(tiny), name, 1)
+    rt = Runtime(tiny)
+    together = solve_all(rt, name, 4)
+    assert {i: r[:3] for i, r in alone.items()} == {i: r[:3] for i, r in together.items()}
+    for sig, _, _, acc in together.values():  # each search's own counts
+        generated = sum(len(t) for _, depth, t, *_ in sig if depth % 2 == 1)
+        assert acc.metrics.decode_tokens == generated
+        assert acc.metrics.prefill_tokens == sum(len(t) for _, depth, t, *_ in sig if depth % 2 == 0)
+    assert rt.metrics.decode_tokens == sum(r[3].metrics.decode_tokens for r in together.values())
+
+
+def test_concurrent_searches_share_batch_steps(tiny):
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=1, stop_at_eos=False)
+    barrier = threading.Barrier(4)
+    rt = Runtime(tiny)
+
+    def one(i):
+        root = rt.new_tree(PROMPTS[i], seed=i)
+        barrier.wait()
+        return [k.token_ids for k in rt.expand(root, 3, params)]
+
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(one, range(4)))
+    steps_together = rt.backend.forward_calls - 4  # the four prompts' prefills
+    ref = Runtime(tiny)
+    alone = [[k.token_ids for k in ref.expand(ref.new_tree(p, seed=i), 3, params)] for i, p in enumerate(PROMPTS)]
+    assert together == alone
+    assert steps_together < 4 * 6  # four expansions of 6 steps each ran in shared steps
+
+
+def test_budget_holds_across_trees_and_arbor_waits_instead_of_failing(tiny):
+    probe = Runtime(tiny)
+    prompt_len = probe.new_tree(PROMPTS[0]).length
+    budget = 2 * prompt_len + 24  # not enough for four searches at once
+    rt = Runtime(tiny, policy="arbor", budget_tokens=budget)
+    out = solve_all(rt, "bfs", 4)
+    alone = solve_all(Runtime(tiny), "bfs", 1)
+    assert {i: r[:3] for i, r in out.items()} == {i: r[:3] for i, r in alone.items()}
+    assert rt.store.pool.peak_used <= budget and rt.metrics.peak_device_tokens <= budget
+    assert rt.metrics.rehydrations > 0  # trees took turns, their blocks went to the host and came back
+
+
+def test_one_failing_search_does_not_stop_the_others(tiny):
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=3, stop_at_eos=False)
+    too_long = SamplingParams(max_new_tokens=400, temperature=1.0, seed=3, stop_at_eos=False)  # > the budget alone
+    rt = Runtime(tiny, policy="full", budget_tokens=200)
+
+    def one(i):
+        root = rt.new_tree(PROMPTS[i], seed=i)
+        try:
+            kids = rt.expand(root, 2, too_long if i == 0 else params)
+            return [k.length for k in rt.expand(kids[0], 2, params)]
+        except KVBudgetExceeded as exc:
+            return str(exc)
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(one, range(3)))
+    assert "budget_tokens=200" in results[0]
+    assert results[1] == results[2] == [8, 8]
+
+
+def test_releasing_one_tree_leaves_the_others_kv_untouched(tiny):
+    rt = Runtime(tiny, policy="arbor", budget_tokens=400)
+    roots = [rt.new_tree(p, seed=i) for i, p in enumerate(PROMPTS[:2])]
+    params = SamplingParams(max_new_tokens=5, temperature=1.0, seed=0)
+    for root in roots:
+        rt.expand(rt.expand(root, 2, params)[0], 2, params)
+    mine = [n for n in roots[0].subtree()]
+    before = {n.id: rt.store.read(n.id) for n in mine}
+    theirs = [n.id for n in roots[1].subtree()]
+    rt.release(roots[1])
+    assert all(i not in rt.store for i in theirs)
+    assert rt.store.pool.used == rt.store.resident_tokens == sum(n.length for n in mine)
+    for n in mine:
+        now = rt.store.read(n.id)
+        assert torch.equal(now[0], before[n.id][0]) and torch.equal(now[1], before[n.id][1])
+    rt.expand(roots[0], 1, params)  # the surviving tree goes on
