@@ -217,7 +217,7 @@ class ReplayRun:
                 "host_tokens": host,
                 "rehydrations": m.rehydrations,
                 "evicted_tokens": m.evicted_tokens,
-                "branch_switches": m.branch_switch_events,
+                "branch_switch_events": m.branch_switch_events,
                 "oom": oom,
             }
         )
