@@ -290,7 +290,7 @@ def test_mcts_stops_at_a_solution(tiny):
 def test_custom_search_example_runs(data_dir, tmp_path):
     cmd = [
         sys.executable, str(REPO / "scripts" / "custom_search.py"), "model=tiny-random",
-        f"task.data_dir={data_dir}", "task.start=900", "task.end=901", f"run_dir={tmp_path}",
+        f"paths.data_dir={data_dir}", "task.start=900", "task.end=901", f"run_dir={tmp_path}",
         f"hydra.run.dir={tmp_path / 'hydra'}", "controller.n_generate=2",
     ]  # fmt: skip
     env = os.environ | {"OMP_NUM_THREADS": "1"}
