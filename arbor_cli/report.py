@@ -1,8 +1,8 @@
 """Rich tables that fit the terminal: results of a run, sweep summaries, replay fidelity.
 
 Every field of a row stays in the JSON lines and CSV files; a table shows what fits. Columns are
-dropped from the highest ``rank`` down until the rest fits the width (text columns such as the
-question are cut with "…" first); if not even the rank-0 columns fit, each row becomes a small
+dropped one at a time, highest ``rank`` first, until the rest fits the width (text columns such as
+the question are cut with "…" first); if not even the rank-0 columns fit, each row becomes a small
 two-column block (field, value).
 """
 
@@ -26,14 +26,14 @@ RESULT_COLUMNS = (
     Column("decode_tokens", "decode tok", "{:,}", rank=5),
     Column("peak_device_tokens", "peak KV tok", "{:,}", rank=1),
     Column("peak_device_bytes", "peak KV MB", "mb", rank=6),
-    Column("peak_host_bytes", "peak host MB", "mb", rank=2),
+    Column("peak_host_bytes", "peak host MB", "mb", rank=3),
     Column("rehydrations", "rehydr.", "{:,}", rank=2),
     Column("evicted_tokens", "evicted tok", "{:,}", rank=3),
     Column("seconds", "seconds", "{:.1f}", rank=1),
     Column("note", "note", label=True, rank=1),
 )
 #: text columns cut with "…" before any column is dropped, never below this many characters
-MIN_TEXT = 10
+MIN_TEXT = 16
 #: a rich table's own characters: a border left of every column and one at the end; padding 1 + 1
 BORDER, PADDING = 1, 2
 
@@ -69,15 +69,15 @@ def fit_table(
 
 
 def _fit(columns: Sequence[Column], widths: list[int], width: int) -> list[int] | None:
-    """Indices of the columns that fit (in table order), dropping the highest ranks first."""
+    """Indices of the columns that fit (in table order), dropping one column at a time: the highest
+    rank first, the rightmost among equal ranks. None when the rank-0 columns alone do not fit."""
     keep = list(range(len(columns)))
-    for rank in sorted({c.rank for c in columns}, reverse=True):
-        if _width(columns, widths, keep, squeeze=True) <= width:
-            return keep
-        if rank == 0:
+    while _width(columns, widths, keep, squeeze=True) > width:
+        drop = max(keep, key=lambda i: (columns[i].rank, i))
+        if columns[drop].rank == 0:
             return None
-        keep = [i for i in keep if columns[i].rank < rank]
-    return keep if _width(columns, widths, keep, squeeze=True) <= width else None
+        keep.remove(drop)
+    return keep
 
 
 def _width(columns: Sequence[Column], widths: list[int], keep: list[int], squeeze: bool) -> int:
