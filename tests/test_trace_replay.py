@@ -97,13 +97,16 @@ def test_arbor_is_exact_at_a_low_budget_while_linear_policies_are_not(tiny, trac
     assert not arbor.oom and arbor.metrics["rehydrations"] > 0 and arbor.metrics["evicted_tokens"] > 0
     assert arbor.metrics["peak_device_tokens"] <= budget
     assert arbor.fidelity.positions == trace.scored_positions
-    # the active path is whole and rehydrated bit-identical, so arbor's forward sees the same tensors
-    # as full's, in the same kernels and shapes: its log-probs are exactly full's
-    assert arbor.fidelity.top1_agree == arbor.fidelity.positions
-    assert arbor.fidelity.kl_max == 0.0 and arbor.fidelity.dll_sum == 0.0
+    # the active path is whole and rehydrated bit-identical, so arbor computes what full computes
+    # over the same KV; how the blocks are laid out and merged may change the summation order, so
+    # every log-prob equals full's up to rounding, and the top-1 token everywhere
+    fid = arbor.fidelity
+    assert fid.top1_agree == fid.positions
+    assert fid.max_abs_dlogp <= reassociation_tol(tiny, [fid.scale])
     for run in (h2o, streaming):
         assert not run.oom and run.metrics["dropped_tokens"] > 0
         assert run.fidelity.kl_max > 1e-3 and run.fidelity.top1_agree < run.fidelity.positions
+        assert run.fidelity.max_abs_dlogp > 100 * reassociation_tol(tiny, [run.fidelity.scale])  # not rounding
     assert ref.fidelity.kl_max == 0.0
 
 
