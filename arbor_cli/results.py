@@ -1,35 +1,166 @@
-"""Result files of a run: one JSON line per problem (appended as each finishes), plus traces."""
+"""Result files and cells: JSON lines (appended crash-safely), CSV, markdown tables, cell formatting.
+
+A run dir holds ``results.jsonl`` (one line per problem, appended as each finishes), ``traces.jsonl``,
+``events.jsonl``, ``results.csv`` and the fingerprint of the config that wrote them (see
+:mod:`arbor_cli.resume`). Every table in the project (terminal, markdown, CSV) formats its cells
+with :func:`format_cell`, from one :class:`Column` list per table.
+"""
 
 from __future__ import annotations
 
+import csv
 import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 RESULTS_FILE = "results.jsonl"
 TRACES_FILE = "traces.jsonl"
 EVENTS_FILE = "events.jsonl"
+CSV_FILE = "results.csv"
 TREES_DIR = "trees"
 
-
-def load_done(run_dir: Path) -> dict[int, dict[str, Any]]:
-    """Problems already finished in ``run_dir`` (by problem index); tolerates a torn last line."""
-    path = run_dir / RESULTS_FILE
-    done: dict[int, dict[str, Any]] = {}
-    if not path.is_file():
-        return done
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by an interrupted run: that problem runs again
-        done[int(row["index"])] = row
-    return done
+Row = dict[str, Any]
 
 
-def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    """Append one JSON line and flush it to disk, so an interrupted run loses nothing finished."""
+# ---- JSON lines ------------------------------------------------------------------------------
+def append_jsonl(path: Path, row: Row) -> None:
+    """Append one JSON line and flush it to disk, so an interrupted run loses nothing finished.
+
+    A torn last line (an earlier run stopped mid-write) is repaired first, so the new line never
+    lands on it.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
+    repair_jsonl(path)
+    with path.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(row, default=str) + "\n")
         fh.flush()
+        os.fsync(fh.fileno())
+
+
+def repair_jsonl(path: Path) -> bool:
+    """Make ``path`` end at a line break: a last line without one is kept (newline added) when it
+    is a whole JSON value, else cut off. Returns whether the file changed."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    data = path.read_bytes()
+    if data.endswith(b"\n"):
+        return False
+    cut = data.rfind(b"\n") + 1  # 0 when the torn line is the only one
+    try:
+        json.loads(data[cut:])
+    except ValueError:
+        with path.open("r+b") as fh:
+            fh.truncate(cut)
+        return True
+    with path.open("ab") as fh:
+        fh.write(b"\n")
+    return True
+
+
+def read_jsonl(path: Path) -> list[Row]:
+    """Every whole line of a JSON-lines file (a torn last line is left out); [] when it is missing."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by an interrupted run: that problem runs again
+    return rows
+
+
+def write_jsonl(path: Path, rows: Iterable[Row]) -> Path:
+    """Write ``rows`` as JSON lines (replacing the file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row, default=str) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def load_done(run_dir: Path) -> dict[int, Row]:
+    """Problems already finished in ``run_dir`` (by problem index; the last line of each wins)."""
+    return {int(row["index"]): row for row in read_jsonl(Path(run_dir) / RESULTS_FILE)}
+
+
+# ---- CSV --------------------------------------------------------------------------------------
+def write_csv(path: Path, rows: Sequence[Row], first: Sequence[str] = ()) -> Path:
+    """Rows as CSV: the ``first`` columns, then every other field in order of first appearance.
+
+    Only scalar fields (lists and dicts, e.g. memory series, stay in the JSON lines).
+    """
+    fields: dict[str, None] = {}
+    for row in rows:
+        fields.update((k, None) for k, v in row.items() if not isinstance(v, (list, dict)))
+    order = [k for k in first if k in fields] + [k for k in fields if k not in first]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=order, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+# ---- cells and tables ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column of a table: the row key, the header, the cell format (see :func:`format_cell`),
+    whether it is a label (left-aligned), and its rank when a narrow table must drop columns
+    (lower ranks stay longest)."""
+
+    key: str
+    header: str
+    fmt: str = "{}"
+    label: bool = False
+    rank: int = 0
+
+
+def format_cell(value: Any, fmt: str = "auto") -> str:
+    """A value as table text: None / NaN as "-", booleans as yes / no, then by ``fmt``:
+
+    - a format string such as ``"{:,}"`` or ``"{:.2f}"``;
+    - ``"mb"``: bytes in MiB (two decimals below 10 MiB, one above);
+    - ``"%"``: a rate in [0, 1] as a whole percentage;
+    - ``"auto"``: integers with thousands separators, other numbers to 4 significant digits
+      (numbers given as text, as read back from CSV, too), anything else as text.
+    """
+    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, bool) or value in ("True", "False"):
+        return "yes" if value in (True, "True") else "no"
+    if fmt == "mb":
+        mib = float(value) / 2**20
+        return f"{mib:.2f}" if abs(mib) < 10 else f"{mib:.1f}"
+    if fmt == "%":
+        return f"{100 * float(value):.0f}%"
+    if fmt == "auto":
+        return _auto(value)
+    return fmt.format(value)
+
+
+def markdown_table(rows: Sequence[Row], columns: Sequence[Column]) -> str:
+    """``rows`` as a GitHub markdown table (labels left-aligned, numbers right-aligned)."""
+    lines = ["| " + " | ".join(c.header for c in columns) + " |"]
+    lines.append("|" + "|".join("---" if c.label else "---:" for c in columns) + "|")
+    for row in rows:
+        cells = (format_cell(row.get(c.key), c.fmt).replace("|", "\\|") for c in columns)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _auto(value: Any) -> str:
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(ch in value for ch in ".eE") else int(value)
+        except ValueError:
+            return value
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) < 1e15):
+        return f"{int(value):,}"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

@@ -10,7 +10,6 @@ for docs), and returns the summary rows grouped by (task, controller, policy, bu
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,30 +18,33 @@ from typing import Any
 
 import numpy as np
 import yaml
+from rich.console import Group
 from rich.table import Table
 
-from arbor_cli.results import RESULTS_FILE, load_done
+from arbor_cli.report import fit_table
+from arbor_cli.results import RESULTS_FILE, Column, load_done, write_csv
+from arbor_cli.results import markdown_table as _markdown
 
 MERGED_CSV, MERGED_MD = "merged.csv", "merged.md"
 GROUP_KEYS = ("task", "controller", "policy", "budget", "variant")
 #: overrides already covered by a group key (never part of ``variant``)
 GROUPED_OVERRIDES = {"task", "controller", "policy", "policy.budget_tokens", "policy.budget_ratio"}
-#: summary columns: (key, header, format); "mb" = bytes shown in MiB, "%" = a rate
+#: summary columns (a narrow terminal drops the highest ranks first; files keep them all)
 SUMMARY_COLUMNS = (
-    ("task", "task", "{}"),
-    ("controller", "controller", "{}"),
-    ("policy", "policy", "{}"),
-    ("budget", "budget", "{}"),
-    ("variant", "variant", "{}"),
-    ("problems", "problems", "{}"),
-    ("solved_rate", "solved", "%"),
-    ("seconds_mean", "mean s", "{:.2f}"),
-    ("seconds_p50", "p50 s", "{:.2f}"),
-    ("seconds_p95", "p95 s", "{:.2f}"),
-    ("peak_device_tokens", "peak KV tok", "{:,}"),
-    ("peak_host_bytes", "peak host MB", "mb"),
-    ("rehydrations", "rehydrations", "{:,}"),
-    ("oom_rate", "OOM", "%"),
+    Column("task", "task", label=True),
+    Column("controller", "controller", label=True),
+    Column("policy", "policy", label=True),
+    Column("budget", "budget", label=True),
+    Column("variant", "variant", label=True, rank=1),
+    Column("problems", "problems", rank=2),
+    Column("solved_rate", "solved", "%"),
+    Column("seconds_mean", "mean s", "{:.2f}", rank=3),
+    Column("seconds_p50", "p50 s", "{:.2f}", rank=1),
+    Column("seconds_p95", "p95 s", "{:.2f}", rank=2),
+    Column("peak_device_tokens", "peak KV tok", "{:,}"),
+    Column("peak_host_bytes", "peak host MB", "mb", rank=2),
+    Column("rehydrations", "rehydrations", "{:,}", rank=1),
+    Column("oom_rate", "OOM", "%"),
 )
 
 
@@ -148,50 +150,18 @@ def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---- output --------------------------------------------------------------------------------
-def write_csv(path: Path, rows: Sequence[dict[str, Any]], first: Sequence[str] = ()) -> Path:
-    """Rows as CSV: the ``first`` columns, then every other scalar field in sorted order (lists and dicts skipped)."""
-    scalar = {k for row in rows for k, v in row.items() if not isinstance(v, (list, dict))}
-    fields = [k for k in first if k in scalar] + sorted(scalar - set(first))
-    with Path(path).open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    return Path(path)
-
-
-def summary_table(summary: Sequence[dict[str, Any]], title: str = "sweep") -> Table:
-    """The summary as a rich table (the variant column only when some job has one)."""
-    columns = _columns(summary, drop_empty=("variant",))
-    table = Table(title=title)
-    for key, header, _ in columns:
-        table.add_column(header, justify="left" if key in GROUP_KEYS else "right")
-    for row in summary:
-        table.add_row(*(_cell(row.get(key), fmt) for key, _, fmt in columns))
-    return table
+def summary_table(summary: Sequence[dict[str, Any]], title: str = "sweep", width: int = 80) -> Table | Group:
+    """The summary as a rich table fitted to ``width`` (the variant column only when some job has one)."""
+    return fit_table(summary, _columns(summary, drop_empty=("variant",)), title, width)
 
 
 def markdown_table(summary: Sequence[dict[str, Any]], drop_empty: Sequence[str] = ()) -> str:
-    """The summary as a GitHub markdown table."""
-    columns = _columns(summary, drop_empty)
-    lines = ["| " + " | ".join(header for _, header, _ in columns) + " |"]
-    lines.append("|" + "|".join("---" if key in GROUP_KEYS else "---:" for key, _, _ in columns) + "|")
-    for row in summary:
-        lines.append("| " + " | ".join(_cell(row.get(key), fmt).replace("|", "\\|") for key, _, fmt in columns) + " |")
-    return "\n".join(lines) + "\n"
+    """The summary as a GitHub markdown table (every column; ``drop_empty`` ones only when used)."""
+    return _markdown(summary, _columns(summary, drop_empty))
 
 
-def _columns(summary: Sequence[dict[str, Any]], drop_empty: Sequence[str]) -> list[tuple[str, str, str]]:
-    return [c for c in SUMMARY_COLUMNS if c[0] not in drop_empty or any(row.get(c[0]) for row in summary)]
-
-
-def _cell(value: Any, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if fmt == "mb":
-        return f"{value / 2**20:.1f}"
-    if fmt == "%":
-        return f"{100 * value:.0f}%"
-    return fmt.format(value)
+def _columns(summary: Sequence[dict[str, Any]], drop_empty: Sequence[str]) -> list[Column]:
+    return [c for c in SUMMARY_COLUMNS if c.key not in drop_empty or any(row.get(c.key) for row in summary)]
 
 
 # ---- helpers -------------------------------------------------------------------------------

@@ -7,17 +7,15 @@ One flat record per node (the JSON schema; GraphML gets the same fields with nul
     controller's expansion order), stop_reason, mean_logprob, best (on the best path), released,
     kv_device / kv_host / kv_dropped (``Runtime.residency`` at the end of the search), meta.
 
-Released (pruned) nodes leave ``Runtime.nodes`` and their parent's ``children``. When the runtime
-keeps every node it created (``Runtime.all_nodes``), they are all exported and the record says
-``"complete": true``; otherwise the export holds the live nodes plus whatever the best path and
-the controller's own fields still reach (``"complete": false``).
+Released (pruned) nodes leave ``Runtime.nodes`` and their parent's ``children``, but the runtime
+keeps every node it created in ``Runtime.all_nodes``, so the export holds them all (flagged
+``released``).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,88 +31,41 @@ SCALARS = (bool, int, float, str)
 
 
 # ---- collecting ----------------------------------------------------------------------------
-def collect_nodes(rt: Runtime, root: Node, held: Iterable[Node] = ()) -> tuple[list[Node], bool]:
-    """The nodes of ``root``'s tree by id, and whether released ones are all among them.
+def collect_nodes(rt: Runtime, root: Node) -> list[Node]:
+    """Every node of ``root``'s tree ever created (released ones too), by id.
 
-    Args:
-        rt: the runtime that grew the tree; ``rt.all_nodes`` (every node ever created, by id) is
-            used when present, else ``rt.nodes`` (live nodes only).
-        root: the search's root; other trees in the runtime (an LLM verifier's prompt prefix) are left out.
-        held: nodes reached another way (best node, the controller's candidates); their paths and
-            remaining subtrees are added when ``all_nodes`` is missing.
+    Other trees in the runtime (an LLM verifier's prompt prefix) are left out.
     """
-    every = getattr(rt, "all_nodes", None)
-    if every is not None:
-        found = dict(every)
-    else:
-        found = dict(rt.nodes)
-        for node in held:
-            found.update((n.id, n) for n in (*node.path(), *node.subtree()))
-    return sorted((n for n in found.values() if n.root is root), key=lambda n: n.id), every is not None
+    return sorted((n for n in rt.all_nodes.values() if n.root is root), key=lambda n: n.id)
 
 
 def search_root(rt: Runtime, best: Node | None, expansions: Sequence[int]) -> Node | None:
     """The root of the search: the best node's, else the first expanded node's, else the runtime's first root."""
-    nodes = getattr(rt, "all_nodes", None) or rt.nodes
-    first = best or (nodes.get(expansions[0]) if expansions else None)
+    first = best or (rt.all_nodes.get(expansions[0]) if expansions else None)
     if first is not None:
         return first.root
-    roots = [n for n in nodes.values() if n.parent is None]
+    roots = [n for n in rt.all_nodes.values() if n.parent is None]
     return min(roots, key=lambda n: n.id) if roots else None
 
 
-def held_nodes(obj: Any, depth: int = 3) -> Iterator[Node]:
-    """Nodes an object's fields still point at (a controller's candidates, queues, maps), ``depth`` levels deep.
-
-    Only needed while the runtime does not keep released nodes itself (see :func:`collect_nodes`).
-    """
-    if isinstance(obj, Node):
-        yield obj
-        return
-    for name in ("node", "thought"):  # a Candidate
-        if isinstance(getattr(obj, name, None), Node):
-            yield getattr(obj, name)
-    if depth <= 0:
-        return
-    if isinstance(obj, Mapping):
-        items: Iterable[Any] = obj.values()
-    elif isinstance(obj, (list, tuple, set)):
-        items = obj
-    elif hasattr(obj, "__dict__") and not isinstance(obj, Runtime):
-        items = vars(obj).values()
-    else:
-        return
-    for item in items:
-        yield from held_nodes(item, depth - 1)
-
-
 # ---- the record ----------------------------------------------------------------------------
-def tree_record(
-    rt: Runtime,
-    best: Node | None,
-    expansions: Sequence[int],
-    held: Iterable[Node] = (),
-    **info: Any,
-) -> dict[str, Any]:
+def tree_record(rt: Runtime, best: Node | None, expansions: Sequence[int], **info: Any) -> dict[str, Any]:
     """The JSON-ready tree of one search.
 
     Args:
         rt: the runtime after the search.
         best: the node ending the best path, or None.
         expansions: expanded node ids in expansion order (``SearchResult.expansions``).
-        held: extra nodes to reach released ones by (see :func:`collect_nodes`).
         **info: top-level fields to add (``index``, ``question``, ...).
     """
     root = search_root(rt, best, expansions)
-    reach = itertools.chain([best] if best is not None else [], held)  # read only without rt.all_nodes
-    nodes, complete = collect_nodes(rt, root, reach) if root is not None else ([], False)
+    nodes = collect_nodes(rt, root) if root is not None else []
     on_best = {n.id for n in best.path()} if best is not None else set()
     order: dict[int, int] = {}
     for pos, node_id in enumerate(expansions):
         order.setdefault(node_id, pos)
     return info | {
         "best": best.id if best is not None else None,
-        "complete": complete,
         "expansions": list(expansions),
         "nodes": [node_record(rt, n, n.id in on_best, order.get(n.id)) for n in nodes],
     }
@@ -223,8 +174,7 @@ def render_tree(record: Mapping[str, Any], width: int = 48) -> Group:
             for child in kids.get(rec["id"], []):
                 stack.append((branch.add(_label(child, width)), child))
         trees.append(tree)
-    note = "" if record.get("complete") else " (released nodes the runtime no longer holds are not shown)"
-    return Group(title, _best_path(record, by_id), *trees, Text(LEGEND + note, style="dim"))
+    return Group(title, _best_path(record, by_id), *trees, Text(LEGEND, style="dim"))
 
 
 def _best_path(record: Mapping[str, Any], by_id: Mapping[int, dict[str, Any]]) -> Text:

@@ -12,10 +12,8 @@ the totals from the journal alone and check them against the log.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 
@@ -60,7 +58,7 @@ class EventRecord:
 
 @dataclass(slots=True)
 class EventLog:
-    """Append-only list of :class:`EventRecord`; written as JSONL."""
+    """Append-only list of :class:`EventRecord` (``arbor-solve`` writes it to events.jsonl)."""
 
     records: list[EventRecord] = field(default_factory=list)
     t0: float = field(default_factory=time.perf_counter)
@@ -85,11 +83,6 @@ class EventLog:
         for rec in self.records:
             out[rec.kind] = out.get(rec.kind, 0) + 1
         return out
-
-    def to_jsonl(self, path: str | Path) -> None:
-        with Path(path).open("w") as fh:
-            for rec in self.records:
-                fh.write(json.dumps(asdict(rec)) + "\n")
 
 
 def replay_resident(journal: list[tuple[str, int, int, int]], log: EventLog) -> list[tuple[int, int]]:

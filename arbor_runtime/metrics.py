@@ -15,7 +15,7 @@ class TracePoint:
         resident_tokens / resident_bytes: device KV after the operation (blocks only).
         peak_tokens: highest resident + working tokens seen during the operation.
         t: seconds since the runtime was created.
-        host_tokens: host-tier tokens after the operation; events, rehydrations, branch_switches:
+        host_tokens: host-tier tokens after the operation; events, rehydrations, branch_switch_events:
             running totals.
     """
 
@@ -28,7 +28,7 @@ class TracePoint:
     host_tokens: int = 0
     events: int = 0
     rehydrations: int = 0  # running totals since the runtime was created
-    branch_switches: int = 0
+    branch_switch_events: int = 0
 
 
 @dataclass(slots=True)

@@ -197,9 +197,6 @@ class Runtime:
         """Token ids from the root to ``node`` inclusive (the flattened text's ids)."""
         return [t for n in node.path() for t in n.token_ids]
 
-    def path_text(self, node: Node) -> str:
-        return "".join(n.text for n in node.path())
-
     def next_token_logprobs(self, node: Node) -> torch.Tensor:
         """(V,) log-probabilities of the token after ``node``'s path."""
         return torch.log_softmax(self.store.get(node.id).next_logits, dim=-1)
@@ -452,7 +449,7 @@ class Runtime:
             host_tokens=self.store.host_tokens,
             events=len(self.memory.events.records),
             rehydrations=self.store.counters.rehydrations,
-            branch_switches=m.branch_switch_events,
+            branch_switch_events=m.branch_switch_events,
         )
         for target in self.targets(work):
             target.trace.append(point)

@@ -7,17 +7,7 @@ from controllers.bfs import BFSController
 from controllers.dfs import DFSController
 from controllers.mcts import MCTSController
 
-#: controller name -> class; each has a config conf/controller/<name>.yaml
-CONTROLLERS: dict[str, type[Controller]] = {
-    "bfs": BFSController,
-    "beam": BeamController,
-    "dfs": DFSController,
-    "best_first": BestFirstController,
-    "mcts": MCTSController,
-}
-
 __all__ = [
-    "CONTROLLERS",
     "BFSController",
     "BeamController",
     "BestFirstController",

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arbor_runtime import Node, Runtime, SamplingParams
+from tasks.answers import majority_vote
 from tasks.base import Problem, StepResult, Task
-from verifiers.answers import majority_vote
 from verifiers.base import Verifier
 
 #: a terminal scoring at least this is a verified solution: searches stop there
@@ -32,7 +32,9 @@ class SearchResult:
         answer: the best terminal's final answer (None when no terminal was reached).
         best: the node ending the best path (None when nothing valid was produced).
         expansions: ids of expanded nodes, in expansion order.
-        branch_switches: expansions whose node does not extend the previously expanded node's path.
+        off_path_expansions: expansions whose node does not extend the previously expanded node's
+            path (the search jumped elsewhere in the tree; a runtime-level count of policy events is
+            ``RuntimeMetrics.branch_switch_events``).
         steps: search iterations (BFS levels, DFS visits, MCTS iterations, ...).
         seconds: wall time of the search.
         extra: controller-specific fields (dfs: ``backtracks``, ``visits``; mcts: ``visits``,
@@ -45,7 +47,7 @@ class SearchResult:
     answer: str | None
     best: Node | None
     expansions: list[int]
-    branch_switches: int
+    off_path_expansions: int
     steps: int
     seconds: float
     extra: dict[str, Any] = field(default_factory=dict)
@@ -72,8 +74,8 @@ class Controller(ABC):
     Args:
         runtime: the runtime to grow trees in.
         task: interprets thoughts and checks answers.
-        verifier: scores nodes; one with a ``bind(runtime)`` method (e.g. an LLM value verifier)
-            is bound to ``runtime`` here.
+        verifier: scores nodes; bound here to ``runtime`` and ``task`` (an LLM value verifier
+            evaluates in the runtime with the task's value prompt).
         temperature / top_p: sampling of thoughts (stop strings and length come from the task).
         release_pruned: release pruned subtrees at once (frees their KV); False keeps them for
             tree-aware memory policies and tree output.
@@ -91,14 +93,13 @@ class Controller(ABC):
         release_pruned: bool = True,
     ) -> None:
         self.rt, self.task, self.verifier = runtime, task, verifier
-        if callable(getattr(verifier, "bind", None)):
-            verifier.bind(runtime)
+        verifier.bind(runtime, task)
         self.sampling = SamplingParams(
             max_new_tokens=task.max_thought_tokens, temperature=temperature, top_p=top_p, stop=list(task.stop)
         )
         self.release_pruned = release_pruned
         self.expansions: list[int] = []
-        self.branch_switches = 0
+        self.off_path_expansions = 0
         self.problem: Problem | None = None
         self.terminals: list[Candidate] = []  # every valid terminal scored this search (for the vote)
 
@@ -106,7 +107,7 @@ class Controller(ABC):
     def solve(self, problem: Problem, seed: int | None = None) -> SearchResult:
         """Run the search on one problem; ``seed`` seeds its tree's sampling (default: the runtime's)."""
         start = time.perf_counter()
-        self.problem, self.expansions, self.branch_switches, self.terminals = problem, [], 0, []
+        self.problem, self.expansions, self.off_path_expansions, self.terminals = problem, [], 0, []
         root = self.rt.new_tree(self.task.prompt(problem), seed=seed)
         root.meta["state"] = self.task.initial_state(problem)
         steps, best = self.search(root)
@@ -177,15 +178,14 @@ class Controller(ABC):
 
     def result(self, best: Candidate | None, steps: int, seconds: float) -> SearchResult:
         """Summarize the search; ``solved`` is checked by the task on the best terminal, the vote on all."""
-        state = best.result.state if best is not None and best.result.terminal else None
-        answer = self.task.final_answer(self.problem, state) if state is not None else None
-        solved = state is not None and self.task.is_correct(self.problem, state)
+        answer = best.result.answer if best is not None and best.result.terminal else None
+        solved = self.task.is_correct(self.problem, answer)
         return SearchResult(
             solved=bool(solved),
             answer=answer,
             best=best.node if best is not None else None,
             expansions=list(self.expansions),
-            branch_switches=self.branch_switches,
+            off_path_expansions=self.off_path_expansions,
             steps=steps,
             seconds=seconds,
             extra=self.vote(),
@@ -194,18 +194,12 @@ class Controller(ABC):
     def vote(self) -> dict[str, Any]:
         """Self-consistency over the terminals seen: the majority answer, its count, its correctness.
 
-        Answers are equal under the task's ``answers_match`` when it has one, else as strings.
-        Correctness is the task's ``is_correct`` on the first terminal giving the winning answer.
-        Empty when no terminal gave an answer.
+        Answers are equal under the task's ``answers_match``. Empty when no terminal gave an answer.
         """
-        given = [(c, self.task.final_answer(self.problem, c.result.state)) for c in self.terminals]
-        given = [(c, a) for c, a in given if a is not None]
-        equal = getattr(self.task, "answers_match", str.__eq__)
-        answer, count = majority_vote([a for _, a in given], equal)
+        answer, count = majority_vote([c.result.answer for c in self.terminals], self.task.answers_match)
         if answer is None:
             return {}
-        first = next(c for c, a in given if a == answer)
-        correct = self.task.is_correct(self.problem, first.result.state)
+        correct = self.task.is_correct(self.problem, answer)
         return {"vote_answer": answer, "vote_count": count, "vote_correct": bool(correct)}
 
     # ---- helpers -------------------------------------------------------------------------
@@ -213,7 +207,7 @@ class Controller(ABC):
         if self.expansions:
             prev = self.rt.nodes.get(self.expansions[-1])
             if prev is None or not _extends(node, prev):
-                self.branch_switches += 1
+                self.off_path_expansions += 1
         self.expansions.append(node.id)
 
 

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"merge_sweep: error: {exc}", file=sys.stderr)
         return 2
     console = Console()
-    console.print(summary_table(merged.summary, title=f"sweep {args.sweep_dir}"))
+    console.print(summary_table(merged.summary, title=f"sweep {args.sweep_dir}", width=console.width))
     console.print(f"{len(merged.rows)} rows: {merged.csv_path}\nsummary: {merged.md_path}")
     return 0
 

@@ -19,18 +19,18 @@ from pathlib import Path
 
 import torch
 
+from arbor_cli.results import Column, markdown_table
+
 COMMANDS = """\
 # 0. MSVE calibration shipped with the package (policy=arbor reads it)
 python scripts/calibrate_msve.py --model smollm2 --data-dir ../shared/data --game24 0:8 --gsm8k 0:4
-# 1. end-to-end table and fixed-memory scaling (Hydra sweeps, merged; settings in the script)
+# 1. end-to-end table and fixed-memory scaling (Hydra sweeps, merged; settings in conf/experiment)
 bash scripts/bench_table.sh bench/e2e ../shared/data
 # 2. record full searches, replay them under every policy and budget, plot memory over steps
-python scripts/record_trace.py --out bench/traces model=smollm2 task=game24 task.n_shots=1 \\
-    task.data_dir=../shared/data task.start=900 task.end=902 controller=bfs controller.n_generate=4 \\
-    controller.breadth=2 controller.release_pruned=false
-python scripts/record_trace.py --out bench/traces model=smollm2 task=gsm8k task.data_dir=../shared/data \\
-    task.start=0 task.end=1 task.max_steps=4 task.max_thought_tokens=40 controller=best_first \\
-    controller.n_generate=3 controller.max_expansions=6
+python scripts/record_trace.py --out bench/traces experiment=e2e_game24 paths.data_dir=../shared/data \\
+    task.end=902
+python scripts/record_trace.py --out bench/traces experiment=e2e_gsm8k paths.data_dir=../shared/data \\
+    task.end=1
 python scripts/replay_trace.py bench/traces/*.json --out bench/replay
 python scripts/plot_memory.py bench/traces/gsm8k-0.json --fractions 0.6 --out bench/memory-gsm8k.png
 python scripts/plot_memory.py bench/traces/game24-900.json --fractions 0.5 --out bench/memory.png
@@ -44,22 +44,8 @@ python scripts/write_results.py --bench bench --out docs/results.md"""
 
 
 def md_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
-    head = "| " + " | ".join(h for _, h in columns) + " |\n|" + "---|" * len(columns) + "\n"
-    return head + "".join("| " + " | ".join(_fmt(r.get(k)) for k, _ in columns) + " |\n" for r in rows)
-
-
-def _fmt(v) -> str:
-    if v is None or v == "":
-        return "-"
-    if isinstance(v, bool) or v in ("True", "False"):
-        return "yes" if v in (True, "True") else "no"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    try:
-        f = float(v)
-        return f"{f:.4g}" if not f.is_integer() else f"{int(f):,}"
-    except (TypeError, ValueError):
-        return str(v)
+    """``rows`` as markdown; every cell formatted by ``arbor_cli.results.format_cell`` ("auto")."""
+    return markdown_table(rows, [Column(key, header, "auto", label=True) for key, header in columns])
 
 
 def section(path: Path, title: str, note: str = "") -> str:
@@ -147,7 +133,7 @@ def ctrl_section(root: Path) -> str:
         ("index", "problem"),
         ("solved", "solved"),
         ("nodes_expanded", "nodes expanded"),
-        ("branch_switches", "branch switches"),
+        ("off_path_expansions", "off-path expansions"),
         ("peak_device_tokens", "peak KV tok"),
         ("seconds", "seconds"),
     ]

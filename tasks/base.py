@@ -1,16 +1,19 @@
-"""Task interface: what a controller needs to know about a problem family.
+"""Task interface: what controllers and verifiers need to know about a problem family.
 
 A task turns a problem into a root prompt, interprets each generated *thought* (one block of
-text the model produced), keeps a task-specific state along the path, and checks final answers.
-Tasks are plain Python: no tensors, no runtime objects.
+text the model produced) as a :class:`StepResult`, keeps a task-specific state along the path,
+and checks final answers. It declares the verifiers that can score it (``verifiers``, names of
+``conf/verifier`` options, the first being its default) and its value prompt for LLM value
+verifiers (``value_prompt``). This module is the task-neutral interface verifiers depend on;
+tasks are plain Python: no tensors, no runtime objects.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,8 @@ class StepResult:
         valid: False when the thought is malformed or breaks the task's rules.
         terminal: True when the path is finished (an answer was given, or nothing is left to do).
         reason: a short human-readable note on why a thought is invalid ("" when valid).
+        answer: the final answer a terminal thought states (None when it states none, or the path
+            goes on); what ``Task.is_correct`` checks and what self-consistency votes on.
     """
 
     state: Any
@@ -48,6 +53,38 @@ class StepResult:
     valid: bool = True
     terminal: bool = False
     reason: str = ""
+    answer: str | None = None
+
+
+class ValueQuery(NamedTuple):
+    """One state's part of a value prompt: ``key`` identifies the state (equal keys are evaluated
+    once), ``text`` is appended under the prompt's prefix and the model completes the verdict."""
+
+    key: Hashable
+    text: str
+
+
+class ValuePrompt(ABC):
+    """A task's value prompt in the Tree-of-Thoughts style: a few-shot prefix whose examples end in
+    a verdict (sure / likely / impossible), then one query per state.
+
+    Attributes:
+        prefix: the few-shot part, shared by every state (an LLM value verifier prefills it once).
+    """
+
+    prefix: str = ""
+
+    @abstractmethod
+    def query(self, problem: Problem, state: Any) -> ValueQuery:
+        """The query of the state after a thought."""
+
+    def finished_score(self, problem: Problem, result: StepResult) -> float | None:
+        """The score of a finished path when the task knows it without the model, else None.
+
+        By default a finished path that states no answer scores 0.0 and one with an answer is
+        left to the model.
+        """
+        return 0.0 if result.answer is None else None
 
 
 class Task(ABC):
@@ -60,6 +97,11 @@ class Task(ABC):
     max_thought_tokens: int = 48
     #: thoughts along one root-to-leaf path at most
     max_steps: int = 4
+    #: names of the verifiers (``conf/verifier/<name>.yaml``) that can score this task; the first
+    #: is its default, which the task's config selects
+    verifiers: tuple[str, ...] = ()
+    #: the value prompt an LLM value verifier uses, or None when the task has none
+    value_prompt: ValuePrompt | None = None
 
     @abstractmethod
     def problems(self) -> list[Problem]:
@@ -75,47 +117,13 @@ class Task(ABC):
 
     @abstractmethod
     def step(self, problem: Problem, state: Any, thought: str) -> StepResult:
-        """Interpret one generated thought given the state of its parent."""
+        """Interpret one generated thought given the state of its parent (a terminal result
+        carries the answer it states)."""
 
     @abstractmethod
-    def final_answer(self, problem: Problem, state: Any) -> str | None:
-        """The answer a terminal state gives, or None when it gives none."""
+    def is_correct(self, problem: Problem, answer: str | None) -> bool:
+        """Whether a stated final answer solves the problem (None never does)."""
 
-    @abstractmethod
-    def is_correct(self, problem: Problem, state: Any) -> bool:
-        """Whether a (terminal) state solves the problem."""
-
-
-def resolve_data_file(data_dir: str | Path | None, relative: str, fallback: Path | None = None) -> Path:
-    """Locate a task data file.
-
-    Looks in ``data_dir/relative`` when ``data_dir`` is given, else at ``fallback``. Raises
-    ``FileNotFoundError`` naming every place looked at, so the user knows what to fix.
-    """
-    tried: list[Path] = []
-    if data_dir is not None:
-        path = Path(data_dir).expanduser() / relative
-        if path.is_file():
-            return path
-        tried.append(path)
-    if fallback is not None:
-        if fallback.is_file():
-            return fallback
-        tried.append(fallback)
-    looked = ", ".join(str(p) for p in tried) or "(no location configured)"
-    raise FileNotFoundError(
-        f"data file {relative!r} not found; looked at: {looked}. "
-        "Set task.data_dir to a folder holding it (see README: Data)."
-    )
-
-
-def check_slice(start: int, end: int | None, size: int, name: str) -> tuple[int, int]:
-    """Validate a ``[start, end)`` slice over ``size`` rows; ``end=None`` means to the end."""
-    stop = size if end is None else end
-    if start < 0 or stop < 0:
-        raise ValueError(f"{name}: task.start={start} / task.end={end} must be >= 0")
-    if start > stop:
-        raise ValueError(f"{name}: task.start={start} is greater than task.end={stop}")
-    if stop > size:
-        raise ValueError(f"{name}: task.end={stop} is past the last row; the file has {size} rows (0..{size - 1})")
-    return start, stop
+    def answers_match(self, pred: str, gold: str) -> bool:
+        """Whether two stated answers are the same answer (self-consistency votes on this)."""
+        return pred == gold

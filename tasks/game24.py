@@ -7,7 +7,6 @@ once one number is left. The model thus never has to track the remaining numbers
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 import re
 from dataclasses import dataclass
@@ -15,8 +14,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tasks.base import Problem, StepResult, Task, check_slice, resolve_data_file
-from verifiers.game24 import apply_op, check_expression
+from tasks.arith24 import apply_op, check_expression, format_number, parse_puzzle
+from tasks.base import Problem, StepResult, Task, ValuePrompt, ValueQuery
+from tasks.data import DataUnavailable, check_slice, find_file, read_rows
 
 INSTRUCTION = (
     "Use numbers and basic arithmetic operations (+ - * /) to obtain 24. "
@@ -77,7 +77,20 @@ _STEP = re.compile(
 )
 #: what may follow "x op y = z" in a thought: spaces, then the "(left" stop string or a newline
 _STEP_END = re.compile(r"[ \t]*(?:\(left|\n)?")
-_PUZZLE_NUMBER = re.compile(r"\d+", re.ASCII)
+
+#: value prompt (ToT's game24 ``value_prompt``, verdict first): header and (numbers left, verdict)
+#: examples written for this project; "likely" = in range, no quick way to 24
+VALUE_HEADER = "Evaluate if given numbers can reach 24 (sure/likely/impossible)\n"
+VALUE_EXAMPLES: tuple[tuple[str, str], ...] = (
+    ("3 5", "impossible"),
+    ("6 4", "sure"),
+    ("4 5 7", "likely"),
+    ("13 13 13", "impossible"),
+    ("2 10 12", "sure"),
+    ("1 1 2", "impossible"),
+    ("3 9 10", "likely"),
+    ("7 8 10", "sure"),
+)
 
 
 class Operand(NamedTuple):
@@ -117,21 +130,25 @@ class Game24State:
         }
 
 
-def parse_puzzle(text: str) -> tuple[int, int, int, int]:
-    """The four numbers of a puzzle like "4 4 6 8"; ValueError naming ``text`` otherwise."""
-    tokens = str(text).split()
-    if len(tokens) != 4 or not all(_PUZZLE_NUMBER.fullmatch(t) for t in tokens):
-        raise ValueError(
-            f"malformed Game of 24 puzzle {text!r}: expected four non-negative integers "
-            "separated by spaces, e.g. '4 4 6 8'"
-        )
-    a, b, c, d = (int(t) for t in tokens)
-    return a, b, c, d
+def value_query(numbers: str) -> str:
+    """One state's block of the value prompt: the numbers left; the model completes the verdict."""
+    return f"Input: {numbers}\nJudgement:"
 
 
-def format_number(value: Fraction) -> str:
-    """``value`` as the task writes it: "12", "-2", "8/3"."""
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+class Game24ValuePrompt(ValuePrompt):
+    """Game of 24 value prompt: can the numbers left still make 24? Finished paths need no model."""
+
+    prefix = VALUE_HEADER + "".join(f"{value_query(n)} {v}\n" for n, v in VALUE_EXAMPLES)
+
+    def query(self, problem: Problem, state: Game24State) -> ValueQuery:
+        """Keyed by the numbers left, so states reached in different orders share one evaluation."""
+        numbers = " ".join(format_number(v) for v in state.values)
+        return ValueQuery(("game24", numbers), value_query(numbers))
+
+    def finished_score(self, problem: Problem, result: StepResult) -> float:
+        """1.0 when the final expression uses the inputs once and equals 24, else 0.0 (exact)."""
+        answer = result.answer
+        return 1.0 if answer is not None and check_expression(answer, parse_puzzle(problem.question)) else 0.0
 
 
 def find_data_file(data_dir: str | Path | None) -> Path:
@@ -139,10 +156,17 @@ def find_data_file(data_dir: str | Path | None) -> Path:
 
     An explicit ``data_dir`` without the file is an error (no silent fallback), naming both paths.
     """
-    if data_dir is None:
-        return resolve_data_file(None, "24.csv", fallback=_package_csv())
-    root = Path(data_dir).expanduser()
-    return resolve_data_file(root, "game24/24.csv", fallback=root / "24.csv")
+    if data_dir is not None:
+        return find_file(data_dir, "game24", "24.csv")
+    path = _package_csv()
+    if path is None or not path.is_file():
+        where = path or "the tree-of-thoughts-llm package (not installed)"
+        raise DataUnavailable(
+            f"data file game24/24.csv not found; looked at: {where}. "
+            "Set paths.data_dir (or task.data_dir) to a folder holding it, or pip install --no-deps "
+            "tree-of-thoughts-llm (see README: Data)."
+        )
+    return path
 
 
 class Game24Task(Task):
@@ -152,13 +176,15 @@ class Game24Task(Task):
     stop = (_LEFT_STOP, "\n")
     max_thought_tokens = 24
     max_steps = 3
+    verifiers = ("game24", "llm_value")
+    value_prompt = Game24ValuePrompt()
 
     def __init__(self, data_dir: str | None = None, start: int = 900, end: int | None = 1000, n_shots: int = 5) -> None:
         if not 0 <= n_shots <= len(FEW_SHOT_EXAMPLES):
             raise ValueError(f"game24: n_shots={n_shots} must be in 0..{len(FEW_SHOT_EXAMPLES)}")
         self.n_shots = n_shots
         self.data_file = find_data_file(data_dir)
-        rows = _read_rows(self.data_file)
+        rows = read_rows(self.data_file, ("Puzzles",))
         self.start, self.end = check_slice(start, end, len(rows), self.name)
         self._problems = [_problem(i, rows[i]) for i in range(self.start, self.end)]
 
@@ -179,22 +205,21 @@ class Game24Task(Task):
         return Game24State(inputs=inputs, remaining=remaining)
 
     def step(self, problem: Problem, state: Game24State, thought: str) -> StepResult:
-        """Apply "x op y = z" from the start of ``thought``; invalid keeps ``state`` and forces nothing."""
+        """Apply "x op y = z" from the start of ``thought``; invalid keeps ``state`` and forces nothing.
+
+        Once one number is left the path is terminal and its answer is that number's expression.
+        """
         try:
             new_state = _apply_step(state, thought)
         except ValueError as err:
             return StepResult(state=state, valid=False, reason=str(err))
-        terminal = len(new_state.remaining) == 1
-        return StepResult(state=new_state, forced_text=_forced_text(thought, new_state), terminal=terminal)
+        answer = new_state.final_expression
+        forced = _forced_text(thought, new_state)
+        return StepResult(state=new_state, forced_text=forced, terminal=answer is not None, answer=answer)
 
-    def final_answer(self, problem: Problem, state: Game24State) -> str | None:
-        """The expression of the last number, or None while more than one is left."""
-        return state.final_expression
-
-    def is_correct(self, problem: Problem, state: Game24State) -> bool:
+    def is_correct(self, problem: Problem, answer: str | None) -> bool:
         """Whether the final expression uses the four inputs exactly once and equals 24."""
-        expr = self.final_answer(problem, state)
-        return expr is not None and check_expression(expr, parse_puzzle(problem.question))
+        return answer is not None and check_expression(answer, parse_puzzle(problem.question))
 
 
 def _package_csv() -> Path | None:
@@ -206,16 +231,6 @@ def _package_csv() -> Path | None:
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     candidates = [Path(loc) / "data" / "24" / "24.csv" for loc in locations]
     return next((p for p in candidates if p.is_file()), candidates[0] if candidates else None)
-
-
-def _read_rows(path: Path) -> list[dict[str, str]]:
-    """Rows of ``24.csv``; ValueError when the "Puzzles" column is missing."""
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-    if "Puzzles" not in (reader.fieldnames or []):
-        raise ValueError(f"{path}: no 'Puzzles' column; found columns {reader.fieldnames}")
-    return rows
 
 
 def _problem(index: int, row: dict[str, str]) -> Problem:

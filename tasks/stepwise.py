@@ -1,26 +1,60 @@
-"""Shared base of the math tasks (GSM8K, MATH-500, AIME): free-form reasoning, one step per thought.
+"""Free-form math reasoning, one step per thought: GSM8K, MATH-500 and AIME as one data-driven task.
 
 A thought is one line (``step="line"``) or one sentence (``step="sentence"``) of a worked solution.
 The task keeps the steps so far; a step that states the final answer ("The answer is ...", "####",
 "\\boxed") ends the path, and so does reaching ``max_steps``. The prompt is an instruction, worked
 examples and the question, all rendered by ``format_example`` so examples and query share one format.
+
+What differs between the data sets is data, given by each ``conf/task/<name>.yaml``: where the rows
+are (:class:`~tasks.data.DataSource`), which fields hold the question and the answer, the answer
+rule (:data:`~tasks.answers.ANSWER_RULES`), the instruction and the worked examples.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from abc import abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
-from tasks.base import Problem, StepResult, Task, check_slice, resolve_data_file
+from tasks.answers import ANSWER_RULES
+from tasks.base import Problem, StepResult, Task, ValuePrompt, ValueQuery
+from tasks.data import DataSource, check_slice, load_rows
 
 #: stop strings of one thought, per step granularity
 STEP_STOPS: dict[str, tuple[str, ...]] = {"line": ("\n",), "sentence": (". ", ".\n", "\n")}
 #: a step matching this states the final answer and ends the path
 FINAL_ANSWER_MARKER = re.compile(r"the answer is|####|\\boxed|\\fbox", re.IGNORECASE)
+
+#: value prompt: header and (question, steps so far, verdict) examples written for this project
+VALUE_HEADER = "Is this partial solution on track? (sure/likely/impossible)\n"
+VALUE_EXAMPLES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (
+        "A shop sells pencils at 3 for $1. How much do 12 pencils cost?",
+        ("12 pencils are 12 / 3 = 4 groups of 3 pencils.",),
+        "sure",
+    ),
+    (
+        "Ann has 5 apples, buys 7 more and eats 2. How many apples does she have?",
+        ("After buying she has 5 + 7 = 13 apples.",),
+        "impossible",
+    ),
+    (
+        "A train travels at 60 km per hour for 2.5 hours. How far does it go?",
+        ("The train covers 60 km in each hour.",),
+        "likely",
+    ),
+    (
+        "Sam reads 15 pages a day. How many pages does he read in a week?",
+        ("A week has 5 days, so he reads 15 * 5 = 75 pages.",),
+        "impossible",
+    ),
+    (
+        "A rectangle is 8 cm long and 5 cm wide. What is its area?",
+        ("The area is 8 * 5 = 40 square cm.", "The answer is 40."),
+        "sure",
+    ),
+)
 
 
 class WorkedExample(NamedTuple):
@@ -48,58 +82,80 @@ def format_example(question: str, steps: tuple[str, ...] = ()) -> str:
     return f"Question: {question.strip()}\nSolution:\n" + "".join(f"{s}\n" for s in steps)
 
 
-def find_task_file(data_dir: str | Path | None, folder: str, filename: str) -> Path:
-    """``data_dir/folder/filename`` or ``data_dir/filename`` (``data_dir`` is the shared data root or
-    the task's own folder). No packaged fallback: None or a folder without the file raises
-    ``FileNotFoundError`` naming the paths and ``task.data_dir``."""
-    if data_dir is None:
-        return resolve_data_file(None, f"{folder}/{filename}")
-    root = Path(data_dir).expanduser()
-    return resolve_data_file(root, f"{folder}/{filename}", fallback=root / filename)
+def value_query(question: str, steps: tuple[str, ...]) -> str:
+    """One state's block of the value prompt; the model completes the verdict."""
+    lines = "".join(f"{s}\n" for s in steps)
+    return f"Question: {question.strip()}\nPartial solution:\n{lines}Judgement:"
 
 
-def read_jsonl(path: Path, required: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Rows of a JSON-lines file; ValueError naming the file and line for bad JSON or missing keys."""
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from None
-            missing = [key for key in required if key not in row]
-            if missing:
-                raise ValueError(f"{path}:{number}: missing field(s) {missing}; expected {list(required)}")
-            rows.append(row)
-    return rows
+class StepwiseValuePrompt(ValuePrompt):
+    """Is a partial solution on track? Keyed by the question and the steps so far."""
+
+    prefix = VALUE_HEADER + "".join(f"{value_query(q, s)} {v}\n\n" for q, s, v in VALUE_EXAMPLES)
+
+    def query(self, problem: Problem, state: StepwiseState) -> ValueQuery:
+        """The question and the path's steps."""
+        return ValueQuery(("stepwise", problem.question, state.steps), value_query(problem.question, state.steps))
 
 
 class StepwiseTask(Task):
-    """Base of the math tasks; subclasses give the data, examples and answer rules."""
+    """A math data set solved one step per thought (see the module docstring).
 
-    name = "stepwise"
-    max_thought_tokens = 64
-    #: first line of the prompt
-    instruction: str = ""
-    #: few-shot examples shown before the question
-    examples: tuple[WorkedExample, ...] = ()
+    Args:
+        name: the task's name in results ("gsm8k").
+        source: where the rows are: ``folder``, ``files`` (split -> file), ``hub`` (split -> dataset parts).
+        question_field / answer_field: the row fields holding the question and the reference answer.
+        meta_fields: row fields copied into ``Problem.meta`` (when present).
+        answer: the answer rule, a key of :data:`~tasks.answers.ANSWER_RULES`.
+        instruction: the first line of the prompt.
+        examples: worked examples (mappings with ``question``, ``steps``, ``answer``).
+        data_dir: a folder with the task's files; None loads the hub datasets of ``source``.
+        split: which split of the source to read.
+        start / end: the 0-based row slice (``end=None``: to the last row).
+        step: "line" or "sentence" (what one thought is).
+        max_steps / max_thought_tokens: thoughts per path and tokens per thought at most.
+        cache_dir: the ``datasets`` cache for hub loads (None: its default).
+    """
+
+    verifiers = ("answer_match", "llm_value")
+    value_prompt = StepwiseValuePrompt()
 
     def __init__(
-        self, data_file: Path, start: int, end: int | None, step: str, max_steps: int, max_thought_tokens: int
+        self,
+        name: str,
+        source: Mapping[str, Any],
+        answer: str,
+        instruction: str,
+        examples: Sequence[Mapping[str, Any]] = (),
+        question_field: str = "question",
+        answer_field: str = "answer",
+        meta_fields: Sequence[str] = (),
+        data_dir: str | None = None,
+        split: str = "test",
+        start: int = 0,
+        end: int | None = None,
+        step: str = "line",
+        max_steps: int = 8,
+        max_thought_tokens: int = 64,
+        cache_dir: str | None = None,
     ) -> None:
+        self.name = name
+        if answer not in ANSWER_RULES:
+            raise ValueError(f"{name}: task.answer={answer!r} is not one of {sorted(ANSWER_RULES)}")
         if step not in STEP_STOPS:
-            raise ValueError(f"{self.name}: task.step={step!r} is not one of {sorted(STEP_STOPS)}")
+            raise ValueError(f"{name}: task.step={step!r} is not one of {sorted(STEP_STOPS)}")
         if max_steps < 1:
-            raise ValueError(f"{self.name}: task.max_steps={max_steps} must be >= 1")
+            raise ValueError(f"{name}: task.max_steps={max_steps} must be >= 1")
         if max_thought_tokens < 1:
-            raise ValueError(f"{self.name}: task.max_thought_tokens={max_thought_tokens} must be >= 1")
+            raise ValueError(f"{name}: task.max_thought_tokens={max_thought_tokens} must be >= 1")
+        self.rule, self.instruction, self.split = ANSWER_RULES[answer], instruction, split
+        self.examples = tuple(WorkedExample(e["question"], tuple(e["steps"]), str(e["answer"])) for e in examples)
         self.step_kind, self.stop = step, STEP_STOPS[step]
         self.max_steps, self.max_thought_tokens = max_steps, max_thought_tokens
-        self.data_file = data_file
-        rows = self._read_rows(data_file)
-        self.start, self.end = check_slice(start, end, len(rows), self.name)
+        self.fields = (question_field, answer_field, tuple(meta_fields))
+        data = DataSource.from_config(source)
+        rows, self.data_origin = load_rows(data, split, data_dir, (question_field, answer_field), cache_dir)
+        self.start, self.end = check_slice(start, end, len(rows), name)
         self._problems = [self._problem(i, rows[i]) for i in range(self.start, self.end)]
 
     def problems(self) -> list[Problem]:
@@ -125,31 +181,21 @@ class StepwiseTask(Task):
             return StepResult(state=state, valid=False, reason="empty thought")
         steps = (*state.steps, text)
         if FINAL_ANSWER_MARKER.search(text):
-            return StepResult(state=StepwiseState(steps, self.extract_answer(text)), terminal=True)
+            answer = self.rule.extract(text)
+            return StepResult(state=StepwiseState(steps, answer), terminal=True, answer=answer)
         return StepResult(state=StepwiseState(steps), terminal=len(steps) >= self.max_steps)
 
-    def final_answer(self, problem: Problem, state: StepwiseState) -> str | None:
-        """The answer the path stated, or None."""
-        return state.answer
-
-    def is_correct(self, problem: Problem, state: StepwiseState) -> bool:
-        """Whether the stated answer matches the reference answer."""
-        if state.answer is None or problem.answer is None:
+    def is_correct(self, problem: Problem, answer: str | None) -> bool:
+        """Whether the stated answer matches the reference answer under the task's answer rule."""
+        if answer is None or problem.answer is None:
             return False
-        return self.answers_match(state.answer, problem.answer)
+        return self.rule.match(answer, problem.answer)
 
-    @abstractmethod
-    def extract_answer(self, text: str) -> str | None:
-        """The answer a final step states, or None when it states none."""
-
-    @abstractmethod
     def answers_match(self, pred: str, gold: str) -> bool:
-        """Whether an extracted answer equals the reference answer."""
+        """Equality under the task's answer rule (numbers within 1e-6, MATH equivalence, integers)."""
+        return self.rule.match(pred, gold)
 
-    @abstractmethod
-    def _read_rows(self, path: Path) -> list[dict[str, Any]]:
-        """The rows of the data file."""
-
-    @abstractmethod
     def _problem(self, index: int, row: dict[str, Any]) -> Problem:
-        """The problem of 0-based row ``index``."""
+        question, answer, meta = self.fields
+        info = {key: row[key] for key in meta if key in row} | {"split": self.split}
+        return Problem(index, str(row[question]), self.rule.gold(str(row[answer])), info)

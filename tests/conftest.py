@@ -1,16 +1,25 @@
-"""Shared fixtures: the tiny random Llama, SmolLM2 (CPU), and the shared data folder."""
+"""Shared fixtures: the tiny random Llama, SmolLM2 (CPU), the synthetic data folder, the full data sets.
+
+Unit tests read ``data_dir``: a folder the tests write themselves (:mod:`synthetic_data`), so the
+suite passes in a bare clone. Tests over the real data sets take ``full_data``: the folder named by
+``$ARBOR_DATA_DIR``, else ``../shared/data`` beside the project; without one they are skipped, and
+the summary at the end says which happened.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from synthetic_data import write_data_dir
 
 from arbor_runtime import load_model
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+FULL_DATA = Path(os.environ.get("ARBOR_DATA_DIR") or REPO.parent / "shared" / "data")
+_full_data_outcomes: dict[str, int] = {}
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +45,33 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="session")
-def data_dir() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.fail(f"shared data folder {SHARED_DATA} is missing (tests read ../shared/data)")
-    return SHARED_DATA
+def data_dir(tmp_path_factory) -> Path:
+    """The synthetic data folder (a few rows per task in the real file formats; see synthetic_data.py)."""
+    return write_data_dir(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="session")
+def full_data() -> Path:
+    """The real data sets (README: Data); tests taking this are skipped when the folder is absent."""
+    if not (FULL_DATA / "gsm8k" / "test.jsonl").is_file():
+        pytest.skip(f"full data sets not found at {FULL_DATA} (set ARBOR_DATA_DIR)")
+    return FULL_DATA
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "full_data" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.full_data)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "full_data" in report.keywords and (report.when == "call" or report.outcome == "skipped"):
+        _full_data_outcomes[report.outcome] = _full_data_outcomes.get(report.outcome, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _full_data_outcomes:
+        return
+    counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(_full_data_outcomes.items()))
+    where = FULL_DATA if FULL_DATA.is_dir() else f"{FULL_DATA} (missing; set ARBOR_DATA_DIR)"
+    terminalreporter.write_line(f"full-data tests on {where}: {counts}")

@@ -1,4 +1,5 @@
-"""Answer matchers on real GSM8K / MATH-500 / AIME rows, hand-made equivalences, and voting."""
+"""Answer matchers on GSM8K / MATH-500 / AIME rows (synthetic ones always, the real files when the
+full data sets are present), hand-made equivalences, and voting."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from synthetic_data import AIME, GSM8K_TEST, MATH500
 
-from verifiers.answers import (
+from tasks.answers import (
     aime_match,
     extract_aime,
     extract_boxed,
@@ -22,30 +24,47 @@ from verifiers.answers import (
     normalize_math,
 )
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
-
-def rows(relative: str) -> list[dict]:
-    """Rows of a shared JSONL data file (../shared/data must be there: the tests read it)."""
-    path = SHARED_DATA / relative
-    if not path.is_file():
-        pytest.fail(f"shared data not found at {path}")
+def rows(path: Path) -> list[dict]:
+    """Rows of a JSONL data file."""
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")
-def gsm8k() -> list[dict]:
-    return rows("gsm8k/test.jsonl")
+def gsm8k(full_data) -> list[dict]:
+    return rows(full_data / "gsm8k" / "test.jsonl")
 
 
 @pytest.fixture(scope="module")
-def math500() -> list[dict]:
-    return rows("math500/test.jsonl")
+def math500(full_data) -> list[dict]:
+    return rows(full_data / "math500" / "test.jsonl")
 
 
 @pytest.fixture(scope="module")
-def aime() -> list[dict]:
-    return rows("aime/aime_2024_2025.jsonl")
+def aime(full_data) -> list[dict]:
+    return rows(full_data / "aime" / "aime_2024_2025.jsonl")
+
+
+# --- synthetic rows -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("row", "gold"), list(zip(GSM8K_TEST, ["34", "2500", "-10", "12"], strict=True)))
+def test_gsm8k_gold_on_synthetic_rows(row, gold):
+    assert extract_gsm8k_gold(row["answer"]) == gold
+    assert extract_number(row["answer"]) == gold  # "#### N" is an answer marker
+    assert gsm8k_match(f"${int(gold):,}.00", gold) and not gsm8k_match(str(int(gold) + 1), gold)
+
+
+@pytest.mark.parametrize("row", MATH500)
+def test_math500_boxed_solution_matches_answer_on_synthetic_rows(row):
+    assert math_equal(extract_boxed(row["solution"]), row["answer"])
+
+
+@pytest.mark.parametrize("row", AIME)
+def test_aime_synthetic_rows_match_their_integer(row):
+    value = int(row["answer"])
+    assert aime_match(f"so $\\boxed{{{value:03d}}}$", row["answer"])
+    assert not aime_match(str((value + 1) % 1000), row["answer"])
 
 
 # --- GSM8K --------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from floats import reassociation_tol
 
 from arbor_cli.bench import budgets_for, expected_prefill_tokens, memory_panels, plot_memory, record_trace
 from arbor_cli.bench.cli import plot_main, record_main, speed_main
@@ -50,7 +51,7 @@ def test_memory_plot_has_the_expected_series(tiny, trace, tmp_path):
 
 
 def test_plot_script_end_to_end_one_problem_two_policies_two_budgets(tiny, data_dir, tmp_path):
-    overrides = ["model=tiny-random", f"task.data_dir={data_dir}", "task.end=901", "task.n_shots=1"]
+    overrides = ["model=tiny-random", f"paths.data_dir={data_dir}", "task.end=901", "task.n_shots=1"]
     assert record_main(["--out", str(tmp_path), *overrides, "controller.n_generate=2"]) == 0
     png = tmp_path / "memory.png"
     argv = [str(tmp_path / "game24-900.json"), "--policies", "h2o,arbor", "--budget-tokens", "150,190"]
@@ -67,13 +68,16 @@ def test_three_builds_compute_the_same_logprobs_and_expected_tokens(tiny, trace)
     expected = expected_prefill_tokens(trace)
     assert {name: b.prefill_tokens for name, b in builds.items()} == expected
     assert expected["naive"] > 4 * expected["runtime"] and expected["prefix_cache"] > expected["runtime"]
-    assert max_logprob_diff(builds["runtime"], builds["naive"]) < 1e-4
-    assert max_logprob_diff(builds["runtime"], builds["prefix_cache"]) < 1e-4
     scored = {n.id for n in trace.nodes.values() if n.parent is not None}
     assert all(b.logprobs.keys() == scored for b in builds.values())
+    # three forwards over the same tokens in different shapes (whole path, cached prefix, tree blocks):
+    # equal up to the rounding of a different summation order
+    tol = reassociation_tol(tiny, [x for k in scored for x in trace.nodes[k].logprobs])
+    assert max_logprob_diff(builds["runtime"], builds["naive"]) <= tol
+    assert max_logprob_diff(builds["runtime"], builds["prefix_cache"]) <= tol
     naive = builds["naive"].logprobs
     recorded = max(abs(a - b) for k in scored for a, b in zip(naive[k], trace.nodes[k].logprobs, strict=True))
-    assert recorded < 1e-4
+    assert recorded <= tol
 
 
 def test_speed_summary_and_script(tiny, trace, tmp_path):

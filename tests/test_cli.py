@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 from rich.console import Console
+from synthetic_data import game24_puzzles
 
 from arbor_cli.budget import PolicyFactory
-from arbor_cli.run import default_verifier, run
+from arbor_cli.build import build_task, build_verifier, compose_config
+from arbor_cli.run import run
 from arbor_runtime import Runtime
 from controllers.base import Controller
 
@@ -21,29 +22,48 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    return sorted(str(p.relative_to(CONF / group).with_suffix("")) for p in (CONF / group).rglob("*.yaml"))
 
 
 def compose_cfg(*overrides: str):
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    return compose_config(overrides)
 
 
 def tiny_overrides(data_dir, run_dir, *extra):
-    return ["model=tiny-random", f"task.data_dir={data_dir}", f"run_dir={run_dir}", *extra]
+    return ["model=tiny-random", f"paths.data_dir={data_dir}", f"run_dir={run_dir}", *extra]
 
 
-@pytest.mark.parametrize("group", ["task", "policy", "controller", "model", "verifier"])
+def puzzle(index: int) -> str:
+    return " ".join(map(str, game24_puzzles()[index]))
+
+
+@pytest.mark.parametrize("group", ["task", "policy", "controller", "model", "verifier", "experiment", "paths"])
 def test_every_config_group_composes_and_instantiates(group, tiny, data_dir):
     for option in options(group):
-        cfg = compose_cfg(f"{group}={option}", f"task.data_dir={data_dir}")
-        task = instantiate(cfg.task)
+        fitting_task = ["task=gsm8k"] if (group, option) == ("verifier", "answer_match") else []
+        cfg = compose_cfg(*fitting_task, f"{group}={option}", f"paths.data_dir={data_dir}")
+        task = build_task(cfg)
         assert task.problems()
         policy = PolicyFactory(cfg.policy, task.problems()[:1]).build(None)
-        verifier = instantiate(cfg.verifier) if cfg.verifier.get("_target_") else default_verifier(task)
+        verifier = build_verifier(cfg, task)
         controller = instantiate(cfg.controller, runtime=Runtime(tiny, policy=policy), task=task, verifier=verifier)
-        assert isinstance(controller, Controller)
+        assert isinstance(controller, Controller) and verifier.name in task.verifiers
         assert cfg.model.spec
+
+
+@pytest.mark.parametrize(("task", "verifier"), [("game24", "game24"), ("gsm8k", "answer_match")])
+def test_each_task_config_selects_its_own_verifier(task, verifier, data_dir):
+    cfg = compose_cfg(f"task={task}", f"paths.data_dir={data_dir}")
+    assert build_verifier(cfg, build_task(cfg)).name == verifier
+    cfg = compose_cfg(f"task={task}", "verifier=llm_value", f"paths.data_dir={data_dir}")
+    assert build_verifier(cfg, build_task(cfg)).name == "llm_value"
+
+
+def test_a_verifier_that_does_not_fit_the_task_is_a_clear_error(data_dir, tmp_path, capsys):
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task=gsm8k", "verifier=game24", "task.end=1"))
+    assert run(cfg) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "arbor-solve: error: verifier=game24 does not fit task=gsm8k; valid: answer_match, llm_value"
 
 
 def test_cli_runs_one_puzzle_and_resumes(data_dir, tmp_path):
@@ -52,7 +72,7 @@ def test_cli_runs_one_puzzle_and_resumes(data_dir, tmp_path):
     assert run(cfg, console=console) == 0
     rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [r["index"] for r in rows] == [900]
-    assert rows[0]["question"] == "4 5 6 10" and rows[0]["prefill_tokens"] > 0
+    assert rows[0]["question"] == puzzle(900) and rows[0]["prefill_tokens"] > 0
     assert "game24" in console.export_text()
     assert (tmp_path / "results.csv").is_file() and (tmp_path / "traces.jsonl").is_file()
     # widen the slice and rerun in the same dir: 900 is skipped (not appended twice), 901 is added
@@ -88,13 +108,14 @@ def test_bad_values_end_with_one_clear_line(override, message, data_dir, tmp_pat
 def test_missing_data_dir(tmp_path, capsys):
     cfg = compose_cfg(*tiny_overrides(tmp_path / "nowhere", tmp_path))
     assert run(cfg) == 2
-    assert str(tmp_path / "nowhere") in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert str(tmp_path / "nowhere") in err and "paths.data_dir" in err and "\n" not in err
 
 
 def test_console_script_end_to_end(data_dir, tmp_path):
     """The installed `arbor-solve` entry point, as a user runs it (Hydra app, run dir from Hydra)."""
     cmd = [
-        sys.executable, "-m", "arbor_cli.solve", "model=tiny-random", f"task.data_dir={data_dir}",
+        sys.executable, "-m", "arbor_cli.solve", "model=tiny-random", f"paths.data_dir={data_dir}",
         "task.start=901", "task.end=902", f"hydra.run.dir={tmp_path}",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -13,13 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
-from hydra.utils import instantiate
-from omegaconf import open_dict
+from hydra.utils import get_class, instantiate
 
-from arbor_cli.run import default_verifier
+from arbor_cli.build import build_task, build_verifier, compose_config
 from arbor_runtime import Node, Runtime
-from controllers import CONTROLLERS, Controller, SearchResult
+from controllers import Controller, SearchResult
 from tasks.base import Problem, StepResult, Task
 from verifiers.base import Verifier
 
@@ -43,16 +41,18 @@ def task_options() -> list[str]:
     return sorted(p.stem for p in (REPO / "conf" / "task").glob("*.yaml"))
 
 
+#: controller config name -> the class it builds
+CONTROLLERS = {name: get_class(compose_config([f"controller={name}"]).controller._target_) for name in SMALL}
+
+
 def build(controller: str, task_name: str, runtime: Runtime, data_dir: Path) -> tuple[Controller, Task]:
-    """Controller ``controller`` from its config on one problem of ``task_name``."""
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"task={task_name}", f"controller={controller}"])
-    with open_dict(cfg):
-        cfg.task.data_dir = str(data_dir)
-        cfg.task.end = cfg.task.start + 1
-        cfg.task.update({k: v for k, v in SHORT_TASK.items() if k in cfg.task})
-    task = instantiate(cfg.task)
-    verifier = instantiate(cfg.verifier) if cfg.verifier.get("_target_") else default_verifier(task)
+    """Controller ``controller`` from its config on one problem of ``task_name`` (the task's own verifier)."""
+    overrides = [f"task={task_name}", f"controller={controller}", f"paths.data_dir={data_dir}"]
+    cfg = compose_config(overrides)
+    short = [f"task.{k}={v}" for k, v in SHORT_TASK.items() if k in cfg.task]
+    cfg = compose_config([*overrides, f"task.end={cfg.task.start + 1}", *short])
+    task = build_task(cfg)
+    verifier = build_verifier(cfg, task)
     ctrl = instantiate(cfg.controller, runtime=runtime, task=task, verifier=verifier, **SMALL[controller])
     return ctrl, task
 
@@ -76,9 +76,9 @@ def record_nodes(rt: Runtime) -> list[tuple[int | None, tuple[int, ...]]]:
     return created
 
 
-def test_registry_matches_configs():
-    assert set(CONTROLLERS) == set(SMALL)
-    assert set(CONTROLLERS) == {p.stem for p in (REPO / "conf" / "controller").glob("*.yaml")}
+def test_every_controller_config_is_covered_and_named_after_its_config():
+    assert set(SMALL) == {p.stem for p in (REPO / "conf" / "controller").glob("*.yaml")}
+    assert all(cls.name == name and issubclass(cls, Controller) for name, cls in CONTROLLERS.items())
 
 
 @pytest.mark.parametrize("task_name", task_options())
@@ -94,19 +94,22 @@ def test_controller_solves_one_problem_reproducibly(name, task_name, tiny, data_
         assert isinstance(result, SearchResult) and result.steps >= 1
         assert result.expansions and result.expansions[0] == 0  # the root is expanded first
         assert created and rt.metrics.nodes_created == len(created) + 1
-        runs.append((created, result.expansions, result.branch_switches, result.answer))
+        runs.append((created, result.expansions, result.off_path_expansions, result.answer))
     assert runs[0] == runs[1]
 
 
 # ---- scripted search problems ---------------------------------------------------------------
 class NumberedTask(Task):
-    """Every thought is valid; the state is the path of thought numbers (1, 2, ... in creation order)."""
+    """Every thought is valid; the state is the path of thought numbers (1, 2, ... in creation order).
+
+    A path ends after ``max_steps`` thoughts, or at a thought whose number is in ``ends``.
+    """
 
     name = "numbered"
     max_thought_tokens = 4
 
-    def __init__(self, max_steps: int = 3) -> None:
-        self.max_steps, self.count = max_steps, 0
+    def __init__(self, max_steps: int = 3, ends: frozenset[int] = frozenset()) -> None:
+        self.max_steps, self.ends, self.count = max_steps, ends, 0
 
     def problems(self) -> list[Problem]:
         return [Problem(index=0, question="count")]
@@ -120,12 +123,10 @@ class NumberedTask(Task):
     def step(self, problem: Problem, state: tuple[int, ...], thought: str) -> StepResult:
         self.count += 1
         path = (*state, self.count)
-        return StepResult(state=path, terminal=len(path) >= self.max_steps)
+        terminal = len(path) >= self.max_steps or self.count in self.ends
+        return StepResult(state=path, terminal=terminal, answer="-".join(map(str, path)) if terminal else None)
 
-    def final_answer(self, problem: Problem, state: tuple[int, ...]) -> str | None:
-        return "-".join(map(str, state))
-
-    def is_correct(self, problem: Problem, state: tuple[int, ...]) -> bool:
+    def is_correct(self, problem: Problem, answer: str | None) -> bool:
         return False
 
 
@@ -164,10 +165,60 @@ def test_controller_grows_and_releases_a_deep_tree_reproducibly(name, tiny):
         created = record_nodes(rt)
         ctrl = CONTROLLERS[name](rt, NumberedTask(), ScriptedVerifier(scores, 0.5), **SMALL[name])
         result = ctrl.solve(ctrl.task.problems()[0])
-        assert len(result.expansions) > 1 and all(not rt.nodes[i].released for i in rt.nodes)
+        assert len(result.expansions) > 1 and max(n.depth for n in rt.all_nodes.values()) >= 2
+        released = {i for i, n in rt.all_nodes.items() if n.released}
+        assert released == set(rt.all_nodes) - set(rt.nodes) and len(released) == rt.metrics.nodes_released
+        assert all(not a.released for n in rt.nodes.values() for a in n.path())  # live nodes keep their path
+        assert result.best is None or not result.best.released  # the answer is never pruned away
+        if name != "mcts":  # mcts releases only invalid thoughts and rollouts; here there are neither
+            assert released
         best = None if result.best is None else result.best.meta["state"]
-        runs.append((created, result.expansions, best, rt.metrics.nodes_released))
+        runs.append((created, result.expansions, best, sorted(released)))
     assert runs[0] == runs[1]
+
+
+def expanded_states(rt: Runtime, result: SearchResult) -> list[tuple[int, ...]]:
+    return [rt.all_nodes[i].meta["state"] for i in result.expansions]
+
+
+def released_states(rt: Runtime) -> set[tuple[int, ...]]:
+    """States of the released thoughts (forced blocks have none here: the numbered task writes no text)."""
+    return {n.meta["state"] for n in rt.all_nodes.values() if n.released and "state" in n.meta}
+
+
+def test_bfs_keeps_the_best_breadth_of_each_level_and_expands_them_in_one_batch(tiny):
+    # level 1: root -> 1, 2, 3; keep 2 and 3 (the best two). level 2 (one batch): 2 -> 4, 5, 6 and
+    # 3 -> 7, 8, 9; keep 7 and 8. level 3: every thought ends the path; 11 scores 1.0 and wins.
+    scores = {1: 0.2, 2: 0.9, 3: 0.5, 4: 0.1, 5: 0.3, 6: 0.2, 7: 0.8, 8: 0.7, 9: 0.05, 11: 1.0}
+    rt = Runtime(tiny, seed=0)
+    batches = []
+    expand_many = rt.expand_many
+    rt.expand_many = lambda requests, sampling=None: (
+        batches.append([n.id for n, _ in requests]) or expand_many(requests, sampling)
+    )
+    ctrl = CONTROLLERS["bfs"](rt, NumberedTask(), ScriptedVerifier(scores, 0.4), n_generate=3, breadth=2)
+    result = ctrl.solve(ctrl.task.problems()[0])
+    assert expanded_states(rt, result) == [(), (2,), (3,), (3, 7), (3, 8)]
+    assert [len(b) for b in batches] == [1, 2, 2] and result.steps == 3
+    assert result.best.meta["state"] == (3, 7, 11) and result.best.value == 1.0
+    assert released_states(rt) == {(1,), (2, 4), (2, 5), (2, 6), (3, 9), (3, 7, 10), (3, 7, 12)} | {
+        (3, 8, i) for i in (13, 14, 15)
+    }
+
+
+def test_beam_keeps_the_top_width_with_finished_paths_competing(tiny):
+    # step 1: root -> 1 (0.9), 2 (0.8, ends its path): the beam holds both.
+    # step 2: only 1 is open: 1 -> 3 (0.5), 4 (0.95); beam = 4 and the finished 2; 3 is dropped.
+    # step 3: 4 -> 5 (0.3), 6 (0.85), both finished (max_steps); beam = 6, 2: all finished, stop.
+    scores = {1: 0.9, 2: 0.8, 3: 0.5, 4: 0.95, 5: 0.3, 6: 0.85}
+    rt = Runtime(tiny, seed=0)
+    task = NumberedTask(max_steps=3, ends=frozenset({2}))
+    ctrl = CONTROLLERS["beam"](rt, task, ScriptedVerifier(scores, 0.0), beam_width=2, samples_per_node=2)
+    result = ctrl.solve(task.problems()[0])
+    assert expanded_states(rt, result) == [(), (1,), (1, 4)] and result.steps == 3
+    assert result.best.meta["state"] == (1, 4, 6)  # the best finished path, above the early one (0.8)
+    assert released_states(rt) == {(1, 3), (1, 4, 5)}  # (2,) stayed in the beam to the end
+    assert result.extra["vote_count"] == 1
 
 
 def test_dfs_backtracks_from_a_dead_end(tiny):
@@ -198,7 +249,7 @@ def test_best_first_jumps_between_branches(tiny):
     result = ctrl.solve(ctrl.task.problems()[0])
     nodes = [rt.nodes[i] for i in result.expansions]
     assert [n.meta.get("state") for n in nodes] == [(), (1,), (2,), (2, 5)]
-    assert result.branch_switches > 0
+    assert result.off_path_expansions > 0
     assert any(not is_descendant(b, a) for a, b in zip(nodes[:-1], nodes[1:], strict=True))
 
 
@@ -239,7 +290,7 @@ def test_mcts_stops_at_a_solution(tiny):
 def test_custom_search_example_runs(data_dir, tmp_path):
     cmd = [
         sys.executable, str(REPO / "scripts" / "custom_search.py"), "model=tiny-random",
-        f"task.data_dir={data_dir}", "task.start=900", "task.end=901", f"run_dir={tmp_path}",
+        f"paths.data_dir={data_dir}", "task.start=900", "task.end=901", f"run_dir={tmp_path}",
         f"hydra.run.dir={tmp_path / 'hydra'}", "controller.n_generate=2",
     ]  # fmt: skip
     env = os.environ | {"OMP_NUM_THREADS": "1"}

@@ -1,4 +1,8 @@
-"""Game of 24: data loading, thought parsing, forced text, the exact oracle and expression checks."""
+"""Game of 24: data loading, thought parsing, forced text, the exact oracle and expression checks.
+
+The real puzzle file ships in ``tree-of-thoughts-llm`` (part of the setup), so the tests over all
+1362 puzzles and the paper's slice run everywhere; folder layouts use the synthetic data folder.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +10,23 @@ import csv
 import importlib.util
 import sys
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
+from synthetic_data import SIZES, game24_puzzles
 
+from tasks.arith24 import check_expression, parse_puzzle, solvable
 from tasks.base import Problem, StepResult
-from tasks.game24 import FEW_SHOT_EXAMPLES, Game24State, Game24Task, find_data_file, parse_puzzle
-from verifiers.game24 import DEAD_END_SCORE, Game24Verifier, check_expression, solvable
+from tasks.game24 import FEW_SHOT_EXAMPLES, Game24State, Game24Task, find_data_file
+from verifiers.game24 import DEAD_END_SCORE, Game24Verifier
 
-SHARED_DATA = Path(__file__).parents[2] / "shared" / "data"
 HAS_TOT = importlib.util.find_spec("tot") is not None
-
-
-def shared_data() -> Path:
-    """The shared data root (../shared/data from the project root); the tests need it."""
-    if not (SHARED_DATA / "game24" / "24.csv").is_file():
-        pytest.fail(f"shared data not found at {SHARED_DATA}")
-    return SHARED_DATA
 
 
 @pytest.fixture(scope="module")
 def task() -> Game24Task:
-    return Game24Task(data_dir=str(shared_data()))
+    """The default task: the ToT paper's slice of the packaged puzzle file."""
+    assert HAS_TOT, "tree-of-thoughts-llm is part of the setup (make setup installs it with --no-deps)"
+    return Game24Task()
 
 
 def problem(question: str = "4 4 6 8") -> Problem:
@@ -49,11 +48,13 @@ def play(task: Game24Task, question: str, thoughts: list[str]) -> tuple[StepResu
 
 
 def test_every_csv_puzzle_is_solvable():
-    with (shared_data() / "game24" / "24.csv").open(newline="") as f:
+    with find_data_file(None).open(newline="") as f:
         puzzles = [row["Puzzles"] for row in csv.DictReader(f)]
     assert len(puzzles) == 1362
     unsolved = [p for p in puzzles if not solvable(parse_puzzle(p))]
     assert unsolved == []
+    # the file holds exactly the solvable multisets of 1..13 (what the synthetic file lists)
+    assert sorted(tuple(sorted(parse_puzzle(p))) for p in puzzles) == game24_puzzles()
 
 
 @pytest.mark.parametrize("numbers", [(1, 1, 1, 1), (1, 1, 1, 2), (13, 13, 13, 13), (1, 1, 2, 2)])
@@ -130,22 +131,23 @@ def test_default_slice_is_tot_ranks_901_to_1000(task):
 
 
 @pytest.mark.parametrize("sub", ["", "game24"])
-def test_data_dir_at_shared_root_or_game24_folder(sub):
-    task = Game24Task(data_dir=str(shared_data() / sub), start=0, end=3)
-    assert [p.question for p in task.problems()] == ["1 1 4 6", "1 1 11 11", "1 1 3 8"]
+def test_data_dir_at_data_root_or_game24_folder(sub, data_dir):
+    task = Game24Task(data_dir=str(data_dir / sub), start=0, end=3)
+    assert [p.question for p in task.problems()] == ["1 1 1 8", "1 1 1 11", "1 1 1 12"]
+    assert [p.meta["rank"] for p in task.problems()] == [1, 2, 3]
 
 
-def test_end_none_reads_to_the_last_row():
-    assert len(Game24Task(data_dir=str(shared_data()), start=1360, end=None).problems()) == 2
+def test_end_none_reads_to_the_last_row(data_dir):
+    assert len(Game24Task(data_dir=str(data_dir), start=SIZES["game24"] - 2, end=None).problems()) == 2
 
 
-def test_slice_errors():
+def test_slice_errors(data_dir):
     with pytest.raises(ValueError, match="greater than"):
-        Game24Task(data_dir=str(shared_data()), start=10, end=5)
+        Game24Task(data_dir=str(data_dir), start=10, end=5)
     with pytest.raises(ValueError, match="past the last row.*1362 rows"):
-        Game24Task(data_dir=str(shared_data()), start=0, end=1363)
+        Game24Task(data_dir=str(data_dir), start=0, end=1363)
     with pytest.raises(ValueError, match="n_shots"):
-        Game24Task(data_dir=str(shared_data()), n_shots=99)
+        Game24Task(data_dir=str(data_dir), n_shots=99)
 
 
 def test_missing_data_dir_names_the_paths(tmp_path):
@@ -186,7 +188,7 @@ def test_prompt_layout(task):
     assert text.endswith("\n\nInput: 4 5 6 10\nSteps:\n")
     assert text.count("Input: ") == len(FEW_SHOT_EXAMPLES) + 1
     assert "\n" not in text.split("\n\n")[0]  # one-line instruction
-    zero_shot = Game24Task(data_dir=str(shared_data()), start=0, end=1, n_shots=0)
+    zero_shot = Game24Task(start=0, end=1, n_shots=0)
     assert zero_shot.prompt(prob).count("Input: ") == 1
 
 
@@ -198,8 +200,8 @@ def test_few_shot_examples_replay_exactly_and_are_correct(task, example):
     result, text = play(task, question, thoughts)
     assert "".join(lines[:2]) + text == example
     assert result.terminal
-    assert task.is_correct(problem(question), result.state)
-    assert check_expression(task.final_answer(problem(question), result.state), parse_puzzle(question))
+    assert task.is_correct(problem(question), result.answer)
+    assert check_expression(result.answer, parse_puzzle(question))
 
 
 # --- step parsing -------------------------------------------------------------------------------
@@ -232,7 +234,7 @@ def test_step_with_fraction_operands(task):
     assert result.valid and result.forced_text == ": 1/3 8)\n"
     result = task.step(prob, result.state, "8 / 1/3 = 24 (left")
     assert result.terminal and result.forced_text == ": 24)\nAnswer: 8 / (3 - (8 / 3)) = 24\n"
-    assert task.is_correct(prob, result.state)
+    assert result.answer == "8 / (3 - (8 / 3))" and task.is_correct(prob, result.answer)
 
 
 @pytest.mark.parametrize(
@@ -311,8 +313,8 @@ def test_full_solution_path(task):
         "4 + 8 = 12 (left: 4 6 12)\n6 - 4 = 2 (left: 2 12)\n2 * 12 = 24 (left: 24)\nAnswer: (6 - 4) * (4 + 8) = 24\n"
     )
     assert result.terminal
-    assert task.final_answer(problem(), result.state) == "(6 - 4) * (4 + 8)"
-    assert task.is_correct(problem(), result.state)
+    assert result.answer == "(6 - 4) * (4 + 8)"
+    assert task.is_correct(problem(), result.answer)
     assert Game24Verifier().score(problem(), result) == 1.0
     assert result.state.to_json()["steps"] == ["4 + 8 = 12", "6 - 4 = 2", "2 * 12 = 24"]
 
@@ -321,20 +323,20 @@ def test_wrong_terminal_path(task):
     result, text = play(task, "4 4 6 8", ["4 + 4 = 8 (left", "6 + 8 = 14 (left", "8 + 14 = 22 (left"])
     assert result.terminal
     assert text.endswith("(left: 22)\nAnswer: (4 + 4) + (6 + 8) = 22\n")
-    assert task.final_answer(problem(), result.state) == "(4 + 4) + (6 + 8)"
-    assert not task.is_correct(problem(), result.state)
+    assert result.answer == "(4 + 4) + (6 + 8)"
+    assert not task.is_correct(problem(), result.answer)
     assert Game24Verifier().score(problem(), result) == 0.0
 
 
-def test_non_terminal_state_has_no_answer(task):
-    state = task.initial_state(problem())
-    assert task.final_answer(problem(), state) is None
-    assert not task.is_correct(problem(), state)
+def test_non_terminal_step_has_no_answer(task):
+    result = task.step(problem(), task.initial_state(problem()), "4 + 8 = 12 (left")
+    assert result.valid and not result.terminal and result.answer is None
+    assert not task.is_correct(problem(), None)
 
 
 def test_verifier_scores(task):
     verifier = Game24Verifier()
-    assert verifier.name == "game24_symbolic"
+    assert verifier.name == "game24" and verifier.name in task.verifiers
     live = task.step(problem(), task.initial_state(problem()), "4 + 8 = 12 (left")
     dead = task.step(problem(), task.initial_state(problem()), "4 * 8 = 32 (left")  # 4 6 32: no 24
     invalid = task.step(problem(), task.initial_state(problem()), "garbage")

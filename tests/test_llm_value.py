@@ -6,33 +6,28 @@ accounting and the tree shape come from the real runtime.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
+from arbor_cli.build import compose_config
 from arbor_runtime import Runtime
 from controllers import BFSController
 from tasks.base import Problem, StepResult
 from tasks.game24 import Game24Task
-from tasks.stepwise import StepwiseState
+from tasks.game24 import value_query as game24_query
+from tasks.stepwise import StepwiseState, StepwiseValuePrompt
+from tasks.stepwise import value_query as stepwise_query
 from verifiers import LLMValueVerifier
-from verifiers.llm_value import (
-    GAME24_PREFIX,
-    STEPWISE_PREFIX,
-    game24_query,
-    parse_verdict,
-    raw_value,
-    stepwise_query,
-)
+from verifiers.llm_value import parse_verdict, raw_value
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+GAME24_PREFIX = Game24Task.value_prompt.prefix
+STEPWISE_PREFIX = StepwiseValuePrompt.prefix
 
 
 @pytest.fixture
-def game24(data_dir: Path) -> tuple[Game24Task, Problem]:
-    task = Game24Task(data_dir=str(data_dir), start=900, end=901)
+def game24() -> tuple[Game24Task, Problem]:
+    task = Game24Task(start=900, end=901)  # the packaged puzzle file: rank 901
     return task, task.problems()[0]  # "4 5 6 10"
 
 
@@ -77,7 +72,7 @@ def test_prefix_is_prefilled_once_for_many_states(tiny, game24):
     task, problem = game24
     rt = Runtime(tiny, seed=0)
     verifier = LLMValueVerifier(n_evaluate=3, max_new_tokens=8)
-    verifier.bind(rt)
+    verifier.bind(rt, task)
     calls = record_expands(rt)
     prefix_tokens = n_tokens(rt, GAME24_PREFIX, special=True)
     results = [after(task, problem, t) for t in ("4 + 5 = 9 (left", "6 - 4 = 2 (left", "10 * 6 = 60 (left")]
@@ -99,7 +94,7 @@ def test_prefix_is_prefilled_once_for_many_states(tiny, game24):
 def test_score_is_tot_value_normalized(tiny, game24):
     task, problem = game24
     rt = Runtime(tiny, seed=0)
-    verifier = LLMValueVerifier(n_evaluate=3, runtime=rt)
+    verifier = LLMValueVerifier(n_evaluate=3, runtime=rt, prompt=task.value_prompt)
     record_expands(rt, [" sure\n", " likely\n", " 24 is out of reach"])
     result = after(task, problem, "4 + 5 = 9 (left")
     assert verifier.score(problem, result) == pytest.approx(21 / 60)  # (20 + 1 + 0) / (20 * n_evaluate)
@@ -113,36 +108,37 @@ def test_score_is_tot_value_normalized(tiny, game24):
 def test_identical_states_are_evaluated_once(tiny, game24):
     task, problem = game24
     rt = Runtime(tiny, seed=0)
-    verifier = LLMValueVerifier(n_evaluate=2, runtime=rt)
+    verifier = LLMValueVerifier(n_evaluate=2, runtime=rt, prompt=task.value_prompt)
     calls = record_expands(rt)
     first = verifier.score(problem, after(task, problem, "4 + 5 = 9 (left"))
     prefill = rt.metrics.prefill_tokens
     assert verifier.score(problem, after(task, problem, "5 + 4 = 9 (left")) == first  # same numbers left
     assert calls == [2] and verifier.evaluations == 1 and rt.metrics.prefill_tokens == prefill
     other = Runtime(tiny, seed=0)
-    verifier.bind(other)  # a new runtime (the CLI makes one per problem): new prefix root, empty cache
+    verifier.bind(other, task)  # a new runtime (the CLI makes one per problem): new prefix root, empty cache
     assert verifier.cache == {} and verifier.roots == {}
 
 
 def test_invalid_and_finished_paths_need_no_model(tiny, game24):
     task, problem = game24
     rt = Runtime(tiny, seed=0)
-    verifier = LLMValueVerifier(runtime=rt)
+    verifier = LLMValueVerifier(runtime=rt, prompt=task.value_prompt)
     calls = record_expands(rt)
     invalid = after(task, problem, "7 + 7 = 14 (left")
     solved = after(task, problem, "10 - 6 = 4 (left", "4 * 5 = 20 (left", "20 + 4 = 24 (left")
     wrong = after(task, problem, "4 + 5 = 9 (left", "6 + 9 = 15 (left", "10 + 15 = 25 (left")
-    no_answer = StepResult(state=StepwiseState(steps=("Half of 10 is 5.",)), terminal=True)
     assert not invalid.valid and solved.terminal and wrong.terminal
     assert verifier.score(problem, invalid) == 0.0
     assert verifier.score(problem, solved) == 1.0 and verifier.score(problem, wrong) == 0.0  # exact check
-    assert verifier.score(problem, no_answer) == 0.0
+    stepwise = LLMValueVerifier(runtime=rt, prompt=StepwiseValuePrompt())
+    no_answer = StepResult(state=StepwiseState(steps=("Half of 10 is 5.",)), terminal=True)
+    assert stepwise.score(problem, no_answer) == 0.0
     assert calls == [] and not rt.nodes and rt.metrics.prefill_tokens == 0
 
 
 def test_stepwise_states_use_their_own_prefix(tiny):
     rt = Runtime(tiny, seed=0)
-    verifier = LLMValueVerifier(n_evaluate=2, runtime=rt)
+    verifier = LLMValueVerifier(n_evaluate=2, runtime=rt, prompt=StepwiseValuePrompt())
     record_expands(rt, [" likely\n", " sure\n"])
     problem = Problem(index=0, question="What is 3 + 4 * 2?", answer="11")
     result = StepResult(state=StepwiseState(steps=("4 * 2 = 8.",)))
@@ -154,15 +150,21 @@ def test_stepwise_states_use_their_own_prefix(tiny):
     assert list(verifier.roots) == [STEPWISE_PREFIX]
 
 
-def test_unbound_unknown_and_bad_arguments_are_clear(game24):
+def test_unbound_promptless_and_bad_arguments_are_clear(tiny, game24):
     task, problem = game24
     with pytest.raises(RuntimeError, match="bind"):
         LLMValueVerifier().score(problem, after(task, problem, "4 + 5 = 9 (left"))
+    with pytest.raises(RuntimeError, match="bind"):
+        LLMValueVerifier(prompt=task.value_prompt).score(problem, after(task, problem, "4 + 5 = 9 (left"))
     with pytest.raises(ValueError, match="n_evaluate=0"):
         LLMValueVerifier(n_evaluate=0)
-    verifier = LLMValueVerifier()
-    with pytest.raises(TypeError, match="no value prompt for state tuple"):
-        verifier.score(problem, StepResult(state=(1, 2)))
+
+    class NoValuePrompt(Game24Task):
+        value_prompt = None
+        verifiers = ("game24",)
+
+    with pytest.raises(ValueError, match="task game24 has no value prompt; valid verifiers: game24"):
+        LLMValueVerifier().bind(Runtime(tiny), NoValuePrompt(start=0, end=1))
 
 
 class FixedStepGame24(Game24Task):
@@ -173,16 +175,16 @@ class FixedStepGame24(Game24Task):
         return super().step(problem, state, f"{a} + {b} = {int(a) + int(b)} (left")
 
 
-def test_bfs_on_game24_binds_and_uses_the_value_prefix(tiny, data_dir):
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["verifier=llm_value", "controller=bfs"])
+def test_bfs_on_game24_binds_and_uses_the_value_prefix(tiny):
+    cfg = compose_config(["verifier=llm_value", "controller=bfs"])
     verifier = instantiate(cfg.verifier)
     assert isinstance(verifier, LLMValueVerifier) and verifier.n_evaluate == 3 and verifier.runtime is None
-    task = FixedStepGame24(data_dir=str(data_dir), start=900, end=901)
+    task = FixedStepGame24(start=900, end=901)
     rt = Runtime(tiny, seed=0)
     calls = record_expands(rt)
     ctrl = instantiate(cfg.controller, runtime=rt, task=task, verifier=verifier, n_generate=2, breadth=2)
     assert isinstance(ctrl, BFSController) and verifier.runtime is rt  # bound by the controller
+    assert verifier.prompt is task.value_prompt
     result = ctrl.solve(task.problems()[0])
     # 4 5 6 10 -> (6 9 10) -> (10 15) -> 25: two distinct open states, each evaluated once
     assert verifier.evaluations == 2 and calls == [3, 3]

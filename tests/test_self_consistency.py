@@ -10,8 +10,8 @@ import pytest
 
 from arbor_runtime import Runtime
 from controllers import BFSController, DFSController
+from tasks.answers import gsm8k_match
 from tasks.base import Problem, StepResult, Task
-from verifiers.answers import gsm8k_match
 from verifiers.base import Verifier
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -38,16 +38,11 @@ class AnswerListTask(Task):
 
     def step(self, problem: Problem, state: str | None, thought: str) -> StepResult:
         self.count += 1
-        return StepResult(state=self.answers[self.count - 1], terminal=True)
+        answer = self.answers[self.count - 1]
+        return StepResult(state=answer, terminal=True, answer=answer)
 
-    def final_answer(self, problem: Problem, state: str | None) -> str | None:
-        return state
-
-    def is_correct(self, problem: Problem, state: str | None) -> bool:
-        return state is not None and self.matches(state, problem.answer)
-
-    def matches(self, pred: str, gold: str) -> bool:
-        return pred == gold
+    def is_correct(self, problem: Problem, answer: str | None) -> bool:
+        return answer is not None and self.answers_match(answer, problem.answer)
 
 
 class NumericAnswerListTask(AnswerListTask):
@@ -55,9 +50,6 @@ class NumericAnswerListTask(AnswerListTask):
 
     def answers_match(self, pred: str, gold: str) -> bool:
         return gsm8k_match(pred, gold)
-
-    def matches(self, pred: str, gold: str) -> bool:
-        return self.answers_match(pred, gold)
 
 
 class AnswerScores(Verifier):
@@ -103,11 +95,11 @@ def test_terminals_reset_per_problem_and_controller_extras_are_kept(tiny):
     assert len(ctrl.terminals) == 3
 
 
-def test_verifier_bind_is_called_with_the_runtime(tiny):
+def test_verifier_bind_is_called_with_the_runtime_and_task(tiny):
     class Binding(AnswerScores):
-        def bind(self, runtime: Runtime) -> None:
-            self.bound = runtime
+        def bind(self, runtime: Runtime, task: Task) -> None:
+            self.bound = (runtime, task)
 
-    rt, verifier = Runtime(tiny, seed=0), Binding({})
-    BFSController(rt, AnswerListTask(["18"]), verifier)
-    assert verifier.bound is rt
+    rt, verifier, task = Runtime(tiny, seed=0), Binding({}), AnswerListTask(["18"])
+    BFSController(rt, task, verifier)
+    assert verifier.bound[0] is rt and verifier.bound[1] is task

@@ -72,7 +72,7 @@ def test_two_job_sweep_with_the_joblib_launcher(data_dir, tmp_path):
     sweep = tmp_path / "sweep"
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     cmd = [
-        sys.executable, "-m", "arbor_cli.solve", "-m", "model=tiny-random", f"task.data_dir={data_dir}",
+        sys.executable, "-m", "arbor_cli.solve", "-m", "model=tiny-random", f"paths.data_dir={data_dir}",
         "task.start=900", "task.end=901", "controller=bfs,best_first", "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep}",
     ]  # fmt: skip
@@ -96,7 +96,7 @@ def test_two_policies_two_budgets_sweep_merges(data_dir, tmp_path):
     sweep = tmp_path / "sweep"
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     cmd = [
-        sys.executable, "-m", "arbor_cli.solve", "-m", "model=tiny-random", f"task.data_dir={data_dir}",
+        sys.executable, "-m", "arbor_cli.solve", "-m", "model=tiny-random", f"paths.data_dir={data_dir}",
         "task.start=901", "task.end=902", "policy=full,arbor", "policy.budget_tokens=700,2000",
         f"hydra.sweep.dir={sweep}",
     ]  # fmt: skip

@@ -6,6 +6,7 @@ import csv
 import json
 
 import pytest
+from floats import reassociation_tol
 
 from arbor_cli.bench import ReplayRun, Trace, budgets_for, load_trace, record_trace, replay_lockstep, replay_trace
 from arbor_cli.bench.cli import record_main, replay_main
@@ -25,6 +26,10 @@ def trace(tiny) -> Trace:
     return record_trace(tiny, synthetic_search, meta={"task": "synthetic"})
 
 
+def recorded_logprobs(trace: Trace) -> list[float]:
+    return [x for n in trace.nodes.values() for x in n.logprobs]
+
+
 def test_trace_is_json_and_round_trips(trace, tmp_path):
     path = trace.save(tmp_path / "t.json")
     data = json.loads(path.read_text())  # plain JSON, no pickle
@@ -41,13 +46,16 @@ def test_trace_is_json_and_round_trips(trace, tmp_path):
     assert trace.expansions and trace.events and trace.memory
 
 
-def test_full_replay_reproduces_recorded_logprobs_exactly(tiny, trace):
+def test_full_replay_reproduces_recorded_logprobs(tiny, trace):
     run = replay_trace(tiny, trace, "full")
     fid = run.fidelity
     assert not run.oom
     assert fid.positions == trace.scored_positions
-    assert fid.recorded_max_abs_diff < 1e-4  # batched decode vs teacher-forced prefill
-    assert fid.top1_agree == fid.positions and fid.kl_max == 0.0
+    # the recording sampled them in batched decode, the replay teacher-forces each block in one
+    # prefill: the same math summed in another order, so equal up to rounding
+    assert 0 < fid.recorded_max_abs_diff <= reassociation_tol(tiny, recorded_logprobs(trace))
+    # the replay and its full reference run the same kernels on the same shapes: bit-identical
+    assert fid.top1_agree == fid.positions and fid.kl_max == 0.0 and fid.dll_sum == 0.0
     assert run.metrics["peak_device_tokens"] == trace.full_replay_peak()
     assert run.metrics["prefill_tokens"] == trace.total_tokens  # every block once
 
@@ -77,7 +85,7 @@ def test_full_replay_matches_recorded_logprobs_on_smollm2(smollm2):
     trace = record_trace(smollm2, search)
     run = replay_trace(smollm2, trace, "full")
     assert run.fidelity.positions == trace.scored_positions
-    assert run.fidelity.recorded_max_abs_diff < 1e-4
+    assert run.fidelity.recorded_max_abs_diff <= reassociation_tol(smollm2, recorded_logprobs(trace))
 
 
 def test_arbor_is_exact_at_a_low_budget_while_linear_policies_are_not(tiny, trace):
@@ -89,11 +97,16 @@ def test_arbor_is_exact_at_a_low_budget_while_linear_policies_are_not(tiny, trac
     assert not arbor.oom and arbor.metrics["rehydrations"] > 0 and arbor.metrics["evicted_tokens"] > 0
     assert arbor.metrics["peak_device_tokens"] <= budget
     assert arbor.fidelity.positions == trace.scored_positions
-    assert arbor.fidelity.top1_agree == arbor.fidelity.positions  # active path whole, exact rehydration
-    assert arbor.fidelity.kl_max < 1e-6 and abs(arbor.fidelity.dll_sum) < 1e-4
+    # the active path is whole and rehydrated bit-identical, so arbor computes what full computes
+    # over the same KV; how the blocks are laid out and merged may change the summation order, so
+    # every log-prob equals full's up to rounding, and the top-1 token everywhere
+    fid = arbor.fidelity
+    assert fid.top1_agree == fid.positions
+    assert fid.max_abs_dlogp <= reassociation_tol(tiny, [fid.scale])
     for run in (h2o, streaming):
         assert not run.oom and run.metrics["dropped_tokens"] > 0
         assert run.fidelity.kl_max > 1e-3 and run.fidelity.top1_agree < run.fidelity.positions
+        assert run.fidelity.max_abs_dlogp > 100 * reassociation_tol(tiny, [run.fidelity.scale])  # not rounding
     assert ref.fidelity.kl_max == 0.0
 
 
@@ -143,7 +156,7 @@ def test_unknown_trace_version_is_rejected(trace, tmp_path):
 
 
 def test_record_and_replay_scripts_end_to_end(tiny, data_dir, tmp_path):
-    overrides = ["model=tiny-random", f"task.data_dir={data_dir}", "task.end=901", "task.n_shots=1"]
+    overrides = ["model=tiny-random", f"paths.data_dir={data_dir}", "task.end=901", "task.n_shots=1"]
     assert record_main(["--out", str(tmp_path / "traces"), *overrides, "controller.n_generate=2"]) == 0
     path = tmp_path / "traces" / "game24-900.json"
     trace = load_trace(path)
@@ -154,7 +167,8 @@ def test_record_and_replay_scripts_end_to_end(tiny, data_dir, tmp_path):
     assert [(r["policy"], r["budget_fraction"]) for r in rows] == [
         ("full", 1.0), ("full", 0.5), ("full", 0.9), ("arbor", 0.5), ("arbor", 0.9)
     ]  # fmt: skip
-    assert rows[0]["recorded_max_abs_diff"] < 1e-4 and rows[0]["steps"]
+    recorded = [x for n in trace.nodes.values() for x in n.logprobs]
+    assert rows[0]["recorded_max_abs_diff"] <= reassociation_tol(tiny, recorded) and rows[0]["steps"]
     with (tmp_path / "replay" / "replay.csv").open() as fh:
         table = list(csv.DictReader(fh))
     assert len(table) == 5 and {"top1_agreement", "mean_kl", "peak_host_bytes", "oom"} <= table[0].keys()

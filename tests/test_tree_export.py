@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 import networkx as nx
 import pytest
-from hydra import compose, initialize_config_module
-from hydra.utils import instantiate
 from rich.console import Console
+from synthetic_data import game24_puzzles
 
-from arbor_cli.run import default_verifier, run, search_one
-from arbor_cli.tree_export import held_nodes, load_tree, render_tree, tree_record, write_tree
+from arbor_cli.build import build, compose_config
+from arbor_cli.run import run, search_one
+from arbor_cli.tree_export import load_tree, render_tree, tree_record, write_tree
 from arbor_runtime import Runtime, SamplingParams
 
 FIELDS = {
@@ -22,9 +22,7 @@ FIELDS = {
 
 
 def compose_cfg(data_dir, run_dir, *overrides: str):
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        over = ["model=tiny-random", f"task.data_dir={data_dir}", f"run_dir={run_dir}", *overrides]
-        return compose(config_name="config", overrides=over)
+    return compose_config(["model=tiny-random", f"paths.data_dir={data_dir}", f"run_dir={run_dir}", *overrides])
 
 
 @pytest.fixture
@@ -51,7 +49,7 @@ def test_tree_json_and_graphml_hold_every_node_with_flags(grown, tmp_path):
     json_path, graphml_path = write_tree(tmp_path, 7, record)
     assert (json_path.name, graphml_path.name) == ("7.json", "7.graphml")
     data = json.loads(json_path.read_text())
-    assert data["index"] == 7 and data["best"] == g.best.id and data["complete"] is True
+    assert data["index"] == 7 and data["best"] == g.best.id
     nodes = {n["id"]: n for n in data["nodes"]}
     assert len(nodes) == 7 and all(set(n) == FIELDS for n in nodes.values())  # released kids[1] included
     on_path = {g.root.id, g.kids[0].id, g.forced.id, g.best.id}
@@ -72,18 +70,6 @@ def test_tree_json_and_graphml_hold_every_node_with_flags(grown, tmp_path):
     assert root["parent"] == -1 and root["value"] == -1.0 and root["expansion"] == 0 and root["best"] is True
     assert graph.nodes[str(g.kids[0].id)]["meta_state"] == '{"left": ["24"]}'
     assert graph.has_edge(str(g.forced.id), str(g.best.id))
-
-
-def test_without_all_nodes_the_export_holds_what_is_reachable(grown):
-    """Fallback for a runtime that does not keep released nodes: live nodes plus those held elsewhere."""
-    g = grown
-    rt = SimpleNamespace(nodes=g.rt.nodes, residency=g.rt.residency)  # no all_nodes
-    assert len(tree_record(rt, g.best, [])["nodes"]) == 6
-    controller = SimpleNamespace(queue={1: [SimpleNamespace(node=g.kids[1], thought=g.kids[1])]}, rt=g.rt)
-    assert [n.id for n in held_nodes(controller)] == [g.kids[1].id, g.kids[1].id]
-    record = tree_record(rt, g.best, [], held=held_nodes(controller))
-    assert record["complete"] is False and len(record["nodes"]) == 7
-    assert next(n for n in record["nodes"] if n["id"] == g.kids[1].id)["released"] is True
 
 
 def test_render_tree_shows_the_best_path(grown):
@@ -109,7 +95,7 @@ def test_cli_writes_trees_shows_them_and_puts_extra_scalars_in_rows(data_dir, tm
     assert tree["index"] == 900 and tree["nodes"][0]["kind"] == "prompt"
     assert len(tree["nodes"]) == row["nodes_created"]  # released nodes included
     assert nx.read_graphml(tmp_path / "trees" / "900.graphml").number_of_nodes() == row["nodes_created"]
-    assert "problem 900: 4 5 6 10" in console.export_text()
+    assert f"problem 900: {' '.join(map(str, game24_puzzles()[900]))}" in console.export_text()
     # resumed problems are shown from their saved tree
     console = Console(record=True, width=200)
     assert run(compose_cfg(*over), console=console) == 0
@@ -117,9 +103,9 @@ def test_cli_writes_trees_shows_them_and_puts_extra_scalars_in_rows(data_dir, tm
 
 
 def test_non_scalar_extra_is_left_out_of_the_row(tiny, data_dir, tmp_path):
-    cfg = compose_cfg(data_dir, tmp_path, "task.end=901", "controller=mcts", "controller.iterations=2")
-    task = instantiate(cfg.task)
-    solved = search_one(cfg, tiny, task, default_verifier(task), task.problems()[0])
+    setup = build(compose_cfg(data_dir, tmp_path, "task.end=901", "controller=mcts", "controller.iterations=2"), tiny)
+    task = setup.task
+    solved = search_one(setup, task.problems()[0])
     assert isinstance(solved.result.extra["visits"], dict) and "visits" not in solved.row
     assert solved.row["rollouts"] == solved.result.extra["rollouts"]
     assert solved.tree(task.problems()[0])["expansions"] == solved.result.expansions

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.base import Problem, StepResult
-from tasks.stepwise import StepwiseState
 from verifiers.base import Verifier
 
 #: a terminal node that states an answer
@@ -32,11 +31,10 @@ class AnswerVerifier(Verifier):
             return 0.0
         if not result.terminal:
             return OPEN_SCORE
-        state: StepwiseState = result.state
-        return ANSWERED_SCORE if state.answer is not None else NO_ANSWER_SCORE
+        return ANSWERED_SCORE if result.answer is not None else NO_ANSWER_SCORE
 
     def describe(self, problem: Problem, result: StepResult) -> dict[str, Any]:
         """The stated answer of a terminal node, for logs."""
         if not (result.valid and result.terminal):
             return {}
-        return {"answer": result.state.answer}
+        return {"answer": result.answer}

@@ -1,15 +1,27 @@
-"""Verifier interface: scores a node for the search controller."""
+"""Verifier interface: scores a node for the search controller.
+
+Verifiers read only the task-neutral interface of :mod:`tasks.base` (the problem, the
+:class:`~tasks.base.StepResult` of a thought, the task's declared value prompt) and leaf modules
+such as :mod:`tasks.arith24`; they never import a task module.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.base import Problem, StepResult
 
+if TYPE_CHECKING:
+    from arbor_runtime import Runtime
+    from tasks.base import Task
+
 
 class Verifier(ABC):
-    """Scores the state a thought leads to; higher is more promising. Scores are in [0, 1]."""
+    """Scores the state a thought leads to; higher is more promising. Scores are in [0, 1].
+
+    ``name`` is the verifier's option in ``conf/verifier``; a task lists the names that fit it.
+    """
 
     name: str = "verifier"
 
@@ -20,3 +32,10 @@ class Verifier(ABC):
     def describe(self, problem: Problem, result: StepResult) -> dict[str, Any]:
         """Extra fields to log for a scored node (default: none)."""
         return {}
+
+    def bind(self, runtime: Runtime, task: Task) -> None:
+        """Called by a controller before it searches: the runtime it grows trees in and the task.
+
+        Verifiers that need neither (symbolic checks) ignore it.
+        """
+        del runtime, task

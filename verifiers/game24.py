@@ -1,133 +1,46 @@
-"""Symbolic Game of 24 verifier: an exact solvability oracle and a safe expression checker.
+"""Symbolic Game of 24 verifier: exact scores from the arithmetic in :mod:`tasks.arith24`.
 
-Everything here is exact ``Fraction`` arithmetic, so "8 / (3 - 8/3)" counts as 24 and rounding
-never makes a dead end look alive (or the reverse).
+It reads a state only through :class:`NumbersLeft` (the numbers a path has left) and a terminal
+result's stated answer (the final expression), so any task whose states carry exact numbers fits.
 """
 
 from __future__ import annotations
 
-import ast
-from collections import Counter
-from collections.abc import Iterable, Sequence
 from fractions import Fraction
-from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from tasks.arith24 import check_expression, format_number, parse_puzzle, solvable
 from tasks.base import Problem, StepResult
 from verifiers.base import Verifier
 
-if TYPE_CHECKING:
-    from tasks.game24 import Game24State
-
-TARGET = Fraction(24)
 #: score of a valid state that can no longer reach 24: low, but above an invalid thought's 0.0
 DEAD_END_SCORE = 0.001
-#: longest expression ``check_expression`` parses; a 4-number answer is far shorter
-MAX_EXPRESSION_CHARS = 200
-
-_UNICODE_OPS = str.maketrans({"×": "*", "÷": "/"})
-_AST_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 
 
-def solvable(numbers: Iterable[Fraction | int]) -> bool:
-    """Whether ``numbers`` can be combined into exactly 24, each used once, with + - * /."""
-    key = tuple(sorted(Fraction(n) for n in numbers))
-    return bool(key) and _solvable(key)
+class NumbersLeft(Protocol):
+    """What the verifier reads from a state: the numbers still to combine, exact."""
 
-
-def check_expression(expr: str, inputs: Sequence[int]) -> bool:
-    """Whether ``expr`` uses exactly the multiset ``inputs`` with + - * / and equals 24.
-
-    Parsed with ``ast`` (never ``eval``): only integer literals, the four binary operators and
-    parentheses are accepted; × and ÷ are read as * and /. Anything else, including division by
-    zero, gives False.
-    """
-    tree = _parse(expr)
-    if tree is None:
-        return False
-    used: list[int] = []
-    try:
-        value = _evaluate(tree.body, used)
-    except (ValueError, ZeroDivisionError):
-        return False
-    return value == TARGET and Counter(used) == Counter(inputs)
-
-
-def apply_op(a: Fraction, op: str, b: Fraction) -> Fraction:
-    """``a op b`` for an ASCII operator among + - * /; ZeroDivisionError for ``b == 0`` with /."""
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if op == "/":
-        return a / b
-    raise ValueError(f"unknown operator {op!r}; expected one of + - * /")
+    @property
+    def values(self) -> tuple[Fraction, ...]: ...
 
 
 class Game24Verifier(Verifier):
     """Scores Game of 24 nodes exactly: live paths 1.0, dead ends 0.001, invalid/wrong 0.0."""
 
-    name = "game24_symbolic"
+    name = "game24"
 
     def score(self, problem: Problem, result: StepResult) -> float:
         """Value of a node: 0.0 invalid; terminal 1.0 iff solved; else 1.0 iff 24 is still reachable."""
         if not result.valid:
             return 0.0
-        state: Game24State = result.state
         if result.terminal:
-            expr = state.final_expression
-            return 1.0 if expr is not None and check_expression(expr, state.inputs) else 0.0
+            answer = result.answer
+            return 1.0 if answer is not None and check_expression(answer, parse_puzzle(problem.question)) else 0.0
+        state: NumbersLeft = result.state
         return 1.0 if solvable(state.values) else DEAD_END_SCORE
 
     def describe(self, problem: Problem, result: StepResult) -> dict[str, Any]:
         """The numbers left after the thought, for logs."""
         if not result.valid:
             return {}
-        return {"left": result.state.to_json()["left"]}
-
-
-@cache
-def _solvable(key: tuple[Fraction, ...]) -> bool:
-    """Exact search over every pair and operation; ``key`` is a sorted tuple (the memo key)."""
-    if len(key) == 1:
-        return key[0] == TARGET
-    for i in range(len(key)):
-        for j in range(i + 1, len(key)):
-            rest = key[:i] + key[i + 1 : j] + key[j + 1 :]
-            for value in _combinations(key[i], key[j]):
-                if _solvable(tuple(sorted((*rest, value)))):
-                    return True
-    return False
-
-
-def _combinations(a: Fraction, b: Fraction) -> set[Fraction]:
-    """Every value one operation can make from ``a`` and ``b`` (both orders of - and /)."""
-    values = {a + b, a - b, b - a, a * b}
-    if b:
-        values.add(a / b)
-    if a:
-        values.add(b / a)
-    return values
-
-
-def _parse(expr: str) -> ast.Expression | None:
-    """``expr`` as an expression tree, or None when it is too long or not Python syntax."""
-    if not isinstance(expr, str) or len(expr) > MAX_EXPRESSION_CHARS:
-        return None
-    try:
-        return ast.parse(expr.translate(_UNICODE_OPS).strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-
-
-def _evaluate(node: ast.AST, used: list[int]) -> Fraction:
-    """Exact value of an allowed node; appends every literal to ``used``; ValueError otherwise."""
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        used.append(node.value)
-        return Fraction(node.value)
-    if isinstance(node, ast.BinOp) and type(node.op) in _AST_OPS:
-        left, right = _evaluate(node.left, used), _evaluate(node.right, used)
-        return apply_op(left, _AST_OPS[type(node.op)], right)
-    raise ValueError(f"not allowed in a Game of 24 expression: {ast.dump(node)[:60]}")
+        return {"left": [format_number(v) for v in result.state.values]}

@@ -12,19 +12,31 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.table import Table
 
 from arbor_cli.bench.plots import memory_panels, plot_memory
 from arbor_cli.bench.replay import DEFAULT_FRACTIONS, DEFAULT_POLICIES, budgets_for, compare_policies, trace_fields
-from arbor_cli.bench.report import replay_table, speed_table, write_csv, write_jsonl
+from arbor_cli.bench.report import replay_table, speed_table
 from arbor_cli.bench.speed import speed_compare
 from arbor_cli.bench.trace import Trace, load_trace, record_trace
-from arbor_runtime import ArborError, load_model
+from arbor_cli.build import USER_ERRORS, build, compose_config
+from arbor_cli.report import fit_table
+from arbor_cli.results import Column, write_csv, write_jsonl
+from arbor_runtime import load_model
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.policies import POLICIES
 
 log = logging.getLogger(__name__)
-USER_ERRORS = (ArborError, ValueError, FileNotFoundError, KeyError)
+#: the table ``record_trace.py`` prints, one row per recorded problem
+RECORD_COLUMNS = (
+    Column("problem", "problem", label=True),
+    Column("nodes", "nodes", "{:,}"),
+    Column("tokens", "tokens", "{:,}"),
+    Column("expansions", "expansions", "{:,}", rank=1),
+    Column("recorded_peak", "recorded peak", "{:,}", rank=1),
+    Column("replay_peak", "replay peak", "{:,}"),
+    Column("solved", "solved", rank=2),
+    Column("file", "file", label=True),
+)
 
 
 # ---- record ---------------------------------------------------------------------------------
@@ -38,7 +50,7 @@ def record_main(argv: Sequence[str] | None = None, console: Console | None = Non
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny-random task.end=901")
     args = ap.parse_args(argv)
-    console = console or _console()
+    console = console or Console()
     try:
         _threads(args.threads)
         paths = record_from_config(args.overrides, Path(args.out), console)
@@ -50,45 +62,33 @@ def record_main(argv: Sequence[str] | None = None, console: Console | None = Non
 
 
 def record_from_config(overrides: Sequence[str], out_dir: Path, console: Console) -> list[Path]:
-    """Compose arbor-solve's config with ``overrides`` and record every problem of the slice."""
-    from hydra import compose, initialize_config_module
-    from hydra.utils import instantiate
+    """Compose arbor-solve's config with ``overrides`` and record every problem of the slice.
 
-    from arbor_cli.run import default_verifier
-
-    with initialize_config_module(config_module="conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
+    Built like an ``arbor-solve`` run (same task, verifier, controller, model options and seeds);
+    only the policy is fixed: traces are recorded under ``full`` without a budget.
+    """
     if any(o.split("=", 1)[0].lstrip("+").startswith("policy") for o in overrides):
         log.warning("record_trace.py ignores policy overrides: traces are always recorded under full, no budget")
-    task = instantiate(cfg.task)
-    verifier = instantiate(cfg.verifier) if cfg.verifier.get("_target_") else default_verifier(task)
-    loaded = load_model(**{k: cfg.model[k] for k in ("spec", "device", "dtype") if cfg.model.get(k) is not None})
-    table = Table(title=f"recorded traces · {task.name} · {cfg.model.spec}")
-    for col in ("problem", "nodes", "tokens", "expansions", "recorded peak", "replay peak", "solved", "file"):
-        table.add_column(col, justify="left" if col == "file" else "right")
-    paths = []
-    controller_name = str(cfg.controller._target_).rsplit(".", 1)[-1]
-    for problem in task.problems():
+    setup = build(compose_config(overrides))
+    cfg, task = setup.cfg, setup.task
+    controller_cfg = {k: v for k, v in cfg.controller.items() if k != "_target_"}
+    paths, rows = [], []
+    for problem in setup.problems:
 
         def search(rt, problem=problem):
-            return instantiate(cfg.controller, runtime=rt, task=task, verifier=verifier).solve(problem)
+            return setup.controller(rt).solve(problem)
 
-        meta = {"task": task.name, "index": problem.index, "question": problem.question, "controller": controller_name}
-        meta["controller_cfg"] = {k: v for k, v in cfg.controller.items() if k != "_target_"}
-        trace = record_trace(loaded, search, seed=int(cfg.seed) + problem.index, meta=meta)
-        path = trace.save(out_dir / f"{task.name}-{problem.index}.json")
-        paths.append(path)
-        table.add_row(
-            str(problem.index),
-            str(len(trace.nodes)),
-            f"{trace.total_tokens:,}",
-            str(len(trace.expansions)),
-            f"{trace.metrics['peak_device_tokens']:,}",
-            f"{trace.full_replay_peak():,}",
-            str(trace.meta.get("solved")),
-            str(path),
-        )
-    console.print(table)
+        meta = {"task": task.name, "index": problem.index, "question": problem.question}
+        meta |= {"controller": str(cfg.controller._target_).rsplit(".", 1)[-1], "controller_cfg": controller_cfg}
+        trace = record_trace(setup.loaded, search, seed=setup.seed(problem), meta=meta)
+        paths.append(trace.save(out_dir / f"{task.name}-{problem.index}.json"))
+        rows.append(
+            {"problem": problem.index, "nodes": len(trace.nodes), "tokens": trace.total_tokens,
+             "expansions": len(trace.expansions), "recorded_peak": trace.metrics["peak_device_tokens"],
+             "replay_peak": trace.full_replay_peak(), "solved": trace.meta.get("solved"), "file": str(paths[-1])}
+        )  # fmt: skip
+    title = f"recorded traces · {task.name} · {cfg.model.spec}"
+    console.print(fit_table(rows, RECORD_COLUMNS, title, console.width))
     return paths
 
 
@@ -100,7 +100,7 @@ def replay_main(argv: Sequence[str] | None = None, console: Console | None = Non
     ap.add_argument("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)), help="budgets as shares of full peak")
     ap.add_argument("--out", default="results/replay", help="folder for replay.jsonl and replay.csv")
     args = ap.parse_args(argv)
-    console = console or _console()
+    console = console or Console()
     try:
         _threads(args.threads)
         policies, fractions = _policies(args.policies), _floats(args.fractions, "--fractions")
@@ -110,7 +110,7 @@ def replay_main(argv: Sequence[str] | None = None, console: Console | None = Non
             loaded = _model_for(trace, args)
             runs = compare_policies(loaded, trace, policies, fractions, on_group=lambda p: log.info("replayed %s", p))
             mine = [trace_fields(trace) | {"trace": str(path)} | r.row() | {"steps": r.steps} for r in runs]
-            console.print(replay_table(mine, title=f"replay fidelity · {path}"))
+            console.print(replay_table(mine, title=f"replay fidelity · {path}", width=console.width))
             rows += mine
     except USER_ERRORS as exc:
         print(f"replay_trace.py: error: {exc}", file=sys.stderr)
@@ -131,7 +131,7 @@ def plot_main(argv: Sequence[str] | None = None, console: Console | None = None)
     ap.add_argument("--budget-tokens", default=None, help="absolute budgets instead of --fractions (comma-separated)")
     ap.add_argument("--out", default="results/memory.png", help="PNG path; the series go next to it as .json")
     args = ap.parse_args(argv)
-    console = console or _console()
+    console = console or Console()
     try:
         _threads(args.threads)
         if len(args.traces) != 1:
@@ -163,7 +163,7 @@ def speed_main(argv: Sequence[str] | None = None, console: Console | None = None
     ap.add_argument("--warmup", type=int, default=1, help="untimed builds per method first")
     ap.add_argument("--out", default="results/speed.json", help="JSON with one summary per trace")
     args = ap.parse_args(argv)
-    console = console or _console()
+    console = console or Console()
     try:
         _threads(args.threads)
         out = []
@@ -171,7 +171,7 @@ def speed_main(argv: Sequence[str] | None = None, console: Console | None = None
             trace = load_trace(path)
             summary = speed_compare(_model_for(trace, args), trace, repeats=args.repeats, warmup=args.warmup)
             summary = {"trace": str(path), **trace_fields(trace), "threads": torch.get_num_threads(), **summary}
-            console.print(speed_table(summary, title=f"speed vs naive ToT · {path}"))
+            console.print(speed_table(summary, title=f"speed vs naive ToT · {path}", width=console.width))
             out.append(summary)
     except USER_ERRORS as exc:
         print(f"bench_speed.py: error: {exc}", file=sys.stderr)
@@ -191,12 +191,6 @@ def _trace_parser(prog: str, description: str) -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default=None, help="torch dtype name (default: float32 on CPU)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     return ap
-
-
-def _console() -> Console:
-    """The terminal's console; a wide one when output goes to a file or pipe (tables stay readable)."""
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
 
 
 _MODELS: dict[tuple, LoadedModel] = {}

@@ -30,7 +30,7 @@ def memory_series(run: ReplayRun) -> dict[str, Any]:
     """
     steps = run.steps
     out: dict[str, Any] = {k: [s[k] for s in steps] for k in ("step", "resident_tokens", "peak_tokens", "host_tokens")}
-    out["branch_switch_steps"] = _increments(steps, "branch_switches")
+    out["branch_switch_steps"] = _increments(steps, "branch_switch_events")
     out["rehydration_steps"] = _increments(steps, "rehydrations")
     out["oom_step"] = next((s["step"] for s in steps if s["oom"]), None)
     out["budget_tokens"] = run.budget_tokens

@@ -60,7 +60,11 @@ class BlockRef(NamedTuple):
 
 @dataclass(slots=True)
 class Fidelity:
-    """Per-position agreement of a run's next-token distributions with the full reference."""
+    """Per-position agreement of a run's next-token distributions with the full reference.
+
+    ``max_abs_dlogp`` is the largest change of any log-prob (every position, whole vocabulary) and
+    ``scale`` the largest |log-prob| of the reference it was measured against (rounding grows with it).
+    """
 
     positions: int = 0
     top1_agree: int = 0
@@ -68,6 +72,8 @@ class Fidelity:
     kl_max: float = 0.0
     dll_sum: float = 0.0
     recorded_max_abs_diff: float = 0.0
+    max_abs_dlogp: float = 0.0
+    scale: float = 0.0
 
     def add(self, ref: BlockRef, logp: torch.Tensor) -> None:
         """Score one block: ``logp`` (T, V) is this run's log-probs for the block's T positions."""
@@ -76,6 +82,8 @@ class Fidelity:
         kl = (ref.probs * (ref.logp - logp)).sum(-1).clamp_min(0.0)  # (T,) KL(full || run)
         self.kl_sum += float(kl.sum())
         self.kl_max = max(self.kl_max, float(kl.max()))
+        self.max_abs_dlogp = max(self.max_abs_dlogp, float((logp - ref.logp).abs().max()))
+        self.scale = max(self.scale, float(ref.logp.abs().max()))
         mine = logp.gather(-1, ref.tokens.view(-1, 1)).squeeze(-1)  # (T,)
         self.dll_sum += float((mine - ref.token_logp).sum())
         if ref.recorded:
@@ -91,6 +99,7 @@ class Fidelity:
             "max_kl": self.kl_max if self.positions else None,
             "mean_dll": self.dll_sum / n if self.positions else None,
             "recorded_max_abs_diff": self.recorded_max_abs_diff,
+            "max_abs_dlogp": self.max_abs_dlogp,
         }
 
 
@@ -217,7 +226,7 @@ class ReplayRun:
                 "host_tokens": host,
                 "rehydrations": m.rehydrations,
                 "evicted_tokens": m.evicted_tokens,
-                "branch_switches": m.branch_switch_events,
+                "branch_switch_events": m.branch_switch_events,
                 "oom": oom,
             }
         )

@@ -1,104 +1,67 @@
-"""Rich tables and CSV / JSONL files for the benchmark outputs."""
+"""Rich tables for the benchmark outputs (files are written by :mod:`arbor_cli.results`)."""
 
 from __future__ import annotations
 
-import csv
-import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from rich.console import Group
 from rich.table import Table
 
+from arbor_cli.report import fit_table
+from arbor_cli.results import Column, format_cell
+
 REPLAY_COLUMNS = (
-    ("policy", "policy", "{}"),
-    ("budget_fraction", "budget", "{:g}"),
-    ("budget_tokens", "budget tok", "{:,}"),
-    ("top1_agreement", "top-1 agree", "{:.3f}"),
-    ("mean_kl", "mean KL", "{:.2e}"),
-    ("mean_dll", "mean ΔLL", "{:+.3f}"),
-    ("peak_device_tokens", "peak KV tok", "{:,}"),
-    ("peak_host_bytes", "peak host MB", "mb"),
-    ("rehydrations", "rehydr.", "{:,}"),
-    ("evicted_tokens", "evicted tok", "{:,}"),
-    ("seconds", "seconds", "{:.2f}"),
+    Column("policy", "policy", label=True),
+    Column("budget_fraction", "budget", "{:g}"),
+    Column("budget_tokens", "budget tok", "{:,}", rank=2),
+    Column("top1_agreement", "top-1 agree", "{:.3f}"),
+    Column("mean_kl", "mean KL", "{:.2e}", rank=1),
+    Column("mean_dll", "mean ΔLL", "{:+.3f}", rank=2),
+    Column("peak_device_tokens", "peak KV tok", "{:,}"),
+    Column("peak_host_bytes", "peak host MB", "mb", rank=2),
+    Column("rehydrations", "rehydr.", "{:,}", rank=1),
+    Column("evicted_tokens", "evicted tok", "{:,}", rank=3),
+    Column("seconds", "seconds", "{:.2f}", rank=3),
+    Column("status", "status", label=True),
 )
 
 
-def replay_table(rows: Sequence[dict[str, Any]], title: str) -> Table:
+def replay_table(rows: Sequence[dict[str, Any]], title: str, width: int = 80) -> Table | Group:
     """One row per (policy, budget); an OOM run shows the replay step it stopped at (its
     fidelity covers the positions before it; see ``positions`` in the CSV)."""
-    table = Table(title=title)
-    for _, header, _ in REPLAY_COLUMNS:
-        table.add_column(header, justify="left" if header == "policy" else "right")
-    table.add_column("status")
-    for row in rows:
-        status = "ok"
-        if row.get("oom"):
-            status = f"[red]OOM[/red]@{row.get('replayed_steps')}"
-        table.add_row(*(_cell(row.get(k), fmt) for k, _, fmt in REPLAY_COLUMNS), status)
-    return table
+    shown = [row | {"status": f"OOM@{row.get('replayed_steps')}" if row.get("oom") else "ok"} for row in rows]
+    return fit_table(shown, REPLAY_COLUMNS, title, width)
 
 
-def speed_table(summary: dict[str, Any], title: str) -> Table:
+SPEED_COLUMNS = (
+    Column("method", "method", label=True),
+    Column("median_seconds", "median s", "{:.3f}"),
+    Column("prefill_tokens", "prefill tok", "{:,}"),
+    Column("forward_calls", "forward calls", "{:,}", rank=1),
+    Column("ratio_seconds", "runtime/method time", "{:.3f}"),
+    Column("ratio_tokens", "(tokens)", "{:.3f}"),
+    Column("diff", "max |Δ logprob|", "{:.1e}", rank=1),
+)
+
+
+def speed_table(summary: dict[str, Any], title: str, width: int = 80) -> Table | Group:
     """Median wall time, prefill tokens and forward calls per method, with ratios to the runtime."""
-    table = Table(title=title)
-    for header in (
-        "method",
-        "median s",
-        "prefill tok",
-        "forward calls",
-        "runtime / method (time)",
-        "(tokens)",
-        "max |Δ logprob|",
-    ):
-        table.add_column(header, justify="left" if header == "method" else "right")
+    rows = []
     for name, m in summary["methods"].items():
         ratio = summary["ratios"].get(f"runtime/{name}", {})
-        diff = summary["max_logprob_diff"].get(f"runtime-{name}")
-        table.add_row(
-            name,
-            f"{m['median_seconds']:.3f}",
-            f"{m['prefill_tokens']:,}",
-            f"{m['forward_calls']:,}",
-            _cell(ratio.get("seconds"), "{:.3f}"),
-            _cell(ratio.get("prefill_tokens"), "{:.3f}"),
-            _cell(diff, "{:.1e}"),
-        )
+        rows.append(
+            {"method": name, "median_seconds": m["median_seconds"], "prefill_tokens": m["prefill_tokens"],
+             "forward_calls": m["forward_calls"], "ratio_seconds": ratio.get("seconds"),
+             "ratio_tokens": ratio.get("prefill_tokens"), "diff": summary["max_logprob_diff"].get(f"runtime-{name}")}
+        )  # fmt: skip
+    table = fit_table(rows, SPEED_COLUMNS, title, width)
     over = summary["runtime_overhead"]
-    table.caption = (
-        f"runtime overhead (time in runtime calls outside model forwards): {_cell(over['fraction'], '{:.1%}')} "
+    caption = (
+        f"runtime overhead (time in runtime calls outside model forwards): {format_cell(over['fraction'], '{:.1%}')} "
         f"of {over['runtime_seconds']:.3f} s"
     )
-    return table
-
-
-def write_jsonl(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, default=str) + "\n")
-    return path
-
-
-def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
-    """Scalar columns only (lists and dicts, e.g. memory series, stay in the JSONL)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fields: list[str] = []
-    for row in rows:
-        fields += [k for k, v in row.items() if k not in fields and not isinstance(v, (list, dict))]
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
-
-
-def _cell(value: Any, fmt: str) -> str:
-    if value is None:
-        return "-"
-    if fmt == "mb":
-        return f"{value / 2**20:.2f}"
-    return fmt.format(value)
+    if isinstance(table, Table):
+        table.caption = caption
+        return table
+    return Group(table, caption)

@@ -247,7 +247,7 @@ def record_trace(
     rt = Runtime(loaded, policy="full", seed=seed)
     result = search(rt)
     meta = {"seed": seed, "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **(meta or {})}
-    for key in ("solved", "answer", "steps", "branch_switches"):
+    for key in ("solved", "answer", "steps", "off_path_expansions"):
         if hasattr(result, key):
             meta[key] = getattr(result, key)
     if not rt.oplog:

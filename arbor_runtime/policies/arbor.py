@@ -36,6 +36,7 @@ class ArborPolicy(Policy):
             the defaults of :class:`MSVEWeights`).
         host_budget_tokens: cap on host-tier tokens (None = unbounded).
         vocab_size: for entropy normalization (set by the runtime).
+        weights: the MSVE weights read from ``calibration`` (not a constructor argument).
     """
 
     name = "arbor"
@@ -50,7 +51,7 @@ class ArborPolicy(Policy):
     calibration: str | None = None
     host_budget_tokens: int | None = None
     vocab_size: int = 32000
-    weights: MSVEWeights = field(default_factory=MSVEWeights, repr=False)
+    weights: MSVEWeights = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         Policy.__post_init__(self)

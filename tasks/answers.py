@@ -1,6 +1,7 @@
 """Final-answer extraction and matching for GSM8K, MATH-500 and AIME, plus self-consistency voting.
 
-Pure functions on strings: no model, no data files. The MATH normalizer follows the spirit of the
+A leaf module: pure functions on strings, no model, no data files, no project imports but the
+LaTeX converter. The MATH normalizer follows the spirit of the
 MATH / prm800k graders (strip markup, units and spacing; canonical fractions and square roots), then
 falls back to numeric and symbolic (sympy) equivalence. Matchers never raise: anything that cannot be
 compared counts as "not equal".
@@ -14,10 +15,11 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from fractions import Fraction
+from typing import NamedTuple
 
 import sympy
 
-from verifiers.latex import latex_to_sympy
+from tasks.latex import latex_to_sympy
 
 #: absolute tolerance of numeric comparisons (decimals and integer fractions compare exactly)
 TOLERANCE = 1e-6
@@ -176,6 +178,29 @@ def aime_match(pred: str | None, gold: str | None) -> bool:
     """Whether ``pred`` gives the integer ``gold`` (both 0..999; leading zeros and boxes allowed)."""
     a, b = extract_aime(pred), extract_aime(gold)
     return a is not None and a == b
+
+
+# --- answer rules -------------------------------------------------------------------------------
+
+
+class AnswerRule(NamedTuple):
+    """How a task reads and compares answers: the answer a final step states, whether two answers
+    are equal, and the reference answer in a data row's answer field."""
+
+    extract: Callable[[str | None], str | None]
+    match: Callable[[str | None, str | None], bool]
+    gold: Callable[[str], str]
+
+
+#: answer rules by name (a stepwise task's ``answer`` setting)
+ANSWER_RULES: dict[str, AnswerRule] = {
+    # a number; the reference is the number after "####" (GSM8K), or the field itself
+    "number": AnswerRule(extract_number, gsm8k_match, extract_gsm8k_gold),
+    # a LaTeX expression compared after normalization, numerically or symbolically (MATH)
+    "math": AnswerRule(extract_math_answer, math_equal, str),
+    # an integer 0..999 (AIME)
+    "integer": AnswerRule(extract_aime, aime_match, str),
+}
 
 
 # --- voting -------------------------------------------------------------------------------------

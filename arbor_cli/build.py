@@ -1,0 +1,110 @@
+"""One builder from a composed config to what a run needs: task, verifier, policies, model, and a
+fresh runtime and controller per problem.
+
+``arbor-solve`` (:mod:`arbor_cli.run`), trace recording (:mod:`arbor_cli.bench.cli`) and MSVE
+calibration (``scripts/calibrate_msve.py``) all build through :func:`build`, so an option of the
+config means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hydra import compose, initialize_config_module
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from arbor_cli.budget import PolicyFactory
+from arbor_runtime import ArborError, LoadedModel, Policy, Runtime, load_model
+from controllers.base import Controller
+from tasks.base import Problem, Task
+from verifiers.base import Verifier
+
+#: errors a user's config or data can cause: reported as one line, exit code 2
+USER_ERRORS = (ArborError, ValueError, FileNotFoundError, KeyError, TypeError)
+#: keys of ``conf/model/*.yaml`` passed to :func:`arbor_runtime.load_model`
+MODEL_KEYS = ("spec", "device", "dtype", "trust_remote_code")
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """arbor-solve's config (``conf/config.yaml``) with command-line style ``overrides``."""
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@dataclass(slots=True)
+class Setup:
+    """Everything one run builds once, and the per-problem factories.
+
+    Attributes:
+        cfg: the composed config.
+        task / verifier / problems: the task, its verifier, the problems of the slice.
+        policies: one policy per problem (relative budgets resolved per problem).
+        loaded: the model and tokenizer.
+    """
+
+    cfg: DictConfig
+    task: Task
+    verifier: Verifier
+    problems: list[Problem]
+    policies: PolicyFactory
+    loaded: LoadedModel
+
+    def seed(self, problem: Problem) -> int:
+        """The runtime seed of a problem: ``cfg.seed`` plus its index, whatever else runs."""
+        return int(self.cfg.seed) + problem.index
+
+    def runtime(self, problem: Problem, policy: str | Policy | None = None) -> Runtime:
+        """A fresh runtime for ``problem``: the config's policy for it unless ``policy`` is given."""
+        chosen = self.policies.build(problem.index) if policy is None else policy
+        return Runtime(self.loaded, policy=chosen, seed=self.seed(problem))
+
+    def controller(self, runtime: Runtime) -> Controller:
+        """The configured controller over ``runtime`` (the verifier is bound to it)."""
+        return instantiate(self.cfg.controller, runtime=runtime, task=self.task, verifier=self.verifier)
+
+
+def build(cfg: DictConfig, loaded: LoadedModel | None = None) -> Setup:
+    """Task, verifier, policies and model from ``cfg``; user errors raise one of :data:`USER_ERRORS`.
+
+    The cheap parts are built and checked first, so a bad value fails before the model loads.
+    ``loaded`` reuses a model loaded before (it must be the one ``cfg.model`` names).
+    """
+    task = build_task(cfg)
+    verifier = build_verifier(cfg, task)
+    problems = task.problems()
+    policies = PolicyFactory(cfg.policy, problems)
+    loaded = loaded or load_model(**model_kwargs(cfg.model))
+    return Setup(cfg, task, verifier, problems, policies, loaded)
+
+
+def build_task(cfg: DictConfig) -> Task:
+    """The configured task (its data loaded)."""
+    return instantiate_user(cfg.task)
+
+
+def build_verifier(cfg: DictConfig, task: Task) -> Verifier:
+    """The configured verifier (the task's own unless ``verifier=`` chose another); it must fit the task."""
+    verifier = instantiate_user(cfg.verifier)
+    if task.verifiers and verifier.name not in task.verifiers:
+        raise ValueError(f"verifier={verifier.name} does not fit task={task.name}; valid: {', '.join(task.verifiers)}")
+    return verifier
+
+
+def model_kwargs(model_cfg: DictConfig) -> dict[str, Any]:
+    """``load_model`` arguments from the model config (unset keys left to its defaults)."""
+    return {k: model_cfg.get(k) for k in MODEL_KEYS if model_cfg.get(k) is not None}
+
+
+def instantiate_user(node: DictConfig, **kwargs: Any) -> Any:
+    """``instantiate`` that surfaces the target's own error when a user can cause it (Hydra wraps it)."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, USER_ERRORS):
+            raise cause from None
+        raise

@@ -1,0 +1,81 @@
+"""Resuming a run dir: a torn last line is repaired, every problem is recorded once, and a rerun
+with another config refuses (one line) unless resume=force."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from arbor_cli.build import compose_config
+from arbor_cli.results import RESULTS_FILE, append_jsonl, load_done, read_jsonl, repair_jsonl
+from arbor_cli.resume import FINGERPRINT_FILE, fingerprint
+from arbor_cli.run import run
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def cfg(data_dir, run_dir, *extra):
+    base = ["model=tiny-random", f"paths.data_dir={data_dir}", f"run_dir={run_dir}", "controller.n_generate=2"]
+    return compose_config([*base, "controller.breadth=1", *extra])
+
+
+def lines(run_dir) -> list[str]:
+    return (run_dir / RESULTS_FILE).read_text().splitlines()
+
+
+def test_torn_last_line_is_cut_and_the_problem_recorded_once(data_dir, tmp_path):
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=903"), Console(width=100)) == 0
+    path = tmp_path / RESULTS_FILE
+    whole = path.read_text()
+    assert len(whole.splitlines()) == 3
+    path.write_text(whole[: whole.rindex("\n", 0, -1) + 1 + 40])  # an interrupted run: 902's line cut short
+    assert not path.read_text().endswith("\n") and len(load_done(tmp_path)) == 2
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=904"), Console(width=100)) == 0
+    rows = [json.loads(line) for line in lines(tmp_path)]  # every line is whole JSON
+    assert [r["index"] for r in rows] == [900, 901, 902, 903]  # 902 redone once, 903 added, none twice
+
+
+def test_repair_keeps_a_whole_last_object_and_cuts_a_torn_one(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"index": 0}\n{"index": 1}')  # whole, only the newline missing
+    assert repair_jsonl(path) and path.read_text() == '{"index": 0}\n{"index": 1}\n'
+    path.write_text('{"index": 0}\n{"ind')
+    assert repair_jsonl(path) and path.read_text() == '{"index": 0}\n'
+    path.write_text('{"ind')  # the only line torn
+    assert repair_jsonl(path) and path.read_text() == ""
+    assert not repair_jsonl(path) and not repair_jsonl(tmp_path / "missing.jsonl")
+    append_jsonl(path, {"index": 2})
+    path.write_text(path.read_text() + '{"index": 3')
+    append_jsonl(path, {"index": 4})
+    assert [r["index"] for r in read_jsonl(path)] == [2, 4]
+
+
+def test_another_config_refuses_in_one_line_unless_forced(data_dir, tmp_path, capsys):
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=901"), Console(width=100)) == 0
+    stored = json.loads((tmp_path / FINGERPRINT_FILE).read_text())
+    assert stored["settings"]["controller.n_generate"] == 2 and "paths.data_dir" not in stored["settings"]
+    assert run(cfg(data_dir, tmp_path, "task.end=902", "task.start=900", "seed=7")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("arbor-solve: error: run dir") and "\n" not in err
+    assert "seed: 0 -> 7" in err and "resume=force" in err
+    assert len(lines(tmp_path)) == 1  # nothing was added
+    forced = cfg(data_dir, tmp_path, "task.start=900", "task.end=902", "seed=7", "resume=force")
+    assert run(forced, Console(width=100)) == 0
+    assert [json.loads(line)["index"] for line in lines(tmp_path)] == [900, 901]
+    assert json.loads((tmp_path / FINGERPRINT_FILE).read_text())["settings"]["seed"] == 7
+
+
+def test_resume_false_refuses_a_dir_with_results(data_dir, tmp_path, capsys):
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=901"), Console(width=100)) == 0
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=901", "resume=false")) == 2
+    assert "already holds results and resume=false" in capsys.readouterr().err
+
+
+def test_fingerprint_ignores_paths_slices_and_output_switches(tmp_path):
+    base = fingerprint(compose_config(["task=gsm8k"]))[0]
+    same = ["paths.data_dir=/x", "paths.output_dir=/y", "task.start=3", "task.end=9", "show_tree=true"]
+    assert fingerprint(compose_config(["task=gsm8k", *same, "save_trees=false", f"run_dir={tmp_path}"]))[0] == base
+    for other in ("task.max_steps=3", "policy=arbor", "controller=dfs", "model=tiny-random", "verifier=llm_value"):
+        assert fingerprint(compose_config(["task=gsm8k", other]))[0] != base, other
