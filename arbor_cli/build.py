@@ -62,6 +62,10 @@ class Setup:
         chosen = self.policies.build(problem.index) if policy is None else policy
         return Runtime(self.loaded, policy=chosen, seed=self.seed(problem))
 
+    def shared_runtime(self) -> Runtime:
+        """One runtime for every problem (``concurrency`` > 1): one policy, one budget, the config's seed."""
+        return Runtime(self.loaded, policy=self.policies.build(None), seed=int(self.cfg.seed))
+
     def controller(self, runtime: Runtime) -> Controller:
         """The configured controller over ``runtime`` (the verifier is bound to it)."""
         return instantiate(self.cfg.controller, runtime=runtime, task=self.task, verifier=self.verifier)
@@ -77,8 +81,22 @@ def build(cfg: DictConfig, loaded: LoadedModel | None = None) -> Setup:
     verifier = build_verifier(cfg, task)
     problems = task.problems()
     policies = PolicyFactory(cfg.policy, problems)
+    check_concurrency(cfg, policies)
     loaded = loaded or load_model(**model_kwargs(cfg.model))
     return Setup(cfg, task, verifier, problems, policies, loaded)
+
+
+def check_concurrency(cfg: DictConfig, policies: PolicyFactory) -> int:
+    """``concurrency``: a positive integer; above 1, searches share one runtime, so one budget."""
+    value = cfg.get("concurrency", 1)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"concurrency={value!r} must be a positive integer (searches in flight at once)")
+    if value > 1 and policies.ratio is not None:
+        raise ValueError(
+            f"concurrency={value} shares one runtime and one budget between searches: use an absolute "
+            "policy.budget_tokens, not policy.budget_ratio (a budget per problem)"
+        )
+    return value
 
 
 def build_task(cfg: DictConfig) -> Task:

@@ -26,7 +26,7 @@ from arbor_cli.results import RESULTS_FILE
 FINGERPRINT_FILE = "config_fingerprint.json"
 #: dotted config keys left out of the fingerprint (see the module docstring)
 IGNORED_KEYS = (
-    "paths", "run_dir", "resume", "show_tree", "save_trees",
+    "paths", "run_dir", "resume", "show_tree", "save_trees", "concurrency",
     "task.data_dir", "task.cache_dir", "task.start", "task.end",
 )  # fmt: skip
 RESUME_MODES = (True, False, "force")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -21,7 +23,8 @@ from arbor_cli.report import results_table
 from arbor_cli.results import CSV_FILE, EVENTS_FILE, RESULTS_FILE, TRACES_FILE, append_jsonl, load_done, write_csv
 from arbor_cli.resume import check_resume
 from arbor_cli.tree_export import load_tree, render_tree, tree_record, write_tree
-from arbor_runtime import KVBudgetExceeded, Runtime
+from arbor_runtime import KVBudgetExceeded, Node, Runtime
+from arbor_runtime.events import EventLog
 from arbor_runtime.metrics import RuntimeMetrics
 from controllers.base import Controller, SearchResult
 from tasks.base import Problem
@@ -53,63 +56,112 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
 def solve_all(setup: Setup, run_dir: Path, console: Console, infeasible: dict[int, str] | None = None) -> list[dict]:
     """Search every problem not yet in ``run_dir``'s results; returns all rows of the slice.
 
-    ``infeasible`` problems (index -> why their budget cannot work) are recorded as OOM unrun.
+    ``infeasible`` problems (index -> why their budget cannot work) are recorded as OOM unrun. With
+    ``concurrency=N`` (N > 1), N searches run at once in one shared runtime; rows are appended as
+    each problem finishes (in any order; resume is unchanged).
     """
-    infeasible, done, rows = infeasible or {}, load_done(run_dir), []
+    infeasible, done, rows = infeasible or {}, load_done(run_dir), {}
     name, cfg = setup.task.name, setup.cfg
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    todo = []
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task(name, total=len(setup.problems))
         for problem in setup.problems:
             if problem.index in done:
-                rows.append(done[problem.index])
+                rows[problem.index] = done[problem.index]
             elif problem.index in infeasible:
-                rows.append(_unrun_row(setup, problem, infeasible[problem.index]))
-                append_jsonl(run_dir / RESULTS_FILE, rows[-1])
+                rows[problem.index] = _unrun_row(setup, problem, infeasible[problem.index])
+                append_jsonl(run_dir / RESULTS_FILE, rows[problem.index])
             else:
-                progress.update(bar, description=f"{name} #{problem.index} {problem.question[:30]}")
-                solved = search_one(setup, problem)
-                if cfg.get("save_trees", True) or cfg.get("show_tree", False):
-                    write_tree(run_dir, problem.index, solved.tree(problem))
-                append_jsonl(run_dir / TRACES_FILE, {"index": problem.index, "trace": _trace(solved.rt.metrics)})
-                append_jsonl(run_dir / EVENTS_FILE, {"index": problem.index, "events": _events(solved.rt)})
-                append_jsonl(run_dir / RESULTS_FILE, solved.row)  # last: a problem is done once its row is
-                rows.append(solved.row)
+                todo.append(problem)
+                continue
             progress.advance(bar)
-    return rows
+        for problem, solved in _searches(setup, todo):
+            progress.update(bar, description=f"{name} #{problem.index} {problem.question[:30]}")
+            if cfg.get("save_trees", True) or cfg.get("show_tree", False):
+                write_tree(run_dir, problem.index, solved.tree(problem))
+            solved.done()
+            append_jsonl(run_dir / TRACES_FILE, {"index": problem.index, "trace": _trace(solved.metrics)})
+            append_jsonl(run_dir / EVENTS_FILE, {"index": problem.index, "events": _events(solved.events)})
+            append_jsonl(run_dir / RESULTS_FILE, solved.row)  # last: a problem is done once its row is
+            rows[problem.index] = solved.row
+            progress.advance(bar)
+    return [rows[p.index] for p in setup.problems]
+
+
+def _searches(setup: Setup, problems: list[Problem]) -> Iterator[tuple[Problem, Solved]]:
+    """(problem, Solved) as each search finishes: one at a time in fresh runtimes, or ``concurrency``
+    at once in one shared runtime (their steps batched together, one budget for all)."""
+    concurrency = int(setup.cfg.get("concurrency", 1))
+    if concurrency <= 1:
+        for problem in problems:
+            yield problem, search_one(setup, problem)
+        return
+    rt = setup.shared_runtime()
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="search") as pool:
+        futures = {pool.submit(search_shared, setup, rt, p): p for p in problems}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
 
 
 class Solved(NamedTuple):
-    """One searched problem: its results row, and the runtime, controller and result behind it."""
+    """One searched problem: its results row, the runtime, controller and result behind it, and the
+    metrics and events that are its own (the runtime's, or its account's in a shared runtime)."""
 
     row: dict[str, Any]
     rt: Runtime
     controller: Controller
-    result: SearchResult | None  # None after an OOM
+    result: SearchResult | None  # None after an OOM or an error
+    metrics: RuntimeMetrics
+    events: EventLog
+    root: Node | None = None  # set in a shared runtime: released once the problem is written
 
     def tree(self, problem: Problem) -> dict[str, Any]:
         """The search tree as a JSON-ready record (see :mod:`arbor_cli.tree_export`)."""
         best = self.result.best if self.result is not None else None
         info = {"index": problem.index, "question": problem.question}
-        return tree_record(self.rt, best, self.controller.expansions, **info)
+        return tree_record(self.rt, best, self.controller.expansions, root=self.root, **info)
+
+    def done(self) -> None:
+        """The problem is written: a shared runtime frees its tree's KV (other trees keep theirs)."""
+        if self.root is not None and not self.root.released:
+            self.rt.release(self.root)
 
 
 def search_one(setup: Setup, problem: Problem) -> Solved:
     """One problem with a fresh runtime and controller; an OOM is recorded in the row, not raised."""
     rt = setup.runtime(problem)
     controller = setup.controller(rt)
+    row, result = _search(setup, rt, controller, problem, rt.metrics, seed=None)
+    return Solved(row, rt, controller, result, rt.metrics, rt.events)
+
+
+def search_shared(setup: Setup, rt: Runtime, problem: Problem) -> Solved:
+    """One problem in a runtime other searches share (its counts in its own account)."""
+    with rt.account() as account:
+        controller = setup.controller(rt)
+        row, result = _search(setup, rt, controller, problem, account.metrics, seed=setup.seed(problem))
+    return Solved(row, rt, controller, result, account.metrics, account.events, controller.root)
+
+
+def _search(setup: Setup, rt: Runtime, controller: Controller, problem: Problem, metrics, seed):
+    """The search and its results row; an OOM or an error ends this problem only (recorded)."""
     base = {"index": problem.index, "question": problem.question, "task": setup.task.name, "model": setup.loaded.spec}
     base |= {"controller": controller.name, "policy": rt.policy.name, "budget_tokens": rt.policy.budget_tokens}
     try:
-        result = controller.solve(problem)
+        result = controller.solve(problem, seed=seed)
     except KVBudgetExceeded as exc:
         log.info("problem %s: %s", problem.index, exc)
         row = base | {"solved": False, "oom": True, "error": str(exc), "answer": None}
-        row |= _metric_fields(rt.metrics, controller.off_path_expansions, len(controller.expansions))
-        return Solved(row, rt, controller, None)
-    row = base | _result_fields(result) | {"oom": False, "error": None}
-    row |= _metric_fields(rt.metrics, result.off_path_expansions, len(result.expansions))
-    return Solved(row, rt, controller, result)
+    except Exception as exc:  # one failing problem does not stop the run
+        log.exception("problem %s failed", problem.index)
+        row = base | {"solved": False, "oom": False, "error": f"{type(exc).__name__}: {exc}", "answer": None}
+    else:
+        row = base | _result_fields(result) | {"oom": False, "error": None}
+        row |= _metric_fields(metrics, result.off_path_expansions, len(result.expansions))
+        return row, result
+    row |= _metric_fields(metrics, controller.off_path_expansions, len(controller.expansions))
+    return row, None
 
 
 def resolve_run_dir(cfg: DictConfig) -> Path:
@@ -165,11 +217,11 @@ def _trace(metrics: RuntimeMetrics) -> list[dict[str, Any]]:
     return [asdict(p) for p in metrics.trace]
 
 
-def _events(rt: Runtime) -> list[dict[str, Any]]:
+def _events(events: EventLog) -> list[dict[str, Any]]:
     return [
         {"seq": r.seq, "step": r.step, "t": round(r.t, 4), "kind": r.kind, "resident_tokens": r.resident_tokens,
          "host_tokens": r.host_tokens, "plan_blocks": r.plan_blocks, **r.data}
-        for r in rt.events.records
+        for r in events.records
     ]  # fmt: skip
 
 

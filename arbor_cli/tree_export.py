@@ -36,7 +36,7 @@ def collect_nodes(rt: Runtime, root: Node) -> list[Node]:
 
     Other trees in the runtime (an LLM verifier's prompt prefix) are left out.
     """
-    return sorted((n for n in rt.all_nodes.values() if n.root is root), key=lambda n: n.id)
+    return sorted((n for n in rt.all_nodes.values() if n.tree_id == root.id), key=lambda n: n.id)
 
 
 def search_root(rt: Runtime, best: Node | None, expansions: Sequence[int]) -> Node | None:
@@ -49,16 +49,19 @@ def search_root(rt: Runtime, best: Node | None, expansions: Sequence[int]) -> No
 
 
 # ---- the record ----------------------------------------------------------------------------
-def tree_record(rt: Runtime, best: Node | None, expansions: Sequence[int], **info: Any) -> dict[str, Any]:
+def tree_record(
+    rt: Runtime, best: Node | None, expansions: Sequence[int], root: Node | None = None, **info: Any
+) -> dict[str, Any]:
     """The JSON-ready tree of one search.
 
     Args:
         rt: the runtime after the search.
         best: the node ending the best path, or None.
         expansions: expanded node ids in expansion order (``SearchResult.expansions``).
+        root: the search's root (default: found from ``best`` or the first expansion).
         **info: top-level fields to add (``index``, ``question``, ...).
     """
-    root = search_root(rt, best, expansions)
+    root = root or search_root(rt, best, expansions)
     nodes = collect_nodes(rt, root) if root is not None else []
     on_best = {n.id for n in best.path()} if best is not None else set()
     order: dict[int, int] = {}

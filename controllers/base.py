@@ -101,6 +101,7 @@ class Controller(ABC):
         self.expansions: list[int] = []
         self.off_path_expansions = 0
         self.problem: Problem | None = None
+        self.root: Node | None = None  # the tree of the last search
         self.terminals: list[Candidate] = []  # every valid terminal scored this search (for the vote)
 
     # ---- the loop ------------------------------------------------------------------------
@@ -109,6 +110,7 @@ class Controller(ABC):
         start = time.perf_counter()
         self.problem, self.expansions, self.off_path_expansions, self.terminals = problem, [], 0, []
         root = self.rt.new_tree(self.task.prompt(problem), seed=seed)
+        self.root = root
         root.meta["state"] = self.task.initial_state(problem)
         steps, best = self.search(root)
         return self.result(best, steps, time.perf_counter() - start)

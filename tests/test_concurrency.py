@@ -12,11 +12,20 @@ from arbor_runtime import KVBudgetExceeded, Node, Runtime, SamplingParams
 from controllers.best_first import BestFirstController
 from controllers.bfs import BFSController
 from controllers.mcts import MCTSController
-from tasks.base import Problem, StepResult, Task
+from tasks.base import Problem, StepResult, Task, ValuePrompt, ValueQuery
 from verifiers.base import Verifier
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PROMPTS = [f"Problem {i}: count the steps.\nSteps:\n" for i in range(4)]
+
+
+class EchoValue(ValuePrompt):
+    """A value prompt for the echo task: the model's verdict on the path so far."""
+
+    prefix = "Judge each path: sure, likely or impossible.\n"
+
+    def query(self, problem: Problem, state) -> ValueQuery:
+        return ValueQuery(("echo", problem.question, state), f"Path: {'|'.join(state)}\nVerdict:")
 
 
 class EchoTask(Task):
@@ -25,6 +34,8 @@ class EchoTask(Task):
     name = "echo"
     max_thought_tokens = 5
     stop = ()
+    verifiers = ("content", "llm_value")
+    value_prompt = EchoValue()
 
     def __init__(self, max_steps: int = 3) -> None:
         self.max_steps = max_steps
@@ -52,11 +63,20 @@ class EchoTask(Task):
 class ContentVerifier(Verifier):
     """A score that is a function of the thought's text only."""
 
+    name = "content"
+
     def score(self, problem: Problem, result: StepResult) -> float:
         return (sum(map(ord, result.state[-1])) % 97) / 97
 
 
+def llm_value():
+    from verifiers.llm_value import LLMValueVerifier
+
+    return LLMValueVerifier(n_evaluate=2, max_new_tokens=3)
+
+
 CONTROLLERS = {
+    "bfs+llm_value": lambda rt, task: BFSController(rt, task, llm_value(), n_generate=2, breadth=2),
     "bfs": lambda rt, task: BFSController(rt, task, ContentVerifier(), n_generate=2, breadth=2, release_pruned=False),
     "best_first": lambda rt, task: BestFirstController(rt, task, ContentVerifier(), n_generate=2, max_expansions=4),
     "mcts": lambda rt, task: MCTSController(rt, task, ContentVerifier(), n_generate=2, iterations=3),
@@ -95,11 +115,15 @@ def test_results_per_problem_are_identical_at_concurrency_1_and_4(tiny, name):
     rt = Runtime(tiny)
     together = solve_all(rt, name, 4)
     assert {i: r[:3] for i, r in alone.items()} == {i: r[:3] for i, r in together.items()}
-    for sig, _, _, acc in together.values():  # each search's own counts
+    for sig, _, _, acc in together.values():  # each search's own counts (with llm_value, its verdicts too)
         generated = sum(len(t) for _, depth, t, *_ in sig if depth % 2 == 1)
-        assert acc.metrics.decode_tokens == generated
-        assert acc.metrics.prefill_tokens == sum(len(t) for _, depth, t, *_ in sig if depth % 2 == 0)
-    assert rt.metrics.decode_tokens == sum(r[3].metrics.decode_tokens for r in together.values())
+        forced = sum(len(t) for _, depth, t, *_ in sig if depth % 2 == 0)
+        if "llm_value" in name:
+            assert acc.metrics.decode_tokens > generated and acc.metrics.prefill_tokens > forced
+        else:
+            assert acc.metrics.decode_tokens == generated and acc.metrics.prefill_tokens == forced
+    for field in ("decode_tokens", "prefill_tokens", "nodes_created"):  # every count belongs to one search
+        assert getattr(rt.metrics, field) == sum(getattr(r[3].metrics, field) for r in together.values())
 
 
 def test_concurrent_searches_share_batch_steps(tiny):
@@ -168,3 +192,36 @@ def test_releasing_one_tree_leaves_the_others_kv_untouched(tiny):
         now = rt.store.read(n.id)
         assert torch.equal(now[0], before[n.id][0]) and torch.equal(now[1], before[n.id][1])
     rt.expand(roots[0], 1, params)  # the surviving tree goes on
+
+
+# ---- arbor-solve concurrency=N ----------------------------------------------------------------
+def run_cli(data_dir, run_dir, *extra):
+    from rich.console import Console
+
+    from arbor_cli.build import compose_config
+    from arbor_cli.results import RESULTS_FILE, read_jsonl
+    from arbor_cli.run import run
+
+    overrides = ["model=tiny-random", f"paths.data_dir={data_dir}", f"run_dir={run_dir}", "task.start=900"]
+    overrides += ["task.end=904", "controller.n_generate=2", "controller.breadth=2", "verifier=llm_value", *extra]
+    assert run(compose_config(overrides), console=Console(width=200)) == 0
+    return {r["index"]: r for r in read_jsonl(run_dir / RESULTS_FILE)}
+
+
+def test_cli_concurrency_gives_every_problem_the_same_result(data_dir, tmp_path):
+    keys = ("solved", "answer", "best_path", "nodes_created", "decode_tokens", "prefill_tokens", "oom", "error")
+    one = run_cli(data_dir, tmp_path / "c1")
+    four = run_cli(data_dir, tmp_path / "c4", "concurrency=4")
+    assert sorted(one) == sorted(four) == [900, 901, 902, 903]
+    assert {i: {k: r[k] for k in keys} for i, r in one.items()} == {i: {k: r[k] for k in keys} for i, r in four.items()}
+    again = run_cli(data_dir, tmp_path / "c4", "concurrency=2")  # resume: nothing left to do, nothing written twice
+    assert again.keys() == four.keys()
+
+
+def test_cli_concurrency_needs_one_absolute_budget(data_dir, tmp_path, capsys):
+    from arbor_cli.build import compose_config
+    from arbor_cli.run import run
+
+    over = ["model=tiny-random", f"paths.data_dir={data_dir}", f"run_dir={tmp_path}", "concurrency=0"]
+    assert run(compose_config(over)) == 2
+    assert "concurrency=0 must be a positive integer" in capsys.readouterr().err

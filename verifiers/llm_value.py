@@ -15,6 +15,7 @@ verdict directly (no arithmetic lines first), so a verdict fits in a few tokens.
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,7 @@ class LLMValueVerifier(Verifier):
         max_new_tokens: int = 8,
         runtime: Runtime | None = None,
         prompt: ValuePrompt | None = None,
+        seed: int = 0,
     ) -> None:
         if n_evaluate < 1:
             raise ValueError(f"llm_value: n_evaluate={n_evaluate} must be >= 1")
@@ -84,6 +86,10 @@ class LLMValueVerifier(Verifier):
         self.roots: dict[str, Node] = {}  # prefix text -> its root in ``runtime``
         self.cache: dict[Any, Evaluation] = {}
         self.evaluations = 0  # states sent to the model (cache misses)
+        #: seed of the prefix tree's sampling: the same for every problem, so a state's verdicts are a
+        #: function of its text whichever search (or how many at once) asks
+        self.seed = seed
+        self._lock = threading.Lock()  # searches in threads share one verifier
         if runtime is not None:
             self.use_runtime(runtime)
 
@@ -149,9 +155,10 @@ class LLMValueVerifier(Verifier):
 
     def _root(self, prefix: str) -> Node:
         """The prefix's root block, prefilled on first use (and again only if it was released)."""
-        root = self.roots.get(prefix)
-        if root is None or root.released:
-            root = self._bound().new_tree(prefix)
-            root.meta["role"] = "value_prefix"
-            self.roots[prefix] = root
-        return root
+        with self._lock:
+            root = self.roots.get(prefix)
+            if root is None or root.released:
+                root = self._bound().new_tree(prefix, seed=self.seed)
+                root.meta["role"] = "value_prefix"
+                self.roots[prefix] = root
+            return root
