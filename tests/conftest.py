@@ -9,13 +9,16 @@ the summary at the end says which happened.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-import pytest
-import torch
-from synthetic_data import write_data_dir
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: see arbor_cli/__init__.py
 
-from arbor_runtime import load_model
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from synthetic_data import write_data_dir  # noqa: E402
+
+from arbor_runtime import load_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FULL_DATA = Path(os.environ.get("ARBOR_DATA_DIR") or REPO.parent / "shared" / "data")
