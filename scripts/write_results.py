@@ -120,6 +120,111 @@ def speed_section(path: Path) -> str:
     )
 
 
+def memory_section(root: Path) -> str:
+    """Wide expansions before/after the in-place attention (scripts/bench_memory.py, two checkouts)."""
+    after, before = root / "after.json", root / "before.json"
+    if not after.is_file():
+        return "## Wide expansions: peak allocation and decode speed\n\n(not run)\n\n"
+    now = json.loads(after.read_text())
+    old = {(r["policy"], r["rows"]): r for r in json.loads(before.read_text())} if before.is_file() else {}
+    rows = []
+    for r in now:
+        b = old.get((r["policy"], r["rows"]), {})
+        rows.append(
+            {
+                "policy": r["policy"],
+                "rows": r["rows"],
+                "before_x": b.get("peak_over_tree_kv"),
+                "after_x": r["peak_over_tree_kv"],
+                "before_mb": b.get("peak_alloc_mb"),
+                "after_mb": r["peak_alloc_mb"],
+                "before_tps": b.get("decode_tokens_per_s"),
+                "after_tps": r["decode_tokens_per_s"],
+            }
+        )
+    cols = [
+        ("policy", "policy"),
+        ("rows", "rows"),
+        ("before_x", "peak alloc / tree KV, before"),
+        ("after_x", "after"),
+        ("before_mb", "peak alloc MB, before"),
+        ("after_mb", "after"),
+        ("before_tps", "decode tok/s, before"),
+        ("after_tps", "after"),
+    ]
+    prefix = now[0]["prefix_tokens"]
+    return (
+        "## Wide expansions: peak allocation and decode speed, before vs after in-place attention\n\n"
+        f"One {prefix}-token prompt expanded into `rows` children of {now[0]['new_tokens']} sampled tokens each. "
+        "Peak alloc: torch's profiler (`profile_memory=True`), every allocation and free inside the expansion "
+        "summed in time order, as a multiple of the tree's KV after it (prompt + children). `before` is the "
+        "commit before issue 8 (each row's path copied into a per-expansion cache), `after` this tree "
+        "(blocks read in place from the pool; the after figures include the pool arena allocated for the "
+        "children's own KV and the logits/sampling scratch). Decode tokens/s: rows x new tokens / median "
+        "seconds of the expansion.\n\n" + md_table(rows, cols) + "\n"
+    )
+
+
+def budgets_section(root: Path) -> str:
+    """Live searches at shrinking budgets (scripts/bench_budgets.py): exactness and time per budget."""
+    files = sorted(root.glob("*/budgets.jsonl"))
+    if not files:
+        return "## Smallest exact budget per search\n\n(not run)\n\n"
+    rows = [json.loads(line) | {"search": f.parent.name} for f in files for line in f.read_text().splitlines()]
+    cols = [
+        ("search", "search"),
+        ("problem", "problem"),
+        ("policy", "policy"),
+        ("budget", "budget tok"),
+        ("fraction", "x full peak"),
+        ("floor_fraction", "floor"),
+        ("oom", "OOM"),
+        ("same_tree", "same tree as full"),
+        ("max_logprob_gap", "max |d logprob|"),
+        ("time_vs_full", "time / full"),
+        ("preemptions", "preemptions"),
+        ("rehydrations", "rehydrations"),
+        ("peak_device_mb", "peak KV MB"),
+        ("peak_host_mb", "peak host MB"),
+    ]
+    return (
+        "## Smallest exact budget per search (live searches, SmolLM2)\n\n"
+        "Each search runs once under `full` without a budget (its peak device KV is the reference), then "
+        "under each policy at fractions of that peak and at the *floor*: the longest path the search ever "
+        "extended plus one thought of `max_thought_tokens` (below it one row cannot run). Every row samples "
+        "from its own stream, so a search whose context stays exact rebuilds full's tree token for token "
+        "however its rows were batched (`same tree`); time / full is the cost of waiting rows, "
+        "preemptions and rehydration.\n\n" + md_table(rows, cols) + "\n"
+    )
+
+
+def concurrency_section(root: Path) -> str:
+    """Problems/hour by concurrency and against naive ToT (scripts/bench_concurrency.py)."""
+    files = sorted(root.glob("*/concurrency.jsonl"))
+    if not files:
+        return "## Concurrent searches\n\n(not run)\n\n"
+    rows = [json.loads(line) | {"search": f.parent.name} for f in files for line in f.read_text().splitlines()]
+    cols = [
+        ("search", "search"),
+        ("policy", "policy"),
+        ("concurrency", "concurrency"),
+        ("problems", "problems"),
+        ("seconds", "seconds"),
+        ("problems_per_hour", "problems/hour"),
+        ("peak_device_mb", "peak KV MB"),
+        ("oom", "OOM"),
+        ("same_results_as_concurrency_1", "same results as 1"),
+    ]
+    return (
+        "## Concurrent searches: problems per hour\n\n"
+        "`arbor-solve concurrency=N`: N searches in one runtime, their rows batched into shared model steps; "
+        "`naive ToT` runs the same controller with every node's prompt re-sent to `generate` (the reference "
+        "ToT code's way). Peak KV in a shared runtime is the pool while the searches ran.\n\n"
+        + md_table(rows, cols)
+        + "\n"
+    )
+
+
 def ctrl_section(root: Path) -> str:
     rows = []
     for f in sorted(root.glob("*/results.jsonl")):
@@ -176,6 +281,9 @@ def main() -> None:
             "did not complete at that width.",
         ),
         speed_section(bench / "speed" / "speed.json"),
+        memory_section(bench / "memory"),
+        budgets_section(bench / "budgets"),
+        concurrency_section(bench / "concurrency"),
         ctrl_section(bench / "ctrl"),
     ]
     notes = bench / "NOTES.md"
