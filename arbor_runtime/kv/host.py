@@ -245,7 +245,8 @@ class HostTier:
         self.tokens = 0
         self.bytes_to_host = 0
         self.bytes_to_device = 0
-        self.transfer_seconds = 0.0
+        self.transfer_seconds = 0.0  # host time in put / restore (the copies themselves without CUDA)
+        self.restore_seconds = 0.0  # of which restore
         per_token = shape.bytes_per_token
         self.out_tokens = _clamp(STAGE_BYTES // per_token)
         self.in_tokens = _clamp(STAGE_BYTES // max(per_token // shape.layers, 1))
@@ -350,7 +351,7 @@ class HostTier:
         plan = self._restore_plan(slots)
         with streams.lane("restore"):
             start = streams.record("restore")
-            parts = [_device_parts(pool, dst[lo:hi]) for lo, hi, _ in plan]
+            parts = [_device_parts(pool, dst[lo:hi], streams.pinned) for lo, hi, _ in plan]
             stage = self._in_buffer(min(n, self.in_tokens))
             events = []
             for layer in range(layers):
@@ -363,6 +364,7 @@ class HostTier:
         self.slots.free(slots)
         self._last_restore = events[-1]
         self.bytes_to_device += n * self.shape.bytes_per_token
+        self.restore_seconds += time.perf_counter() - start_wall
         self.transfer_seconds += time.perf_counter() - start_wall
         return events
 
@@ -403,7 +405,7 @@ class HostTier:
             self._next_out = 1 - k
             streams.wait("compute", self._out_done[k])  # the buffer's previous copy has left it
             buf = self._out_buffer(k, hi - lo)[:, : hi - lo]
-            _gather(pool, src[lo:hi], buf)
+            _gather(pool, src[lo:hi], buf, self.streams.pinned)
             streams.wait("offload", streams.record("compute"))
             with streams.lane("offload"):
                 for slot, length, off in ordered_runs(dst[lo:hi], self.slots.bounds):
@@ -464,27 +466,33 @@ class HostTier:
 
 
 # ---- device side of the copies ------------------------------------------------------------
-def _device_parts(pool: DevicePool, slots: torch.Tensor) -> list[tuple[Any, torch.Tensor | None, torch.Tensor]]:
+def _device_parts(
+    pool: DevicePool, slots: torch.Tensor, pinned: bool
+) -> list[tuple[Any, torch.Tensor | None, torch.Tensor]]:
     """Per arena the slots touch: (arena, positions in ``slots`` or None for all, arena-local slots).
 
-    Index tensors are uploaded with ``non_blocking`` (no host synchronization) on the current lane.
+    Index tensors go to the device on the current lane without blocking the host: from pinned
+    memory when copies are asynchronous (a copy from pageable memory may wait for the lane).
     """
     device = pool.device
+
+    def upload(t: torch.Tensor) -> torch.Tensor:
+        return (t.pin_memory() if pinned else t).to(device, non_blocking=True)
+
     if len(pool.arenas) == 1:
         arena = pool.arenas[0]
-        return [(arena, None, (slots - arena.base).to(device, non_blocking=True))]
+        return [(arena, None, upload(slots - arena.base))]
     parts = []
     for arena in pool.arenas:
         pos = torch.nonzero((slots >= arena.base) & (slots < arena.end)).squeeze(1)
         if pos.numel():
-            local = (slots[pos] - arena.base).to(device, non_blocking=True)
-            parts.append((arena, pos.to(device, non_blocking=True), local))
+            parts.append((arena, upload(pos), upload(slots[pos] - arena.base)))
     return parts
 
 
-def _gather(pool: DevicePool, src: torch.Tensor, out: torch.Tensor) -> None:
+def _gather(pool: DevicePool, src: torch.Tensor, out: torch.Tensor, pinned: bool) -> None:
     """Pool slots ``src`` (N,) into ``out`` (L, N, 2, H_kv, D) on the current lane."""
-    for arena, pos, local in _device_parts(pool, src):
+    for arena, pos, local in _device_parts(pool, src, pinned):
         k = arena.keys.index_select(2, local).permute(0, 2, 1, 3)  # (L, n, H_kv, D)
         v = arena.values.index_select(2, local).permute(0, 2, 1, 3)
         if pos is None:
