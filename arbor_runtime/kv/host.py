@@ -452,8 +452,9 @@ class HostTier:
         if buf is None or buf.shape[1] < n:
             s = self.shape
             buf = torch.empty(s.layers, n, 2, s.kv_heads, s.head_dim, dtype=s.dtype, device=s.device)
-            if s.device.type == "cuda":  # read by the offload lane: never reused before its copies ran
-                buf.record_stream(self.streams.stream("offload"))
+            side = getattr(self.streams, "stream", None)
+            if side is not None:  # read by the offload lane: never reused before its copies ran
+                buf.record_stream(side("offload"))
             self._out[k] = buf
         return buf
 
