@@ -45,7 +45,7 @@ PYEOF
 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_cuda_kernels.py \
   --junitxml="$OUT/tests.xml" || status=$?
 
-left=$((420 - (SECONDS - start)))  # the last run may start just before it
+left=$((420 - (SECONDS - start)))  # runs are cut at it (one step may overrun), the rest skipped
 "$PY" -m arbor_cli.bench.gpu_check ${DRY[@]+"${DRY[@]}"} --out "$OUT/gpu_check.json" --tests-xml "$OUT/tests.xml" \
   --deadline-s "$left" ${EXTRA[@]+"${EXTRA[@]}"} || status=$?
 

@@ -4,11 +4,15 @@
     python -m arbor_cli.bench.gpu_check --out gpu_check.json [--tests-xml tests.xml] [--dry-run]
 
 (``scripts/gpu_check.sh`` runs the CUDA tests first, then this.) The search is synthetic and the
-same for every policy: a root prompt, then expansions of a random frontier node (jumping between
-branches, so evicted spans come back) into ``rows`` sampled children, each followed by a long
-teacher-forced block under its first child; nothing stops early, so the tree's token counts do
-not depend on what the model samples. Full's peak (the 1.0 budget) is sized first with the tiny
-model on the same device: the same workload has the same peak whatever the model.
+same for every policy: a root prompt, then expansions of a random large block (the root or a
+forced block; jumping between branches, so evicted spans come back) into ``rows`` sampled
+children, each expansion followed by a long teacher-forced block under its first child. Nothing
+stops early, so the tree's token counts do not depend on what the model samples: full's peak
+(the 1.0 budget) is sized first with the tiny model on the same device.
+
+The forced blocks' log-probabilities (the runtime scores every forced token over the whole
+vocabulary, in float32) are a transient of several hundred MB per block on top of the KV, the
+same under every policy; ``peak_device_kv_bytes`` and ``pool_bytes`` give the KV alone.
 
 Per run: peak ``torch.cuda.max_memory_allocated`` (and above the weights), peak device KV tokens,
 decode tokens/s (sampled tokens over the wall time of the expansions), restore GB/s (bytes over
@@ -53,8 +57,8 @@ class Workload:
     Attributes:
         prompt_tokens / block_tokens: the root prompt, and each teacher-forced block.
         rows / new_tokens: children per expansion, tokens each (no early stop).
-        max_depth: only nodes shallower than this are expanded (bounds the longest path, so the
-            active path fits a quarter of full's peak).
+        max_depth: only the root and forced blocks shallower than this are expanded (bounds the
+            longest path, so one path plus a new block fits a quarter of full's peak).
     """
 
     tokens: int
@@ -62,16 +66,17 @@ class Workload:
     block_tokens: int
     rows: int
     new_tokens: int
-    max_depth: int = 5
+    max_depth: int = 3
     seed: int = 0
 
 
-DEVICE_WORKLOAD = Workload(tokens=50_000, prompt_tokens=2048, block_tokens=2048, rows=8, new_tokens=8)
+DEVICE_WORKLOAD = Workload(tokens=50_000, prompt_tokens=2048, block_tokens=4096, rows=8, new_tokens=8)
 DRY_WORKLOAD = Workload(tokens=700, prompt_tokens=40, block_tokens=32, rows=2, new_tokens=4)
 
 
-def run_search(rt: Runtime, w: Workload, vocab: int) -> dict[str, float]:
-    """Grow the workload's tree; returns tree tokens, decode tokens and expansion seconds.
+def run_search(rt: Runtime, w: Workload, vocab: int, max_seconds: float = float("inf")) -> dict[str, float]:
+    """Grow the workload's tree; returns tree tokens, decode tokens, expansion seconds, and whether
+    it stopped after ``max_seconds`` (a truncated run is the same search, shorter).
 
     Raises :class:`KVBudgetExceeded` when the policy cannot fit a step (the caller records it).
     """
@@ -82,10 +87,13 @@ def run_search(rt: Runtime, w: Workload, vocab: int) -> dict[str, float]:
     def ids(n: int) -> list[int]:
         return torch.randint(3, vocab, (n,), generator=gen).tolist()
 
+    start_all = time.perf_counter()
     root = rt.new_tree_ids(ids(w.prompt_tokens))
-    frontier, tokens, decode, seconds = [root], root.length, 0, 0.0
+    frontier, tokens, decode, seconds = [root], root.length, 0, 0.0  # frontier: root and forced blocks
     while tokens < w.tokens:
-        node = rng.choice([n for n in frontier if n.depth < w.max_depth])
+        if time.perf_counter() - start_all > max_seconds:
+            return {"tree_tokens": tokens, "decode_tokens": decode, "expand_seconds": seconds, "truncated": True}
+        node = rng.choice([n for n in frontier if n.depth < w.max_depth])  # large blocks: restores matter
         start = time.perf_counter()
         kids = rt.expand(node, w.rows, params)
         seconds += time.perf_counter() - start
@@ -93,9 +101,9 @@ def run_search(rt: Runtime, w: Workload, vocab: int) -> dict[str, float]:
         forced = rt.append_ids(kids[0], ids(w.block_tokens))
         for kid in kids:
             rt.set_value(kid, round(rng.random(), 3))
-        frontier += [*kids, forced]
+        frontier.append(forced)
         tokens += sum(k.length for k in kids) + forced.length
-    return {"tree_tokens": tokens, "decode_tokens": decode, "expand_seconds": seconds}
+    return {"tree_tokens": tokens, "decode_tokens": decode, "expand_seconds": seconds, "truncated": False}
 
 
 def full_peak(loaded, w: Workload) -> int:
@@ -105,7 +113,9 @@ def full_peak(loaded, w: Workload) -> int:
     return rt.metrics.peak_device_tokens
 
 
-def measure(loaded, w: Workload, policy: str, fraction: float, budget: int, dry_run: bool) -> dict[str, Any]:
+def measure(
+    loaded, w: Workload, policy: str, fraction: float, budget: int, dry_run: bool, max_seconds: float = float("inf")
+) -> dict[str, Any]:
     """One policy at one budget: memory, speed, restores; an OOM is a result, not an error."""
     cuda = not dry_run
     gc.collect()
@@ -120,7 +130,7 @@ def measure(loaded, w: Workload, policy: str, fraction: float, budget: int, dry_
     log = _log_forwards(rt) if dry_run else None
     start, oom, out = time.perf_counter(), None, {}
     try:
-        out = run_search(rt, w, int(loaded.model.config.vocab_size))
+        out = run_search(rt, w, int(loaded.model.config.vocab_size), max_seconds)
     except KVBudgetExceeded as exc:
         oom = str(exc)
     seconds = time.perf_counter() - start
@@ -145,12 +155,15 @@ def measure(loaded, w: Workload, policy: str, fraction: float, budget: int, dry_
         "restore_bytes": host.bytes_to_device,
         "offload_bytes": host.bytes_to_host,
         "tree_tokens": out.get("tree_tokens"),
+        "truncated": out.get("truncated", False),
     }
     if cuda:
         overlap = rt.store.host.streams.overlap()
         row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
         row["peak_above_start_bytes"] = row["peak_allocated_bytes"] - base
         row["restore_gb_per_s"] = _rate(overlap["restore_bytes"], overlap["restore_seconds"])
+        row["restore_seconds"] = overlap["restore_seconds"]  # the restore stream's busy time
+        row["exposed_restore_seconds"] = overlap["exposed_seconds"]  # compute's stalls on restores
         row["hidden_share"] = None if overlap["restore_seconds"] == 0 else overlap["hidden_share"]
     else:
         row["peak_allocated_bytes"] = row["peak_above_start_bytes"] = None  # no CUDA allocator here
@@ -233,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=None, help="KV tokens of the search (default 50000, dry 700)")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--fractions", default=",".join(map(str, FRACTIONS)))
-    ap.add_argument("--deadline-s", type=float, default=420.0, help="skip the runs left after this many seconds")
+    ap.add_argument("--deadline-s", type=float, default=400.0, help="stop (truncate, then skip runs) at this time")
+    ap.add_argument("--run-cap-s", type=float, default=90.0, help="a run stops adding nodes after this long")
     args = ap.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print("no CUDA device: run on a GPU, or pass --dry-run for the CPU path", file=sys.stderr)
@@ -253,10 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for policy, fraction in plan(args.policies.split(","), [float(f) for f in args.fractions.split(",")]):
         budget = max(1, int(fraction * peak))
-        if time.perf_counter() - t0 > args.deadline_s:
+        cap = min(args.run_cap_s, args.deadline_s - (time.perf_counter() - t0))
+        if cap < 5:
             rows.append({"policy": policy, "fraction": fraction, "budget_tokens": budget, "skipped": "deadline"})
             continue
-        rows.append(measure(loaded, w, policy, fraction, budget, args.dry_run))
+        rows.append(measure(loaded, w, policy, fraction, budget, args.dry_run, cap))
     cfg = loaded.model.config
     report = {
         "dry_run": args.dry_run,
@@ -272,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         },
         "workload": asdict(w),
         "full_peak_tokens": peak,
+        "notes": [
+            "peak_allocated_bytes includes the weights; peak_above_start_bytes does not",
+            "both include the forced blocks' full-vocabulary float32 log-probs, the same under every policy",
+            "hidden_share = 1 - compute stalls on restore events / restore stream busy time (CUDA events)",
+        ],
         "tests": junit_summary(args.tests_xml),
         "setup_seconds": setup_s,
         "seconds": time.perf_counter() - t0,
@@ -305,7 +325,7 @@ def print_table(report: dict[str, Any]) -> None:
         table.add_row(
             r["policy"],
             f"{r['fraction']:.2f} ({r['budget_tokens']})",
-            "OOM" if r["oom"] else "ok",
+            "OOM" if r["oom"] else ("cut" if r["truncated"] else "ok"),
             _fmt(r["peak_allocated_bytes"], 2**30, "{:.2f}"),
             _fmt(r["peak_above_start_bytes"], 2**30, "{:.2f}"),
             str(r["peak_device_kv_tokens"]),

@@ -1,8 +1,8 @@
 """Random-weight Llamas for device checks: no download, no tokenizer files.
 
 :func:`llama8b_config` is shaped like Llama-3-8B (32 layers, 32 query / 8 KV heads of 128, hidden
-4096, MLP 14336, 128256-token vocabulary): the KV geometry and the per-token compute of the real
-model, random weights. :class:`IdTokenizer` stands in for a tokenizer when a workload only moves
+4096, MLP 14336; a 32000-token vocabulary by default): the KV geometry and the per-token compute
+of the real model's layers, random weights. :class:`IdTokenizer` stands in for a tokenizer when a workload only moves
 token ids (the runtime decodes ids for node texts and stop strings, nothing else).
 """
 
@@ -28,12 +28,17 @@ class IdTokenizer:
         return " ".join(str(int(i)) for i in ids)
 
 
-def llama8b_config():
-    """Llama-3-8B's shape (a LlamaConfig), for random weights."""
+def llama8b_config(vocab_size: int = 32000):
+    """Llama-3-8B's shape (a LlamaConfig), for random weights.
+
+    The vocabulary defaults to 32000 (Llama-2's), not 128256: it does not change the KV, and a
+    teacher-forced block's full-vocabulary float32 log-probabilities (the runtime scores every
+    forced token) would otherwise add ~2 GB per 1024 tokens of transient memory to every run.
+    """
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=128256,
+        vocab_size=vocab_size,
         hidden_size=4096,
         intermediate_size=14336,
         num_hidden_layers=32,
@@ -67,4 +72,5 @@ def random_model(config, device: str | torch.device, dtype: torch.dtype, seed: i
             model = LlamaForCausalLM(config)
     finally:
         torch.set_default_dtype(previous)
-    return LoadedModel(model=model.to(device=device, dtype=dtype).eval(), tokenizer=IdTokenizer(), spec="random")
+    # built in ``dtype`` already; no .to(dtype): RoPE's inv_freq buffer stays float32
+    return LoadedModel(model=model.to(device=device).eval(), tokenizer=IdTokenizer(), spec="random")
