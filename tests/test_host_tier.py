@@ -76,7 +76,7 @@ def test_slot_runs_split_at_gaps_and_chunk_bounds():
     assert slot_runs(torch.tensor([2, 3, 4, 5]), bounds=[0, 4, 8]) == [(2, 4), (4, 6)]
 
 
-def new_store(streams, blocks=(10, 7, 12), device_slots=40, host_chunk=5, host_cap=None):
+def new_store(streams, blocks=(10, 7, 12), device_slots: int | None = 40, host_chunk=5, host_cap=None):
     """A store with random K/V blocks; returns it and each block's (L, H, T, D) K and V."""
     store = KVStore(SHAPE, capacity=device_slots, host_capacity=host_cap, streams=streams)
     store.host.slots.chunk = host_chunk  # small chunks: spans cross chunks, the pool grows often
@@ -171,3 +171,15 @@ def test_restores_wait_for_the_offload_that_wrote_their_host_slots():
     restore_at = log.index(("enter", "restore"))
     assert ("wait", "restore", "offload", serial) in log[put_done:restore_at]  # on the device, not the host
     assert not any(e[0] == "synchronize" for e in log)
+
+
+def test_round_trip_across_the_arenas_of_an_unbounded_pool():
+    store, data = new_store(SyncStreams(), blocks=(700, 1500, 300), device_slots=None, host_chunk=512)
+    assert len(store.pool.arenas) > 1  # blocks span arenas: gathers and scatters split by arena
+    for bid, (k, _) in data.items():
+        store.apply(bid, torch.arange(0, k.shape[2], 3), offload=True)
+    check_store(store, data)
+    for bid, (k, _) in data.items():
+        store.apply(bid, torch.arange(k.shape[2]), offload=True)
+    check_store(store, data)
+    assert all(store.get(b).whole for b in data) and store.host.tokens == 0
