@@ -183,3 +183,19 @@ def test_round_trip_across_the_arenas_of_an_unbounded_pool():
         store.apply(bid, torch.arange(k.shape[2]), offload=True)
     check_store(store, data)
     assert all(store.get(b).whole for b in data) and store.host.tokens == 0
+
+
+def test_arbor_host_budget_bounds_the_host_pool_and_recompute_keeps_it_exact(tiny, one_torch_thread):
+    from arbor_cli.bench.synthetic import synthetic_search
+    from arbor_runtime import Runtime
+    from arbor_runtime.policies.arbor import ArborPolicy
+
+    trees = {}
+    for host_cap in (None, 24):
+        rt = Runtime(tiny, policy=ArborPolicy(budget_tokens=60, host_budget_tokens=host_cap), seed=3)
+        synthetic_search(rt, "Input: 4 4 6 8\nSteps:\n", expansions=6, n=2, max_new_tokens=6, temperature=0.0, seed=5)
+        trees[host_cap] = [n.token_ids for n in rt.all_nodes.values()]
+        if host_cap is not None:
+            assert rt.store.host.slots.capacity <= host_cap and rt.metrics.peak_host_tokens <= host_cap
+            assert rt.metrics.recomputed_tokens > 0  # what the host could not keep came back by recompute
+    assert trees[None] == trees[24]
