@@ -62,7 +62,8 @@ class Runtime:
         if hasattr(self.policy, "vocab_size"):
             self.policy.vocab_size = int(self.model.config.vocab_size)
         self.backend = ModelBackend(self.model, fast_kernel=fast_kernel)
-        self.store = KVStore(self.backend.shape, capacity=self.policy.budget_tokens)
+        host_cap = getattr(self.policy, "host_budget_tokens", None)
+        self.store = KVStore(self.backend.shape, capacity=self.policy.budget_tokens, host_capacity=host_cap)
         self.metrics = RuntimeMetrics()
         self.nodes: dict[int, Node] = {}  # live nodes
         self.all_nodes: dict[int, Node] = {}  # every node ever created, released ones too
