@@ -11,7 +11,8 @@ from rich.console import Console
 from synthetic_data import game24_puzzles
 
 from arbor_cli.build import build, compose_config
-from arbor_cli.run import run, search_one
+from arbor_cli.run import run
+from arbor_cli.runners.search import search_one
 from arbor_cli.tree_export import load_tree, render_tree, tree_record, write_tree
 from arbor_runtime import Runtime, SamplingParams
 
