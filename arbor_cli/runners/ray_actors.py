@@ -183,6 +183,7 @@ class Schedule:
         self.actors: dict[int, Any] = {}  # every actor started (dead ones too, to end them at close)
         self.starting: dict[Any, int] = {}  # ready() ref -> actor
         self.ready: set[int] = set()
+        self.workers: dict[int, str] = {}  # actor -> where it runs (ready()'s answer: host:pid, device)
         self.load: dict[int, int] = {}
         self.todo: deque[Problem] = deque()
         self.running: dict[Any, tuple[int, Problem]] = {}  # solve() ref -> (actor, problem)
@@ -245,6 +246,7 @@ class Schedule:
                 raise RunnerError(f"no Ray actor could start: {self.deaths[-1]}") from exc
             return
         log.info("Ray actor %d ready: %s", actor, where)
+        self.workers[actor] = where
         self.ready.add(actor)
         self.ever_ready = True
 
