@@ -71,18 +71,19 @@ class Setup:
         return instantiate(self.cfg.controller, runtime=runtime, task=self.task, verifier=self.verifier)
 
 
-def build(cfg: DictConfig, loaded: LoadedModel | None = None) -> Setup:
+def build(cfg: DictConfig, loaded: LoadedModel | None = None, device: str | None = None) -> Setup:
     """Task, verifier, policies and model from ``cfg``; user errors raise one of :data:`USER_ERRORS`.
 
     The cheap parts are built and checked first, so a bad value fails before the model loads.
-    ``loaded`` reuses a model loaded before (it must be the one ``cfg.model`` names).
+    ``loaded`` reuses a model loaded before (it must be the one ``cfg.model`` names); ``device``
+    overrides ``cfg.model.device`` (a driver whose workers run the model keeps it on the CPU).
     """
     task = build_task(cfg)
     verifier = build_verifier(cfg, task)
     problems = task.problems()
     policies = PolicyFactory(cfg.policy, problems)
     check_concurrency(cfg, policies)
-    loaded = loaded or load_model(**model_kwargs(cfg.model))
+    loaded = loaded or load_model(**model_kwargs(cfg.model) | ({"device": device} if device else {}))
     return Setup(cfg, task, verifier, problems, policies, loaded)
 
 

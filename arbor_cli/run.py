@@ -29,7 +29,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
     console = console or Console()
     try:
         runner = build_runner(cfg)  # first: runner=ray without Ray fails before the model loads
-        setup = build(cfg)
+        setup = build(cfg, device=runner.driver_device)
         infeasible = check_budget(setup.policies, setup.task, setup.problems, setup.loaded.tokenizer)
         run_dir = resolve_run_dir(cfg)
         check_resume(run_dir, cfg)

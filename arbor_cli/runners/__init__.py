@@ -28,7 +28,13 @@ __all__ = ["Finished", "Runner", "RunnerError", "build_runner"]
 
 
 class Runner(Protocol):
-    """Searches problems somewhere and yields their records as each finishes (in any order)."""
+    """Searches problems somewhere and yields their records as each finishes (in any order).
+
+    ``driver_device``: where the driver process loads its copy of the model (None: the configured
+    device); a runner whose workers load their own puts it on the CPU, off their accelerators.
+    """
+
+    driver_device: str | None
 
     def searches(self, setup: Setup, problems: list[Problem]) -> Iterator[Finished]: ...
 

@@ -16,6 +16,8 @@ class LocalRunner:
     ``concurrency=N`` (N > 1) N at once in threads sharing one runtime (their model steps batched
     together, one budget for all). Records come back as each problem finishes, in any order."""
 
+    driver_device = None  # the searches run on this process's model: the configured device
+
     def searches(self, setup: Setup, problems: list[Problem]) -> Iterator[Finished]:
         """One :class:`Finished` record per problem of ``problems``, as each finishes."""
         concurrency = int(setup.cfg.get("concurrency", 1))

@@ -75,6 +75,8 @@ class RayRunner:
     actor_restarts: int = 1
     log_to_driver: bool = False
     local: dict[str, Any] = field(default_factory=dict)
+    #: the driver only tokenizes (budget checks) and writes: its model stays off the actors' GPUs
+    driver_device: str | None = field(default="cpu", init=False)
 
     def __post_init__(self) -> None:
         import_ray()  # runner=ray without the extra fails before the model loads
