@@ -70,6 +70,12 @@ def test_six_problems_on_two_actors_are_each_recorded_once(local_ray, data_dir, 
     local = rows(tmp_path / "local")
     for key in ("answer", "solved", "prefill_tokens", "decode_tokens", "peak_device_tokens", "best_path"):
         assert {i: r[key] for i, r in got.items()} == {i: r[key] for i, r in local.items()}, key
+    # concurrency=3 per actor: three searches share each actor's runtime, with the same results
+    assert run(cfg(data_dir, tmp_path / "ray3", *SIX, *on_ray("concurrency=3")), Console(width=150)) == 0
+    assert sorted(indices(tmp_path / "ray3")) == list(range(900, 906))
+    shared = rows(tmp_path / "ray3")
+    for key in ("answer", "solved", "prefill_tokens", "decode_tokens", "best_path"):
+        assert {i: r[key] for i, r in shared.items()} == {i: r[key] for i, r in local.items()}, key
 
 
 @needs_ray
@@ -187,3 +193,22 @@ def test_two_job_sweep_with_the_submitit_local_launcher(data_dir, tmp_path):
     jobs = {p.parent.name.split(",")[0]: p for p in sweep.rglob(RESULTS_FILE)}
     assert set(jobs) == {"controller=bfs", "controller=best_first"}
     assert all([r["index"] for r in read_jsonl(p)] == [900] for p in jobs.values())
+
+
+@pytest.mark.parametrize(
+    ("launcher", "target", "expected"),
+    [
+        ("slurm", "SlurmLauncher", {"gpus_per_node": 1, "tasks_per_node": 1}),
+        ("ray_cluster", "RayLauncher", {"ray.init.object_store_memory": None, "ray.remote.max_calls": 1}),
+    ],
+)
+def test_the_shipped_launcher_configs_compose_on_their_plugins(launcher, target, expected):
+    """conf/hydra/launcher/*.yaml extend the plugins' own configs (a typo in a key fails here)."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    with initialize_config_module(config_module="conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+    assert cfg.hydra.launcher._target_.endswith(target)
+    for key, value in expected.items():
+        assert OmegaConf.select(cfg.hydra.launcher, key, default="missing") == value, key
