@@ -110,17 +110,33 @@ class Engine:
 
     # ---- one cycle (driver only) ---------------------------------------------------------
     def _cycle(self) -> None:
-        with self._cv:
-            new, self._pending = self._pending, []
-        for work in new:
-            if isinstance(work, ExpandJob):
-                self._start(work)
-            else:
-                self._run_now(work)
-        if self.waiting or self.running:
-            self._step()
+        try:
+            with self._cv:
+                new, self._pending = self._pending, []
+            for work in new:
+                if isinstance(work, ExpandJob):
+                    self._start(work)
+                else:
+                    self._run_now(work)
+            if self.waiting or self.running:
+                self._step()
+        except BaseException as exc:  # a bug or an interrupt: every caller hears of it, none waits forever
+            self._abort(exc)
         with self._cv:
             self._cv.notify_all()
+
+    def _abort(self, error: BaseException) -> None:
+        """Fail every expansion in flight and every queued work with ``error``."""
+        for job in list(self.jobs):
+            self._fail(job, error)
+        with self._cv:
+            queued, self._pending = self._pending, []
+        for work in queued + [w for w in self._in_flight if not w.done]:
+            work.error = error
+            if work in self._in_flight:
+                self._end(work)
+            else:
+                work.done = True
 
     def _end(self, work: Work) -> None:
         self._in_flight.remove(work)
