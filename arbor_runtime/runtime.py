@@ -182,6 +182,21 @@ class Runtime:
             self.memory.forget(gone)
         self.oplog.append({"op": "release", "node": node.id})
 
+    def compress(self, target_tokens: int) -> int:
+        """Ask the policy, now, to bring resident block KV down to ``target_tokens`` (one MemoryThreshold).
+
+        The one-shot compression of a context that prefill-time methods (SnapKV, kvpress presses)
+        do: prefill whole, then keep ``target_tokens``. Which tokens stay is the policy's plan, as
+        for any memory event; a policy that never frees memory (``full``) keeps everything, and
+        ``arbor`` keeps the active path whole. Returns the resident block tokens afterwards.
+        """
+        if isinstance(target_tokens, bool) or not isinstance(target_tokens, int) or target_tokens < 0:
+            raise ValueError(f"compress target_tokens={target_tokens!r} must be a non-negative number of tokens")
+        with self._op("compress"):
+            self.memory.compress(target_tokens)
+        self.oplog.append({"op": "compress", "target": target_tokens})
+        return self.store.resident_tokens
+
     def path_token_ids(self, node: Node) -> list[int]:
         """Token ids from the root to ``node`` inclusive (the flattened text's ids)."""
         return [t for n in node.path() for t in n.token_ids]
