@@ -264,7 +264,9 @@ class Runtime:
         extents = self.store.pool.alloc(count)
         context = [a.id for a in node.path()[:-1]] + ([node.id] if offset else [])
         slots = _slots(extents).view(1, count)
-        batch = self._batch([context], count, slots, stats=self.policy.needs_attention)
+        window = self.policy.observation_window
+        stats_from = max(0, count - window) if window else 0
+        batch = self._batch([context], count, slots, stats=self.policy.needs_attention, stats_from=stats_from)
         positions = torch.arange(node.start_pos + offset, node.start_pos + offset + count).unsqueeze(0)
         ids = torch.tensor([node.token_ids[offset : offset + count]])
         logits = self.backend.forward(batch, ids, positions, logits_to_keep)[0]
@@ -275,7 +277,7 @@ class Runtime:
             self.store.add_tokens(node.id, extents, own, op="extend")
         self._take_attention(batch)
         if batch.own_mass is not None:  # causal: a block's own queries see half of it on average
-            self.store.add_attention(node.id, own, batch.own_mass[0], count / 2)
+            self.store.add_attention(node.id, own, batch.own_mass[0], (count - stats_from) / 2)
         return logits
 
     def _recompute_all(self, nodes: Sequence[Node]) -> None:
@@ -319,7 +321,8 @@ class Runtime:
             while waiting or running:
                 self._admit_rows(waiting, running, params, stop)
                 self._grow_rows(waiting, running, params)
-                batch, ids, pos = decode_batch(self.store, running, self.policy.needs_attention, self.backend.kernel)
+                stats = self.policy.needs_attention and not self.policy.observation_window
+                batch, ids, pos = decode_batch(self.store, running, stats, self.backend.kernel)
                 logits = self.backend.forward(batch, ids, pos)[:, -1]  # (R, V)
                 self._take_attention(batch)
                 for row in postprocess(running, batch, logits, params, stop):
@@ -413,17 +416,27 @@ class Runtime:
             self.store.pool.free(ext)
 
     # ---- internals: batches and attention statistics -------------------------------------
-    def _batch(self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool) -> TreeBatch:
-        groups = context_groups(self.store, contexts)
-        return TreeBatch(self.store.pool, groups, len(contexts), q, write, stats=stats, kernel=self.backend.kernel)
+    def _batch(
+        self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool, stats_from: int = 0
+    ) -> TreeBatch:
+        groups, kernel = context_groups(self.store, contexts), self.backend.kernel
+        return TreeBatch(
+            self.store.pool, groups, len(contexts), q, write, stats=stats, kernel=kernel, stats_from=stats_from
+        )
 
     def _take_attention(self, batch: TreeBatch) -> None:
-        """Add a forward's attention mass over context blocks to those blocks (queries counted once per block)."""
+        """Add a forward's attention mass over context blocks to those blocks (queries counted once per block).
+
+        Under an observation window the new record replaces the old one of every token it saw.
+        """
         if not batch.stats:
             return
+        queries = batch.q - batch.stats_from
         for grp in batch.groups:
             for i, (piece, mass) in enumerate(zip(grp.pieces, grp.mass, strict=True)):
-                self.store.add_attention(piece.block_id, piece.idx, mass, grp.n_rows * batch.q if i == 0 else 0.0)
+                if self.policy.observation_window and piece.block_id in self.store:
+                    self.store.get(piece.block_id).attention[piece.idx] = 0.0
+                self.store.add_attention(piece.block_id, piece.idx, mass, grp.n_rows * queries if i == 0 else 0.0)
 
     # ---- internals: bookkeeping ----------------------------------------------------------
     def _new_node(
