@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +29,7 @@ from arbor_cli.bench.stats_cost import main as stats_cost_main
 from arbor_runtime import Runtime
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_default_contexts_are_few_shot_prompts_of_600_to_2000_tokens(tiny, data_dir):
@@ -152,3 +154,37 @@ def test_stats_cost_script_measures_every_policy_against_full(tmp_path, data_dir
     assert all(m["prefill_ms_per_token"] > 0 and m["expand_ms_per_token"] > 0 for m in data["policies"].values())
     assert stats_cost_main(["--repeats", "0"]) == 2
     assert "--repeats/--rows/--new-tokens 0/4/16: each must be >= 1" in capsys.readouterr().err
+
+
+def test_write_results_rewrites_only_the_linear_section(tmp_path, monkeypatch):
+    import runpy
+    import sys
+
+    project = [{"runs": [run_of("project", "h2o", 0.5, [0.2, 0.4])]}]
+    head = run_of("kvpress", "observed_attention", 0.5, [0.1, 0.1]) | {"variant": "per_head"}
+    rows = summarize(project, {"items": [{"runs": [head]}]})
+    linear = {
+        "date": "2026-01-01",
+        "command": "python scripts/bench_linear.py",
+        "threads": 1,
+        "seconds": {"project": 60.0, "kvpress": 30.0},
+        "contexts": [{"name": "gsm8k:6:0", "context_tokens": 787}],
+        "steps": 2,
+        "kvpress_versions": {"kvpress": "0.5.5"},
+        "checks": [{"max_abs_token_logp_diff": 1e-5}],
+        "rows": rows,
+        "comparison": comparison(rows),
+    }
+    (tmp_path / "linear").mkdir()
+    (tmp_path / "linear" / "linear.json").write_text(json.dumps(linear))
+    page = tmp_path / "results.md"
+    page.write_text("# Results\n\n## Speed\n\nfast\n\n## Controllers\n\nsome\n")
+    script = str(REPO / "scripts" / "write_results.py")
+    argv = [script, "--bench", str(tmp_path), "--out", str(page), "--only", "linear"]
+    monkeypatch.setattr(sys, "argv", argv)
+    for _ in range(2):  # appended the first time, replaced in place the second
+        runpy.run_path(script, run_name="__main__")
+    text = page.read_text()
+    assert text.startswith("# Results\n\n## Speed\n\nfast\n\n## Controllers\n\nsome\n\n## Linear baselines")
+    assert text.count("## Linear baselines") == 1
+    assert "| h2o | observed_attention | 50% | 0.3 | 0.1 | - | 3.00× | - |" in text

@@ -2,8 +2,9 @@
 
     python scripts/bench_stats_cost.py --out bench/linear/stats_cost.json --threads 2
 
-One process, one model, runs interleaved (full, h2o, snapkv, full, h2o, ...) so that a busy
-machine slows every policy alike; medians over ``--repeats``. Prefill: a fresh runtime prefills
+One process, one model, runs interleaved (full, h2o, snapkv, full, h2o, ...), medians over
+``--repeats``; times are the process's CPU time (wall-time ratios are kept too: on a shared
+machine they mostly measure the neighbours). Prefill: a fresh runtime prefills
 one few-shot context (``new_tree_ids``). Decode: it then expands ``--rows`` greedy children of
 ``--new-tokens`` tokens each. No budget, so nothing is evicted: the difference is the statistics
 pass (h2o: every query; snapkv: the last 64 queries of the prefill, none while decoding).
@@ -27,39 +28,45 @@ from arbor_runtime import Runtime, SamplingParams, load_model
 POLICIES = ("full", "h2o", "snapkv")
 
 
-def measure(loaded, context_ids: list[int], policy: str, rows: int, new_tokens: int) -> tuple[float, float]:
-    """(prefill seconds, expansion seconds) of one fresh runtime."""
+def _clocks() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def measure(loaded, context_ids: list[int], policy: str, rows: int, new_tokens: int) -> dict[str, float]:
+    """Wall and CPU seconds of one fresh runtime's prefill and expansion."""
     rt = Runtime(loaded, policy)
-    start = time.perf_counter()
+    wall, cpu = _clocks()
     root = rt.new_tree_ids(context_ids)
-    prefill = time.perf_counter() - start
-    params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, stop_at_eos=False)
-    start = time.perf_counter()
-    rt.expand(root, rows, params)
-    return prefill, time.perf_counter() - start
+    wall_p, cpu_p = _clocks()
+    rt.expand(root, rows, SamplingParams(max_new_tokens=new_tokens, temperature=0.0, stop_at_eos=False))
+    wall_e, cpu_e = _clocks()
+    return {
+        "prefill_wall": wall_p - wall,
+        "prefill_cpu": cpu_p - cpu,
+        "expand_wall": wall_e - wall_p,
+        "expand_cpu": cpu_e - cpu_p,
+    }
 
 
 def stats_cost(loaded, context_ids: list[int], repeats: int, rows: int, new_tokens: int) -> dict:
-    times: dict[str, list[tuple[float, float]]] = {p: [] for p in POLICIES}
+    """Per policy, medians over ``repeats`` interleaved runs: per-token milliseconds (CPU time of
+    this process, which a busy machine disturbs far less than wall time) and ratios to ``full``."""
+    runs: dict[str, list[dict[str, float]]] = {p: [] for p in POLICIES}
     measure(loaded, context_ids[:64], "full", 1, 2)  # warm-up
     for _ in range(repeats):
         for policy in POLICIES:
-            times[policy].append(measure(loaded, context_ids, policy, rows, new_tokens))
-    n, decoded = len(context_ids), rows * new_tokens
-    out = {"context_tokens": n, "rows": rows, "new_tokens": new_tokens, "repeats": repeats, "policies": {}}
-    for policy, runs in times.items():
-        prefill = statistics.median(p for p, _ in runs)
-        decode = statistics.median(d for _, d in runs)
-        out["policies"][policy] = {
-            "prefill_seconds": prefill,
-            "prefill_ms_per_token": 1000 * prefill / n,
-            "expand_seconds": decode,
-            "expand_ms_per_token": 1000 * decode / decoded,
-        }
-    base = out["policies"]["full"]
-    for m in out["policies"].values():
-        m["prefill_vs_full"] = m["prefill_seconds"] / base["prefill_seconds"]
-        m["expand_vs_full"] = m["expand_seconds"] / base["expand_seconds"]
+            runs[policy].append(measure(loaded, context_ids, policy, rows, new_tokens))
+    per_token = {"prefill": len(context_ids), "expand": rows * new_tokens}
+    out = {"context_tokens": len(context_ids), "rows": rows, "new_tokens": new_tokens, "repeats": repeats}
+    med = {p: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for p, rs in runs.items()}
+    out["policies"] = {}
+    for policy, m in med.items():
+        row = {}
+        for phase, n in per_token.items():
+            row[f"{phase}_ms_per_token"] = 1000 * m[f"{phase}_cpu"] / n
+            row[f"{phase}_vs_full"] = m[f"{phase}_cpu"] / med["full"][f"{phase}_cpu"]
+            row[f"{phase}_wall_vs_full"] = m[f"{phase}_wall"] / med["full"][f"{phase}_wall"]
+        out["policies"][policy] = row | {"medians": m}
     return out
 
 
