@@ -186,7 +186,8 @@ class Engine:
         self._grow()
         if not self.running:
             return
-        batch, ids, pos = decode_batch(rt.store, self.running, rt.policy.needs_attention, rt.backend.kernel)
+        stats = rt.policy.needs_attention and not rt.policy.observation_window  # a window scores prefills only
+        batch, ids, pos = decode_batch(rt.store, self.running, stats, rt.backend.kernel)
         start = time.perf_counter()
         logits = rt.backend.forward(batch, ids, pos)[:, -1]  # (R, V)
         self._charge_step(time.perf_counter() - start)
