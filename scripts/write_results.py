@@ -5,8 +5,9 @@
 
 Expects under --bench: e2e/{game24,gsm8k}-{full,budget}/merged.md, e2e/scaling/merged.md,
 replay/replay.csv, speed/speed.json, memory.png (+ memory.json), ctrl/*/results.jsonl,
-linear/{linear.json,stats_cost.json} (hand-written notes: docs/notes/*.md). ``--only linear`` rewrites that one section of
-an existing page (or appends it) and keeps the rest as it is.
+linear/{linear.json,stats_cost.json}, memory/, budgets/, concurrency/; hand-written notes come from
+docs/notes/*.md. ``--only linear,memory`` rewrites those sections of an existing page (or appends
+them) and keeps the rest as it is.
 """
 
 from __future__ import annotations
