@@ -98,7 +98,7 @@ def test_a_rerun_in_the_same_dir_searches_only_what_is_not_done(local_ray, data_
 def kill_one_busy_actor(monkeypatch, killed: list[int]) -> None:
     """Fault injection: once a record is back, the next time an actor holds a problem while two or
     more wait, SIGKILL that actor's process (it dies mid-search, or fails the next problem it is sent)."""
-    from arbor_cli.runners.ray_actors import Schedule
+    from arbor_cli.runners.schedule import Schedule
 
     collect, dispatch, records = Schedule.collect, Schedule.dispatch, []
 
