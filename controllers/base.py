@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from arbor_runtime import Node, Runtime, SamplingParams
@@ -131,10 +131,28 @@ class Controller(ABC):
         """
         for node, _ in requests:
             self._record_expansion(node)
-        groups = self.rt.expand_many(requests, sampling or self.sampling)
+        groups = self._propose(requests, sampling or self.sampling)
         return [
             [self.evaluate(parent, child) for child in kids] for (parent, _), kids in zip(requests, groups, strict=True)
         ]
+
+    def _propose(self, requests: list[tuple[Node, int]], sampling: SamplingParams) -> list[list[Node]]:
+        """Children per request as the task proposes them (``Task.propose``): the model's best ``n`` of
+        the task's choices (``Runtime.choose``), or ``n`` samples (under the task's regex, if any)."""
+        plans = [self.task.propose(self.problem, node.meta["state"]) for node, _ in requests]
+        out: list[list[Node]] = [[] for _ in requests]
+        for i, ((node, n), plan) in enumerate(zip(requests, plans, strict=True)):
+            if plan.choices:
+                out[i] = self.rt.choose(node, list(plan.choices), keep=min(n, len(plan.choices))).kept
+        free = [i for i, plan in enumerate(plans) if not plan.choices]
+        if free:
+            params = [
+                replace(sampling, regex=plans[i].regex, grammar=None) if plans[i].regex else sampling for i in free
+            ]
+            kids = self.rt.expand_many([requests[i] for i in free], params)
+            for i, group in zip(free, kids, strict=True):
+                out[i] = group
+        return out
 
     def evaluate(self, parent: Node, thought: Node) -> Candidate:
         """Let the task interpret ``thought``, append its forced text, score the result."""
@@ -142,7 +160,7 @@ class Controller(ABC):
         node = thought
         if result.valid and result.forced_text:
             node = self.rt.append(thought, result.forced_text)
-        score = self.verifier.score(self.problem, result) if result.valid else 0.0
+        score = self.verifier.score_node(self.problem, result, node) if result.valid else 0.0
         node.meta.update(state=result.state, terminal=result.terminal, valid=result.valid, reason=result.reason)
         thought.meta.setdefault("valid", result.valid)
         self.rt.set_value(node, score)

@@ -51,7 +51,7 @@ def test_every_config_group_composes_and_instantiates(group, tiny, data_dir):
         assert cfg.model.spec
 
 
-@pytest.mark.parametrize(("task", "verifier"), [("game24", "game24"), ("gsm8k", "answer_match")])
+@pytest.mark.parametrize(("task", "verifier"), [("game24", "llm_value"), ("gsm8k", "answer_match")])
 def test_each_task_config_selects_its_own_verifier(task, verifier, data_dir):
     cfg = compose_cfg(f"task={task}", f"paths.data_dir={data_dir}")
     assert build_verifier(cfg, build_task(cfg)).name == verifier
@@ -60,10 +60,10 @@ def test_each_task_config_selects_its_own_verifier(task, verifier, data_dir):
 
 
 def test_a_verifier_that_does_not_fit_the_task_is_a_clear_error(data_dir, tmp_path, capsys):
-    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task=gsm8k", "verifier=game24", "task.end=1"))
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task=gsm8k", "verifier=game24_oracle", "task.end=1"))
     assert run(cfg) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "arbor-solve: error: verifier=game24 does not fit task=gsm8k; valid: answer_match, llm_value"
+    assert err == "arbor-solve: error: verifier=game24_oracle does not fit task=gsm8k; valid: answer_match, llm_value"
 
 
 def test_cli_runs_one_puzzle_and_resumes(data_dir, tmp_path):

@@ -15,7 +15,7 @@ from arbor_runtime.events import replay_resident
 from arbor_runtime.policies import POLICIES, ArborPolicy, build_policy
 from controllers.bfs import BFSController
 from tasks.game24 import Game24Task, format_number
-from verifiers.game24 import Game24Verifier
+from verifiers.game24_oracle import Game24OracleVerifier
 
 PROMPT = "Input: 4 4 6 8\nSteps:\n"
 PARAMS = SamplingParams(max_new_tokens=4, temperature=1.0)
@@ -189,7 +189,7 @@ class ScriptedGame24(Game24Task):
 def bfs_search(tiny, data_dir, policy, budget):
     task = ScriptedGame24(data_dir=str(data_dir), start=901, end=902, n_shots=1)
     rt = Runtime(tiny, policy=policy, budget_tokens=budget, seed=0)
-    controller = BFSController(rt, task, Game24Verifier(), n_generate=2, breadth=2, release_pruned=False)
+    controller = BFSController(rt, task, Game24OracleVerifier(), n_generate=2, breadth=2, release_pruned=False)
     return rt, controller, controller.solve(task.problems()[0])
 
 

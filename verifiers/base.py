@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.base import Problem, StepResult
 
 if TYPE_CHECKING:
-    from arbor_runtime import Runtime
+    from arbor_runtime import Node, Runtime
     from tasks.base import Task
 
 
@@ -24,10 +24,19 @@ class Verifier(ABC):
     """
 
     name: str = "verifier"
+    #: how tables must qualify rows this verifier scored ("" for none; the oracle: "oracle (upper bound)")
+    label: str = ""
 
     @abstractmethod
     def score(self, problem: Problem, result: StepResult) -> float:
         """Value of the node whose thought produced ``result`` (its ``state`` is after the thought)."""
+
+    def score_node(self, problem: Problem, result: StepResult, node: Node) -> float:
+        """Value of ``node``, the block ending the thought that produced ``result`` (controllers call
+        this). By default the state alone decides (:meth:`score`); a verifier that reads the tree
+        (the path's likelihood) overrides it."""
+        del node
+        return self.score(problem, result)
 
     def describe(self, problem: Problem, result: StepResult) -> dict[str, Any]:
         """Extra fields to log for a scored node (default: none)."""
