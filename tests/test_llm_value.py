@@ -206,7 +206,10 @@ def test_choose_mode_scores_the_verdict_probabilities_in_one_forward(tiny, game2
     assert verifier.mode == "choose"
     calls = record_expands(rt)
     result = after(task, problem, "4 + 5 = 9 (left")
+    verifier._root(GAME24_PREFIX)
+    forwards = rt.backend.forward_calls
     score = verifier.score(problem, result)
+    assert rt.backend.forward_calls == forwards + 1  # one forward: query + each verdict, three rows
     assert calls == [] and rt.metrics.decode_tokens == 0  # nothing sampled
     # the reference: the query appended, the three verdicts appended one by one
     ref = Runtime(tiny, seed=0)

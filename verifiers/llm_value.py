@@ -2,10 +2,11 @@
 
 The model is asked whether a state can still succeed: "sure", "likely" or "impossible".
 
-- ``mode="choose"`` (default): the three verdicts are scored as choices (``Runtime.choose``) after
-  the state's query: their exact probabilities p (renormalized over the three) from the query's
-  next-token distribution, no sampling. The raw value is ToT's expectation
-  ``sum_v p_v * {20, 1, 0.001}_v``, the score ``raw / 20``.
+- ``mode="choose"`` (default): the state's query followed by each verdict is scored as a choice
+  under the prefix (``Runtime.choose``: one forward of three short rows that read the prefix once,
+  nothing stored). The query's own tokens are the same in every row, so the choice distribution is
+  exactly the verdicts' probabilities p given the query, renormalized over the three; no sampling.
+  The raw value is ToT's expectation ``sum_v p_v * {20, 1, 0.001}_v``, the score ``raw / 20``.
 - ``mode="sample"``: ToT's own estimate. It samples ``n_evaluate`` short verdicts; the raw value is
   the sum of 20 / 1 / 0.001 per verdict (unreadable samples add 0) and the score
   ``raw / (20 * n_evaluate)``: all "sure" gives 1.0, and the order of states is ToT's.
@@ -146,19 +147,24 @@ class LLMValueVerifier(Verifier):
         if query.key in self.cache:
             return self.cache[query.key]
         rt = self._bound()
-        block = rt.append(self._root(self._prompt().prefix), query.text)
-        try:
-            ev = self._choose(rt, block) if self.mode == "choose" else self._sample(rt, block)
-        finally:
-            rt.release(block)  # drops the query and its samples; the prefix stays
+        root = self._root(self._prompt().prefix)
+        if self.mode == "choose":
+            ev = self._choose(rt, root, query.text)
+        else:
+            block = rt.append(root, query.text)
+            try:
+                ev = self._sample(rt, block)
+            finally:
+                rt.release(block)  # drops the query and its samples; the prefix stays
         self.cache[query.key] = ev
         self.evaluations += 1
         return ev
 
     # ---- helpers -------------------------------------------------------------------------
-    def _choose(self, rt: Runtime, block: Node) -> Evaluation:
+    def _choose(self, rt: Runtime, root: Node, query: str) -> Evaluation:
         """The verdicts' probabilities after the query (renormalized over the three) and their expected value."""
-        probs = dict(zip(VALUE_MAP, rt.choose(block, list(VERDICT_CHOICES)).probs_sum, strict=True))
+        scored = rt.choose(root, [query + v for v in VERDICT_CHOICES])
+        probs = dict(zip(VALUE_MAP, scored.probs_sum, strict=True))
         raw = sum(p * VALUE_MAP[v] for v, p in probs.items())
         return Evaluation((), raw, raw / MAX_VERDICT_VALUE, probs)
 
