@@ -176,7 +176,8 @@ def accuracy_rows(root: Path) -> list[dict]:
             ran = [r for r in results if not r.get("oom")]
             budget = f"{ratio}x full peak" if ratio else "none"
             rows.append({
-                "mode": label, "verifier": verifier, "policy": policy, "budget": budget, "puzzles": len(results), "solved": f"{solved}/{len(results)}", "rate": f"{solved / len(results):.0%}",
+                "mode": label, "verifier": verifier, "policy": policy, "budget": budget, "puzzles": len(results),
+                "solved": f"{solved}/{len(results)}", "rate": f"{solved / len(results):.0%}",
                 "oom": sum(bool(r.get("oom")) for r in results),
                 "peak": max((int(r.get("peak_device_tokens") or 0) for r in results), default=0),
                 "seconds": sum(float(r.get("seconds") or 0) for r in ran) / len(ran) if ran else None,
