@@ -16,7 +16,7 @@ from typing import Any
 
 from arbor_runtime import Node, Runtime, SamplingParams
 from tasks.answers import majority_vote
-from tasks.base import Problem, StepResult, Task
+from tasks.base import Problem, Proposal, StepResult, Task
 from verifiers.base import Verifier
 
 #: a terminal scoring at least this is a verified solution: searches stop there
@@ -146,9 +146,7 @@ class Controller(ABC):
                 out[i] = self.rt.choose(node, list(plan.choices), keep=min(n, len(plan.choices))).kept
         free = [i for i, plan in enumerate(plans) if not plan.choices]
         if free:
-            params = [
-                replace(sampling, regex=plans[i].regex, grammar=None) if plans[i].regex else sampling for i in free
-            ]
+            params = [_constrained(sampling, plans[i]) for i in free]
             kids = self.rt.expand_many([requests[i] for i in free], params)
             for i, group in zip(free, kids, strict=True):
                 out[i] = group
@@ -229,6 +227,13 @@ class Controller(ABC):
             if prev is None or not _extends(node, prev):
                 self.off_path_expansions += 1
         self.expansions.append(node.id)
+
+
+def _constrained(sampling: SamplingParams, plan: Proposal) -> SamplingParams:
+    """``sampling`` under the proposal's regex or grammar (unchanged when it has neither)."""
+    if plan.regex is None and plan.grammar is None:
+        return sampling
+    return replace(sampling, regex=plan.regex, grammar=plan.grammar)
 
 
 def _extends(node: Node, prev: Node) -> bool:

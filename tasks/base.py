@@ -63,11 +63,13 @@ class Proposal:
     Attributes:
         choices: fixed candidate thoughts the model ranks (``Runtime.choose``; the best are kept);
             empty: the thoughts are sampled.
-        regex: when sampling, the regular expression every thought must match (None: free).
+        regex / grammar: when sampling, the regular expression or Lark grammar every thought must
+            match (None: free; at most one of them).
     """
 
     choices: tuple[str, ...] = ()
     regex: str | None = None
+    grammar: str | None = None
 
 
 class ValueQuery(NamedTuple):

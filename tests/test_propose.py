@@ -10,11 +10,13 @@ from itertools import permutations
 
 import pytest
 
-from arbor_runtime import Runtime
+from arbor_cli.build import build_task, compose_config
+from arbor_runtime import Runtime, SamplingParams
 from controllers import BFSController
 from tasks.arith24 import apply_op, format_number
 from tasks.base import Problem, Proposal
 from tasks.game24 import Game24State, Game24Task, Operand, legal_steps, step_regex
+from tasks.stepwise import answer_line_grammar
 from verifiers.likelihood import LikelihoodVerifier, path_likelihood
 from verifiers.llm_value import LLMValueVerifier
 
@@ -134,3 +136,34 @@ def test_likelihood_scores_the_path_and_finished_paths_exactly(tiny):
         LikelihoodVerifier().score(
             ctrl.problem, ctrl.task.step(ctrl.problem, ctrl.root.meta["state"], "4 + 5 = 9 (left")
         )
+
+
+@pytest.mark.parametrize(
+    ("rule", "text", "accepted"),
+    [
+        ("number", "The answer is 1,234.5.\n", True),
+        ("number", "The answer is five.\n", False),
+        ("number", "So 3 + 4 = 7.\n", True),
+        ("integer", "The answer is 042.\n", True),
+        ("integer", "The answer is 1000.\n", False),
+        ("math", "The answer is $\\boxed{\\frac{1}{2}}$.\n", True),
+        ("math", "The answer is $\\boxed{\\frac{1}{2}$.\n", False),
+        ("math", "The answer is 3.\n", False),
+        ("math", "Let x = 2.\n", True),
+    ],
+)
+def test_answer_line_grammars(tiny, rule, text, accepted):
+    matcher = Runtime(tiny).grammar.matcher(SamplingParams(grammar=answer_line_grammar(rule)))
+    ids = tiny.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert (matcher.inner.try_consume_tokens(ids) == len(ids) and matcher.inner.is_accepting()) is accepted
+
+
+def test_math_tasks_propose_under_the_answer_grammar_when_asked(data_dir):
+    over = [f"paths.data_dir={data_dir}", "task.end=1"]
+    plain = build_task(compose_config(["task=gsm8k", *over]))
+    constrained = build_task(compose_config(["task=math500", "task.answer_grammar=true", *over]))
+    prob = constrained.problems()[0]
+    assert plain.propose(plain.problems()[0], plain.initial_state(prob)) == Proposal()
+    assert constrained.propose(prob, constrained.initial_state(prob)) == Proposal(grammar=answer_line_grammar("math"))
+    with pytest.raises(ValueError, match="task.answer_grammar=true needs task.step=line"):
+        build_task(compose_config(["task=gsm8k", "task.answer_grammar=true", "task.step=sentence", *over]))
