@@ -12,16 +12,25 @@ partial outputs (rows x new tokens) plus, when statistics are on, score tiles of
 Attention statistics (the softmax mass each key receives, summed over heads and queries) come
 from the same partials: a second pass per segment with the final log-sum-exp.
 
-Kernels: on CPU, ``aten::_scaled_dot_product_flash_attention_for_cpu`` returns ``(out, lse)``
-and reads strided pool views without copying; on CUDA, the memory-efficient SDPA kernel with
-``compute_log_sumexp``. Both are private ops, so they are feature-detected; a matmul fallback
-(keys in chunks, merged with the same function) is always available and tested.
+Kernels (all return ``(out, lse)`` and read strided pool views without copying), chosen per
+call from the device, the dtype and the head size:
+
+- CPU: ``aten::_scaled_dot_product_flash_attention_for_cpu``.
+- CUDA, fp16/bf16 (the model's dtype), head size a multiple of 8 up to 256, compute capability
+  8.0+: ``flash_attn.flash_attn_func`` when the optional ``gpu`` extra is installed (imported
+  lazily, never required), else torch's own flash kernel ``aten::_scaled_dot_product_flash_attention``.
+- CUDA otherwise (fp32, odd head sizes, older GPUs): the memory-efficient kernel
+  ``aten::_scaled_dot_product_efficient_attention`` with ``compute_log_sumexp``.
+
+The aten ops are private, so they are feature-detected; a matmul fallback (keys in chunks,
+merged with the same function) is always available and tested.
 """
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+import importlib
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -78,23 +87,96 @@ def attention_reference(
     return out, lse
 
 
+KernelFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def _cpu_flash(q, k, v, scale, causal):
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+    return out, lse
+
+
+def _cuda_efficient(q, k, v, scale, causal):
+    """Memory-efficient SDPA kernel; its lse is padded to a multiple of 32 queries."""
+    ops = torch.ops.aten
+    out, lse, _, _ = ops._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal, scale=scale)
+    return out, lse.narrow(-1, 0, q.shape[-2])
+
+
+def _cuda_torch_flash(q, k, v, scale, causal):
+    """torch's built-in FlashAttention-2 (fp16/bf16): out (B, H, M, D), lse (B, H, M) float32."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
+    return out, lse
+
+
+def flash_attn_kernel(flash_attn_func: Callable) -> KernelFn:
+    """Wrap ``flash_attn.flash_attn_func`` (layout (B, M, H, D)) as an (out, lse) kernel in (B, H, M, D)."""
+
+    def kernel(q, k, v, scale, causal):
+        out, lse, _ = flash_attn_func(
+            q.transpose(1, 2),
+            k.transpose(1, 2),  # strided pool views: only the last dim has to be contiguous
+            v.transpose(1, 2),
+            dropout_p=0.0,
+            softmax_scale=scale,
+            causal=causal,
+            return_attn_probs=True,
+        )
+        return out.transpose(1, 2), lse
+
+    return kernel
+
+
+def _flash_attn_func() -> Callable | None:
+    """``flash_attn.flash_attn_func`` if the optional package imports, else None."""
+    try:
+        return importlib.import_module("flash_attn").flash_attn_func
+    except (ImportError, AttributeError, OSError):  # absent, or built for another torch / CUDA
+        return None
+
+
+def cuda_kernel_for(
+    dtype: torch.dtype, head_dim: int, capability: tuple[int, int], flash_attn_func: Callable | None = None
+) -> tuple[str, KernelFn | None]:
+    """(name, kernel) the CUDA path uses for this dtype, head size and compute capability."""
+    ops = torch.ops.aten
+    flash_fits = dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256
+    if flash_fits and capability >= (8, 0):
+        if flash_attn_func is not None:
+            return "flash_attn", flash_attn_kernel(flash_attn_func)
+        if hasattr(ops, "_scaled_dot_product_flash_attention"):
+            return "torch_flash", _cuda_torch_flash
+    if hasattr(ops, "_scaled_dot_product_efficient_attention"):
+        return "efficient", _cuda_efficient
+    return "reference", None
+
+
+class CudaKernels:
+    """Picks the CUDA kernel per (dtype, head size) on first use and remembers the choice."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.chosen: dict[tuple[torch.dtype, int], tuple[str, KernelFn | None]] = {}
+
+    def choice(self, dtype: torch.dtype, head_dim: int) -> tuple[str, KernelFn | None]:
+        key = (dtype, head_dim)
+        if key not in self.chosen:
+            capability = torch.cuda.get_device_capability(self.device)
+            self.chosen[key] = cuda_kernel_for(dtype, head_dim, capability, _flash_attn_func())
+        return self.chosen[key]
+
+    def __call__(self, q, k, v, scale, causal):
+        _, fn = self.choice(q.dtype, q.shape[-1])
+        if fn is None:
+            return attention_reference(q, k, v, scale, causal)
+        return fn(q, k, v, scale, causal)
+
+
 def _fast_kernel(device: torch.device):
     """The fused (out, lse) kernel for a device, or None when this torch build lacks it."""
-    ops = torch.ops.aten
-    if device.type == "cpu" and hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu"):
-
-        def cpu(q, k, v, scale, causal):
-            out, lse = ops._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
-            return out, lse
-
-        return cpu
-    if device.type == "cuda" and hasattr(ops, "_scaled_dot_product_efficient_attention"):
-
-        def cuda(q, k, v, scale, causal):
-            out, lse, _, _ = ops._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal, scale=scale)
-            return out, lse[..., : q.shape[-2]]
-
-        return cuda
+    if device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        return _cpu_flash
+    if device.type == "cuda":
+        return CudaKernels(device)
     return None
 
 
@@ -109,6 +191,12 @@ class Kernel:
         if self.fast is not None:
             return self.fast(q, k, v, scale, causal)
         return attention_reference(q, k, v, scale, causal)
+
+    def name(self, dtype: torch.dtype, head_dim: int) -> str:
+        """Which kernel runs for this dtype and head size (for reports)."""
+        if isinstance(self.fast, CudaKernels):
+            return self.fast.choice(dtype, head_dim)[0]
+        return "reference" if self.fast is None else "cpu_flash"
 
 
 def attention_mass(
@@ -127,8 +215,9 @@ def attention_mass(
     mass = torch.zeros(n, dtype=torch.float32, device=q.device)
     for r in range(0, m, QUERY_CHUNK):
         qc, sc = q[..., r : r + QUERY_CHUNK, :].float(), lse[..., r : r + QUERY_CHUNK].float().unsqueeze(-1)
-        for c in range(0, n, KEY_CHUNK):
-            kc = k[..., c : c + KEY_CHUNK, :].float()
+        seen = min(n, r + qc.shape[-2] + n - m) if causal else n  # keys past the tile's last query: none
+        for c in range(0, seen, KEY_CHUNK):
+            kc = k[..., c : min(c + KEY_CHUNK, seen), :].float()
             p = torch.exp(torch.matmul(qc, kc.transpose(-1, -2)) * scale - sc)  # (B, H, m_c, n_c)
             if causal:
                 qpos = torch.arange(r, r + qc.shape[-2], device=q.device).unsqueeze(1) + (n - m)

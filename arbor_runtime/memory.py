@@ -101,7 +101,9 @@ class MemoryManager:
             return Admission()
         self.active = frozenset(i for i in active if i in self.store)
         self._ensure(need, ahead=0)
-        return Admission(rows, self._make_whole([n for n, _ in queue[:rows]]))
+        admission = Admission(rows, self._make_whole([n for n, _ in queue[:rows]]))
+        self.store.prefetch()  # the plan's restores start copying now, before the step's forward
+        return admission
 
     def make_room(self, need: int, ahead: int = 0, active: Iterable[Node] = ()) -> bool:
         """Room for ``need`` more slots next to the ``active`` paths; ask the policy once if short.
@@ -114,6 +116,13 @@ class MemoryManager:
         if self.free >= need:
             return True
         return self._ensure(need, ahead)
+
+    def compress(self, target: int) -> None:
+        """One MemoryThreshold asking the policy to bring resident blocks down to ``target`` now."""
+        self.step += 1
+        resident = self.store.resident_tokens
+        if resident > target:
+            self.emit(MemoryThreshold(resident, self.budget, resident - target), target)
 
     def node_end(self, node: Node) -> None:
         """A new block is complete and in the store."""
@@ -179,15 +188,18 @@ class MemoryManager:
 
     def execute(self, plan: RetentionPlan) -> None:
         """Apply a plan's evictions (never growing a block: restores are the manager's own decision);
-        active blocks are never shrunk under a policy that keeps them whole."""
+        active blocks are never shrunk under a policy that keeps them whole. Host spans the plan
+        drops go first, and those blocks' evicted tokens are dropped too: the host tier never holds
+        more than its capacity, even for a moment."""
+        drop_host = [i for i in plan.drop_host if i not in self.active]
+        for block_id in drop_host:
+            self.store.drop_host(block_id)
         for block_id, keep in plan.keep.items():
             if self.policy.keep_active_whole and block_id in self.active:
                 continue
             kept = self.store.get(block_id).kept
-            self.store.apply(block_id, kept[torch.isin(kept, keep.cpu())], offload=self.policy.offload)
-        for block_id in plan.drop_host:
-            if block_id not in self.active:
-                self.store.drop_host(block_id)
+            offload = self.policy.offload and block_id not in drop_host
+            self.store.apply(block_id, kept[torch.isin(kept, keep.cpu())], offload=offload)
 
     # ---- internals -----------------------------------------------------------------------
     def _fits(self, active: set[int], need: int, lone: bool) -> bool:

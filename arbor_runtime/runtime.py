@@ -64,7 +64,8 @@ class Runtime:
         if hasattr(self.policy, "vocab_size"):
             self.policy.vocab_size = int(self.model.config.vocab_size)
         self.backend = ModelBackend(self.model, fast_kernel=fast_kernel)
-        self.store = KVStore(self.backend.shape, capacity=self.policy.budget_tokens)
+        host_cap = getattr(self.policy, "host_budget_tokens", None)
+        self.store = KVStore(self.backend.shape, capacity=self.policy.budget_tokens, host_capacity=host_cap)
         self.metrics = RuntimeMetrics()
         self.nodes: dict[int, Node] = {}  # live nodes
         self.all_nodes: dict[int, Node] = {}  # every node ever created, released ones too
@@ -237,6 +238,20 @@ class Runtime:
         finally:
             self._local.account = previous
 
+    def compress(self, target_tokens: int) -> int:
+        """Ask the policy, now, to bring resident block KV down to ``target_tokens`` (one MemoryThreshold).
+
+        The one-shot compression of a context that prefill-time methods (SnapKV, kvpress presses)
+        do: prefill whole, then keep ``target_tokens``. Which tokens stay is the policy's plan, as
+        for any memory event; a policy that never frees memory (``full``) keeps everything, and
+        ``arbor`` keeps the active path whole. Returns the resident block tokens afterwards.
+        """
+        if isinstance(target_tokens, bool) or not isinstance(target_tokens, int) or target_tokens < 0:
+            raise ValueError(f"compress target_tokens={target_tokens!r} must be a non-negative number of tokens")
+        self._submit(Work("compress", self._account(), run=lambda: self.memory.compress(target_tokens)))
+        self.log_op({"op": "compress", "target": target_tokens})
+        return self.store.resident_tokens
+
     def path_token_ids(self, node: Node) -> list[int]:
         """Token ids from the root to ``node`` inclusive (the flattened text's ids)."""
         return [t for n in node.path() for t in n.token_ids]
@@ -288,12 +303,18 @@ class Runtime:
         self.oplog.append(entry)
 
     def take_attention(self, batch: TreeBatch) -> None:
-        """Add a forward's attention mass over context blocks to those blocks (queries counted once per block)."""
+        """Add a forward's attention mass over context blocks to those blocks (queries counted once per block).
+
+        Under an observation window the new record replaces the old one of every token it saw.
+        """
         if not batch.stats:
             return
+        queries = batch.q - batch.stats_from
         for grp in batch.groups:
             for i, (piece, mass) in enumerate(zip(grp.pieces, grp.mass, strict=True)):
-                self.store.add_attention(piece.block_id, piece.idx, mass, grp.n_rows * batch.q if i == 0 else 0.0)
+                if self.policy.observation_window and piece.block_id in self.store:
+                    self.store.get(piece.block_id).attention[piece.idx] = 0.0
+                self.store.add_attention(piece.block_id, piece.idx, mass, grp.n_rows * queries if i == 0 else 0.0)
 
     def recompute_all(self, nodes: Sequence[Node]) -> None:
         for node in nodes:
@@ -398,7 +419,9 @@ class Runtime:
         extents = self.store.pool.alloc(count)
         context = [a.id for a in node.path()[:-1]] + ([node.id] if offset else [])
         slots = _slots(extents).view(1, count)
-        batch = self._batch([context], count, slots, stats=self.policy.needs_attention)
+        window = self.policy.observation_window
+        stats_from = max(0, count - window) if window else 0
+        batch = self._batch([context], count, slots, stats=self.policy.needs_attention, stats_from=stats_from)
         positions = torch.arange(node.start_pos + offset, node.start_pos + offset + count).unsqueeze(0)
         ids = torch.tensor([node.token_ids[offset : offset + count]])
         self.engine.note_peak()
@@ -410,7 +433,7 @@ class Runtime:
             self.store.add_tokens(node.id, extents, own, op="extend")
         self.take_attention(batch)
         if batch.own_mass is not None:  # causal: a block's own queries see half of it on average
-            self.store.add_attention(node.id, own, batch.own_mass[0], count / 2)
+            self.store.add_attention(node.id, own, batch.own_mass[0], (count - stats_from) / 2)
         return logits
 
     def _forward(self, batch: TreeBatch, ids: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor:
@@ -451,9 +474,13 @@ class Runtime:
         if self.logits_hook is not None:
             self.logits_hook(node, logp)
 
-    def _batch(self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool) -> TreeBatch:
-        groups = context_groups(self.store, contexts)
-        return TreeBatch(self.store.pool, groups, len(contexts), q, write, stats=stats, kernel=self.backend.kernel)
+    def _batch(
+        self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool, stats_from: int = 0
+    ) -> TreeBatch:
+        groups, kernel = context_groups(self.store, contexts), self.backend.kernel
+        return TreeBatch(
+            self.store.pool, groups, len(contexts), q, write, stats=stats, kernel=kernel, stats_from=stats_from
+        )
 
     def _release(self, node: Node) -> None:
         self.memory.forget(self.forget_subtree(node))

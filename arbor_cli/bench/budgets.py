@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from arbor_runtime import KVBudgetExceeded, Runtime
+from arbor_runtime import BudgetError, KVBudgetExceeded, Runtime
 from arbor_runtime.policies import build_policy
 from arbor_runtime.tree import GENERATED, Node
 
@@ -53,8 +53,8 @@ def run_search(loaded, make_controller, problem, policy: str, budget: int | None
     rt = Runtime(loaded, policy=build_policy(policy, budget_tokens=budget), seed=seed)
     start, oom, solved = time.perf_counter(), None, None
     try:
-        solved = bool(make_controller(rt).solve(problem).solved)
-    except KVBudgetExceeded as exc:
+        solved = bool(make_controller(rt).solve(problem, seed=seed).solved)
+    except (KVBudgetExceeded, BudgetError) as exc:  # a budget below the prompt is refused up front
         oom = str(exc)
     seconds = time.perf_counter() - start
     nodes = {i: (list(n.token_ids), list(n.logprobs)) for i, n in rt.all_nodes.items()}
@@ -76,7 +76,7 @@ def budget_rows(
     """The reference run, then every policy at every budget; one dict per run."""
     ref_rt = Runtime(loaded, policy="full", seed=seed)
     start = time.perf_counter()
-    solved = bool(make_controller(ref_rt).solve(problem).solved)
+    solved = bool(make_controller(ref_rt).solve(problem, seed=seed).solved)
     ref = SearchRun(
         "full",
         None,
@@ -131,13 +131,12 @@ def budgets_main(argv: Sequence[str] | None = None) -> int:
     import sys
     from pathlib import Path
 
-    from hydra import compose, initialize_config_module
-    from hydra.utils import instantiate
+    import torch
+    from rich.console import Console
 
-    from arbor_cli.bench.cli import USER_ERRORS, _console, _floats, _policies, _threads
-    from arbor_cli.bench.report import write_csv, write_jsonl
-    from arbor_cli.run import default_verifier
-    from arbor_runtime import load_model
+    from arbor_cli.bench.cli import _floats, _policies
+    from arbor_cli.build import USER_ERRORS, build, compose_config
+    from arbor_cli.results import write_csv, write_jsonl
 
     ap = argparse.ArgumentParser(prog="bench_budgets.py", description=__doc__.split("\n")[0])
     ap.add_argument("--policies", default="arbor", help="comma-separated policy names")
@@ -146,25 +145,19 @@ def budgets_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("overrides", nargs="*", help="arbor-solve overrides (task=, controller=, model=...)")
     args = ap.parse_args(argv)
-    console = _console()
+    console = Console(width=200)
     try:
-        _threads(args.threads)
+        if args.threads:
+            torch.set_num_threads(args.threads)
         policies, fractions = _policies(args.policies), _floats(args.fractions, "--fractions")
-        with initialize_config_module(config_module="conf", version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(args.overrides))
-        task = instantiate(cfg.task)
-        verifier = instantiate(cfg.verifier) if cfg.verifier.get("_target_") else default_verifier(task)
-        loaded = load_model(**{k: cfg.model[k] for k in ("spec", "device", "dtype") if cfg.model.get(k) is not None})
+        setup = build(compose_config(args.overrides))
         rows = []
-        for problem in task.problems():
-
-            def make_controller(rt):
-                return instantiate(cfg.controller, runtime=rt, task=task, verifier=verifier)
-
-            seed = int(cfg.seed) + problem.index
-            mine = budget_rows(loaded, make_controller, problem, policies, fractions, task.max_thought_tokens, seed)
-            rows += [{"task": task.name} | r for r in mine]
-            console.print(_table(mine, f"budgets · {task.name} #{problem.index}"))
+        for problem in setup.problems:
+            seed = setup.seed(problem)
+            new_tokens = setup.task.max_thought_tokens
+            mine = budget_rows(setup.loaded, setup.controller, problem, policies, fractions, new_tokens, seed)
+            rows += [{"task": setup.task.name} | r for r in mine]
+            console.print(_table(mine, f"budgets · {setup.task.name} #{problem.index}"))
     except USER_ERRORS as exc:
         print(f"bench_budgets.py: error: {exc}", file=sys.stderr)
         return 2

@@ -5,17 +5,25 @@ tokens of each block, counts resident tokens, moves evicted tokens to the host t
 them) and brings them back. Which tokens stay is decided by a policy; when, and whether there is
 room, by the memory manager; the store only carries plans out. Every change is journaled as
 (op, block, device delta, host delta) so event logs can be replayed.
+
+Restores are planned here (slots allocated, segments recorded at once) and copied later: they
+queue in a :class:`Prefetcher` until :meth:`KVStore.prefetch` issues them on the restore lane,
+and the pool (a :class:`FencedPool`) makes every read of those slots wait for its copy.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from arbor_runtime.kv.block import BlockKV, Segment
 from arbor_runtime.kv.host import HostTier
-from arbor_runtime.kv.pool import DevicePool, Extent
+from arbor_runtime.kv.pool import Extent
+from arbor_runtime.kv.prefetch import FencedPool, Prefetcher
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +60,7 @@ class StoreCounters:
     rehydrations: int = 0  # block restores from the host tier
     rehydrated_tokens: int = 0
     recomputed_tokens: int = 0
+    host_full_tokens: int = 0  # evicted tokens dropped because the host tier was at its capacity
     peak_host_tokens: int = 0
     peak_host_bytes: int = 0
 
@@ -62,12 +71,18 @@ class KVStore:
     Args:
         shape: the model's KV geometry.
         capacity: device slots; the budget when there is one (the pool never grows), else None.
+        host_capacity: host tier slots at most (a policy's ``host_budget_tokens``); None: unbounded.
+        streams: the host tier's copy lanes (default: CUDA side streams on CUDA, else synchronous).
     """
 
-    def __init__(self, shape: KVShape, capacity: int | None = None) -> None:
+    def __init__(
+        self, shape: KVShape, capacity: int | None = None, host_capacity: int | None = None, streams=None
+    ) -> None:
         self.shape = shape
-        self.pool = DevicePool(shape, capacity or 0, fixed=capacity is not None)  # unbounded: arenas on demand
-        self.host = HostTier(shape.device)
+        self.host = HostTier(shape, capacity=host_capacity, streams=streams)
+        self.prefetcher = Prefetcher(self.host)
+        # unbounded: arenas on demand
+        self.pool = FencedPool(shape, capacity or 0, fixed=capacity is not None, prefetcher=self.prefetcher)
         self.counters = StoreCounters()
         self.journal: list[tuple[str, int, int, int]] = []
         self._blocks: dict[int, BlockKV] = {}
@@ -173,10 +188,9 @@ class KVStore:
             if wanted.numel():
                 self._restore(block_id, wanted)
 
-    def restorable(self, block_id: int, keep: torch.Tensor) -> int:
-        """Tokens of ``keep`` that :meth:`apply` would bring back from the host."""
-        host_idx = self.host.indices(block_id)
-        return 0 if host_idx is None else int(torch.isin(host_idx, keep.cpu()).sum())
+    def prefetch(self) -> None:
+        """Start the planned restores on the restore lane (the step's forward waits per block and layer)."""
+        self.prefetcher.issue()
 
     def drop_host(self, block_id: int) -> int:
         """Drop a block's host span (host cap); returns tokens dropped."""
@@ -218,14 +232,28 @@ class KVStore:
         n = int(leaving.numel())
         if n == 0:
             return
-        if offload:
-            keys, values = self.pool.read(blk.slots_of(leaving))
-            self.host.put(block_id, leaving, keys, values)
+        hosted = self._offload(block_id, leaving) if offload else 0
         blk.set_segments([self._compact(seg, keep) for seg in blk.segments])
         self.counters.evicted_tokens += n
-        if not offload:
-            self.counters.dropped_tokens += n
-        self._change("evict" if offload else "drop", block_id, -n, n if offload else 0)
+        self.counters.dropped_tokens += n - hosted
+        if hosted:
+            self._change("evict", block_id, -hosted, hosted)
+        if hosted < n:
+            self._change("drop", block_id, -(n - hosted), 0)
+
+    def _offload(self, block_id: int, leaving: torch.Tensor) -> int:
+        """Copy ``leaving`` (N,) block-local tokens to the host tier, as many as it has room for
+        (the rest are dropped: recompute brings them back); returns how many went."""
+        self.prefetch()  # queued restores first: they free host slots and may be reading these ones
+        fit = min(int(leaving.numel()), self.host.room())
+        if fit < leaving.numel():
+            self.counters.host_full_tokens += int(leaving.numel()) - fit
+            log.warning("host tier full: %d evicted tokens of block %d dropped", leaving.numel() - fit, block_id)
+        if fit:
+            src = self.get(block_id).slots_of(leaving[:fit])
+            self.pool.settle(src)
+            self.host.put(block_id, leaving[:fit], self.pool, src)
+        return fit
 
     def _compact(self, seg: Segment, keep: torch.Tensor) -> Segment:
         """Move a segment's kept tokens to its front and free the rest of its slots."""
@@ -241,11 +269,13 @@ class KVStore:
         return Segment(seg.start, seg.idx[stay])
 
     def _restore(self, block_id: int, idx: torch.Tensor) -> None:
+        """Plan tokens ``idx`` (N,) back from the host: slots and segments now, the copy at :meth:`prefetch`."""
         blk = self.get(block_id)
-        keys, values = self.host.take(block_id, idx)
+        restore = self.host.take(block_id, idx)
+        idx = restore.idx
         extents = self.pool.alloc(int(idx.numel()))
-        slots = torch.cat([torch.arange(e.start, e.end) for e in extents])
-        self.pool.write(slots, keys, values)
+        restore.device_slots = torch.cat([torch.arange(e.start, e.end) for e in extents])
+        self.prefetcher.add(restore)
         segments, offset = list(blk.segments), 0
         for ext in extents:
             segments.append(Segment(ext.start, idx[offset : offset + ext.length].clone()))

@@ -8,6 +8,7 @@ from arbor_runtime.policies.arbor import ArborPolicy
 from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.full import FullPolicy
 from arbor_runtime.policies.h2o import H2OPolicy
+from arbor_runtime.policies.snapkv import SnapKVPolicy
 from arbor_runtime.policies.streaming import StreamingPolicy
 from arbor_runtime.policies.thinkv import ThinKVPolicy
 
@@ -15,6 +16,7 @@ POLICIES: dict[str, type[Policy]] = {
     "full": FullPolicy,
     "h2o": H2OPolicy,
     "streaming": StreamingPolicy,
+    "snapkv": SnapKVPolicy,
     "thinkv": ThinKVPolicy,
     "arbor": ArborPolicy,
 }
@@ -39,6 +41,7 @@ __all__ = [
     "MemoryView",
     "Policy",
     "RetentionPlan",
+    "SnapKVPolicy",
     "StreamingPolicy",
     "ThinKVPolicy",
     "build_policy",
