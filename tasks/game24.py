@@ -221,6 +221,10 @@ class Game24Task(Task):
         """Whether the final expression uses the four inputs exactly once and equals 24."""
         return answer is not None and check_expression(answer, parse_puzzle(problem.question))
 
+    def state_key(self, state: Game24State) -> tuple[Fraction, ...]:
+        """The multiset of numbers left (sorted): how they were made does not change what can follow."""
+        return state.values
+
 
 def _package_csv() -> Path | None:
     """``tot/data/24/24.csv`` of the installed ``tree-of-thoughts-llm``, found without importing it."""
