@@ -161,9 +161,9 @@ def _search(setup: Setup, rt: Runtime, controller: Controller, problem: Problem,
         row = base | {"solved": False, "oom": False, "error": f"{type(exc).__name__}: {exc}", "answer": None}
     else:
         row = base | _result_fields(result) | {"oom": False, "error": None}
-        row |= _metric_fields(metrics, result.off_path_expansions, len(result.expansions))
+        row |= _metric_fields(metrics, controller.counts())
         return row, result
-    row |= _metric_fields(metrics, controller.off_path_expansions, len(controller.expansions))
+    row |= _metric_fields(metrics, controller.counts())
     return row, None
 
 
@@ -226,9 +226,9 @@ def _result_fields(result: SearchResult) -> dict[str, Any]:
     }
 
 
-def _metric_fields(m: RuntimeMetrics, off_path: int, expansions: int) -> dict[str, Any]:
-    fields = m.to_dict()
-    fields.update(off_path_expansions=off_path, nodes_expanded=expansions)
+def _metric_fields(m: RuntimeMetrics, counts: dict[str, int]) -> dict[str, Any]:
+    """Runtime metrics and the search's counts (expansions, duplicates dropped, model calls)."""
+    fields = m.to_dict() | counts
     fields.setdefault("seconds", round(m.runtime_seconds, 3))
     return fields
 

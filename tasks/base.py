@@ -147,3 +147,8 @@ class Task(ABC):
     def answers_match(self, pred: str, gold: str) -> bool:
         """Whether two stated answers are the same answer (self-consistency votes on this)."""
         return pred == gold
+
+    def state_key(self, state: Any) -> Hashable | None:
+        """The identity of a state: candidates whose states have equal keys are duplicates, and a
+        search keeps only the first. None (the default) never matches: no deduplication."""
+        return None

@@ -252,6 +252,10 @@ class Game24Task(Task):
             return Proposal(regex=step_regex(state))
         return Proposal()
 
+    def state_key(self, state: Game24State) -> tuple[Fraction, ...]:
+        """The multiset of numbers left (sorted): how they were made does not change what can follow."""
+        return state.values
+
 
 def legal_steps(state: Game24State) -> list[str]:
     """Every legal next step as the line the task would write: "x op y = z (left: ...)\n".

@@ -225,6 +225,10 @@ class StepwiseTask(Task):
         """Equality under the task's answer rule (numbers within 1e-6, MATH equivalence, integers)."""
         return self.rule.match(pred, gold)
 
+    def state_key(self, state: StepwiseState) -> tuple[str, ...]:
+        """The steps so far, each with its whitespace collapsed and case folded."""
+        return tuple(" ".join(step.split()).casefold() for step in state.steps)
+
     def _problem(self, index: int, row: dict[str, Any]) -> Problem:
         question, answer, meta = self.fields
         info = {key: row[key] for key in meta if key in row} | {"split": self.split}

@@ -193,7 +193,9 @@ def test_bfs_on_game24_binds_and_uses_the_value_prefix(tiny):
     # 4 5 6 10 -> (6 9 10) -> (10 15) -> 25: two distinct open states, each evaluated once
     assert verifier.evaluations == 2 and calls == [3, 3]
     assert result.steps == 3 and result.answer == "10 + (6 + (4 + 5))" and not result.solved
-    assert result.extra == {"vote_answer": result.answer, "vote_count": 4, "vote_correct": False}  # 2 x 2 terminals
+    # both thoughts of every level reach the same numbers: one is dropped, so one path is left
+    assert result.duplicates_dropped == 3 and result.verifier_calls == 2
+    assert result.extra == {"vote_answer": result.answer, "vote_count": 1, "vote_correct": False}
     assert result.best is not None and result.best.value == 0.0  # the exact check of the final state
     root = verifier.roots[GAME24_PREFIX]
     assert root.children == [] and root.id in rt.nodes  # only the prefix stays

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from tasks.arith24 import check_expression, format_number, parse_puzzle, solvable
 from tasks.base import Problem, StepResult
-from verifiers.base import Verifier
+from verifiers.base import Scale, Verifier
 
 #: score of a valid state that can no longer reach 24: low, but above an invalid thought's 0.0
 DEAD_END_SCORE = 0.001
@@ -35,6 +35,11 @@ class Game24OracleVerifier(Verifier):
 
     name = "game24_oracle"
     label = "oracle (upper bound)"
+    scale = Scale(
+        live=1.0,
+        solution=1.0,
+        meaning="1.0: 24 still reachable (finished: solved); 0.001: dead end; 0.0: invalid or wrong",
+    )
 
     def score(self, problem: Problem, result: StepResult) -> float:
         """Value of a node: 0.0 invalid; terminal 1.0 iff solved; else 1.0 iff 24 is still reachable."""

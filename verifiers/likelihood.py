@@ -13,7 +13,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from tasks.base import Problem, StepResult
-from verifiers.base import Verifier
+from verifiers.base import Scale, Verifier
 
 if TYPE_CHECKING:
     from arbor_runtime import Node, Runtime
@@ -24,6 +24,11 @@ class LikelihoodVerifier(Verifier):
     """Scores a node by its path's mean token probability (geometric), finished paths by the task."""
 
     name = "likelihood"
+    scale = Scale(
+        live=0.0,
+        solution=1.0,
+        meaning="exp(mean log-prob) of the path; a finished path the task checks: 1.0 solved, 0.0 wrong",
+    )
 
     def __init__(self) -> None:
         self.task: Task | None = None

@@ -27,12 +27,20 @@ from typing import Any
 
 from arbor_runtime import Node, Runtime, SamplingParams
 from tasks.base import Problem, StepResult, Task, ValuePrompt, ValueQuery
-from verifiers.base import Verifier
+from verifiers.base import Scale, Verifier, charge_model_call
 
 #: ToT's value_map: value of one sampled verdict
 VALUE_MAP: dict[str, float] = {"sure": 20.0, "likely": 1.0, "impossible": 0.001}
 #: the best one verdict can add; the normalizer is this times ``n_evaluate``
 MAX_VERDICT_VALUE = max(VALUE_MAP.values())
+#: the scores' meaning: "live" is a mean verdict of at least "likely" (1 / 20 after normalizing);
+#: every verdict "sure" (1.0) is taken as a verified solution (on finished Game of 24 paths the
+#: value prompt's exact check gives 1.0 or 0.0 instead)
+LLM_VALUE_SCALE = Scale(
+    live=VALUE_MAP["likely"] / MAX_VERDICT_VALUE,
+    solution=1.0,
+    meaning="mean verdict: 1.0 all sure; 0.05 likely; 0.00005 impossible; 0.0 invalid or unreadable",
+)
 
 _WORD = re.compile(r"[a-z]+")
 
@@ -82,6 +90,8 @@ class LLMValueVerifier(Verifier):
     """
 
     name = "llm_value"
+    scale = LLM_VALUE_SCALE
+    max_calls_per_score = 1  # one batch of n_evaluate verdicts per state
 
     def __init__(
         self,
@@ -143,7 +153,11 @@ class LLMValueVerifier(Verifier):
         return {"value_raw": ev.raw} | ({"verdict_probs": ev.probs} if ev.probs else {"verdicts": list(ev.verdicts)})
 
     def evaluate(self, query: ValueQuery) -> Evaluation:
-        """Score ``query`` below the prefix root: verdict probabilities or samples (cached per state)."""
+        """Score ``query`` below the prefix root: verdict probabilities or samples (cached per state).
+
+        The asking search is charged one model call per state (:func:`~verifiers.base.charge_model_call`).
+        """
+        charge_model_call(query.key)
         if query.key in self.cache:
             return self.cache[query.key]
         rt = self._bound()
