@@ -93,12 +93,12 @@ class Runtime:
         prefilled runtime this way)."""
         if self.engine.busy:
             raise RuntimeError("Runtime: cannot copy while work is in flight")
-        skip = {"engine", "_ids", "_local", "_work"}
+        fresh, shared = {"engine", "_ids", "_local", "_work"}, {"grammar"}  # grammar: a compile cache
         clone = object.__new__(type(self))
         memo[id(self)] = clone
         for name, value in self.__dict__.items():
-            if name not in skip:
-                setattr(clone, name, copy.deepcopy(value, memo))
+            if name not in fresh:
+                setattr(clone, name, value if name in shared else copy.deepcopy(value, memo))
         clone.engine, clone._ids, clone._local, clone._work = Engine(clone), threading.Lock(), threading.local(), None
         return clone
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import random
+import zlib
 
 import pytest
 import torch
@@ -175,14 +177,19 @@ def test_large_budget_arbor_equals_full_and_evicts_nothing(tiny):
 
 
 class ScriptedGame24(Game24Task):
-    """Game of 24 whose thoughts are read as one fixed legal step (largest two numbers added).
+    """Game of 24 whose thoughts are read as one legal step: two of the numbers left added, the pair
+    picked by a digest of the thought's text (distinct thoughts mostly reach distinct states, so the
+    search's duplicate check keeps a tree to search).
 
     The tiny random model writes noise, so without this no search would get past its first level;
     the tree, the KV and the memory pressure are real, only the reading of each thought is fixed.
     """
 
     def step(self, problem, state, thought):
-        a, b = sorted(state.values)[-2:]
+        values = sorted(state.values)
+        pairs = list(itertools.combinations(range(len(values)), 2))
+        i, j = pairs[zlib.crc32(thought.encode()) % len(pairs)]
+        a, b = values[i], values[j]
         return super().step(problem, state, f"{format_number(b)} + {format_number(a)} = {format_number(a + b)} (left")
 
 
