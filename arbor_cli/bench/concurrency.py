@@ -102,7 +102,11 @@ def concurrency_main(argv: Sequence[str] | None = None) -> int:
     """``bench_concurrency.py``: the table, plus JSONL and CSV under ``--out``."""
     ap = argparse.ArgumentParser(prog="bench_concurrency.py", description=__doc__.split("\n")[0])
     ap.add_argument("--levels", default="1,2,4,8", help="concurrency levels")
-    ap.add_argument("--policies", default="policy=full", help="';'-separated override sets, e.g. 'policy=full;policy=arbor policy.budget_tokens=1500'")
+    ap.add_argument(
+        "--policies",
+        default="policy=full",
+        help="';'-separated override sets, e.g. 'policy=full;policy=arbor policy.budget_tokens=1500'",
+    )
     ap.add_argument("--naive", action="store_true", help="also run naive ToT (generate per node)")
     ap.add_argument("--out", default="bench/concurrency", help="folder for concurrency.jsonl / .csv")
     ap.add_argument("overrides", nargs="*", help="arbor-solve overrides (task=, controller=, model=...)")
