@@ -42,8 +42,10 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
     write_csv(run_dir / CSV_FILE, rows)
     if cfg.get("show_tree", False):
         show_trees(console, run_dir, rows)
-    title = f"{setup.task.name} · {_choice(cfg, 'controller')} · {_choice(cfg, 'policy')}"
+    title = f"{setup.task.name} · {_choice(cfg, 'controller')} · {_choice(cfg, 'policy')} · {verifier_title(setup)}"
     console.print(results_table(rows, title=title, width=console.width))
+    solved = sum(bool(r.get("solved")) for r in rows)
+    console.print(f"solved {solved}/{len(rows)} {setup.task.name} problems ({verifier_title(setup)})")
     console.print(f"results: {run_dir / RESULTS_FILE}")
     return 0
 
@@ -94,6 +96,12 @@ def write_finished(run_dir: Path, finished: Finished) -> None:
     append_jsonl(run_dir / TRACES_FILE, {"index": finished.index, "trace": finished.trace})
     append_jsonl(run_dir / EVENTS_FILE, {"index": finished.index, "events": finished.events})
     append_jsonl(run_dir / RESULTS_FILE, finished.row)
+
+
+def verifier_title(setup: Setup) -> str:
+    """The verifier as a table title names it: "verifier llm_value", "verifier game24_oracle: oracle (upper bound)"."""
+    label = f": {setup.verifier.label}" if setup.verifier.label else ""
+    return f"verifier {setup.verifier.name}{label}"
 
 
 def resolve_run_dir(cfg: DictConfig) -> Path:

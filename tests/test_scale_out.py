@@ -30,9 +30,10 @@ SIX = ("task.start=900", "task.end=906")
 
 
 def cfg(data_dir, run_dir, *extra):
-    """The tiny model on the synthetic game24 slice, one thought per step (fast searches)."""
+    """The tiny model on the synthetic game24 slice, one thought kept per step, scored by the exact
+    solver (no value prompts: fast searches)."""
     base = ["model=tiny-random", f"paths.data_dir={data_dir}", f"run_dir={run_dir}", "controller.n_generate=2"]
-    return compose_config([*base, "controller.breadth=1", *extra])
+    return compose_config([*base, "controller.breadth=1", "verifier=game24_oracle", *extra])
 
 
 def on_ray(*extra):

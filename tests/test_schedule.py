@@ -92,6 +92,7 @@ class FakeRay:
 
 SETUP = SimpleNamespace(
     task=SimpleNamespace(name="fake"),
+    verifier=SimpleNamespace(name="fake", label=None),
     loaded=SimpleNamespace(spec="tiny-random"),
     policies=SimpleNamespace(build=lambda index: SimpleNamespace(name="full", budget_tokens=None)),
 )

@@ -51,8 +51,19 @@ def unrun_row(setup: Setup, problem: Problem, why: str, oom: bool) -> dict[str, 
     return {
         "index": problem.index, "question": problem.question, "task": setup.task.name, "model": setup.loaded.spec,
         "solved": False, "oom": oom, "error": why, "answer": None, "policy": policy.name,
-        "budget_tokens": policy.budget_tokens, "peak_device_tokens": 0, "seconds": 0.0,
+        "budget_tokens": policy.budget_tokens, "peak_device_tokens": 0, "seconds": 0.0, **search_fields(setup),
     }  # fmt: skip
+
+
+def search_fields(setup: Setup) -> dict[str, Any]:
+    """What scored and proposed the search: every row records its verifier (an oracle's label too)
+    and, for tasks with propose modes, the mode."""
+    fields = {"verifier": setup.verifier.name}
+    if setup.verifier.label:
+        fields["verifier_label"] = setup.verifier.label
+    if hasattr(setup.task, "propose_mode"):
+        fields["propose"] = setup.task.propose_mode
+    return fields
 
 
 def keeps_trees(setup: Setup) -> bool:

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from typing import Any, NamedTuple
 
 from arbor_cli.build import Setup
-from arbor_cli.runners.finished import Finished, keeps_trees
+from arbor_cli.runners.finished import Finished, keeps_trees, search_fields
 from arbor_cli.tree_export import tree_record
 from arbor_runtime import KVBudgetExceeded, Node, Runtime
 from arbor_runtime.events import EventLog
@@ -77,6 +77,7 @@ def _search(setup: Setup, rt: Runtime, controller: Controller, problem: Problem,
     """The search and its results row; an OOM or an error ends this problem only (recorded)."""
     base = {"index": problem.index, "question": problem.question, "task": setup.task.name, "model": setup.loaded.spec}
     base |= {"controller": controller.name, "policy": rt.policy.name, "budget_tokens": rt.policy.budget_tokens}
+    base |= search_fields(setup)
     try:
         result = controller.solve(problem, seed=seed)
     except KVBudgetExceeded as exc:
@@ -87,9 +88,9 @@ def _search(setup: Setup, rt: Runtime, controller: Controller, problem: Problem,
         row = base | {"solved": False, "oom": False, "error": f"{type(exc).__name__}: {exc}", "answer": None}
     else:
         row = base | _result_fields(result) | {"oom": False, "error": None}
-        row |= _metric_fields(metrics, result.off_path_expansions, len(result.expansions))
+        row |= _metric_fields(metrics, controller.counts())
         return row, result
-    row |= _metric_fields(metrics, controller.off_path_expansions, len(controller.expansions))
+    row |= _metric_fields(metrics, controller.counts())
     return row, None
 
 
@@ -105,9 +106,9 @@ def _result_fields(result: SearchResult) -> dict[str, Any]:
     }
 
 
-def _metric_fields(m: RuntimeMetrics, off_path: int, expansions: int) -> dict[str, Any]:
-    fields = m.to_dict()
-    fields.update(off_path_expansions=off_path, nodes_expanded=expansions)
+def _metric_fields(m: RuntimeMetrics, counts: dict[str, int]) -> dict[str, Any]:
+    """Runtime metrics and the search's counts (expansions, duplicates dropped, model calls)."""
+    fields = m.to_dict() | counts
     fields.setdefault("seconds", round(m.runtime_seconds, 3))
     return fields
 
