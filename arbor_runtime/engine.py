@@ -86,6 +86,11 @@ class Engine:
         self._cv = threading.Condition()
         self._driving = False
 
+    @property
+    def busy(self) -> bool:
+        """Whether any work is queued or in flight."""
+        return bool(self._pending or self._in_flight or self._driving)
+
     # ---- submission (any thread) ---------------------------------------------------------
     def submit(self, work: Work) -> Any:
         """Enqueue ``work``, drive the engine when nobody else does, return its result (or raise)."""

@@ -12,6 +12,7 @@ policy events.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -83,6 +84,21 @@ class Runtime:
         self._work: Work | None = None  # the work being carried out (driver only)
         self._eos_ids = _eos_ids(loaded)
         self._t0 = time.perf_counter()
+
+    def __deepcopy__(self, memo: dict) -> Runtime:
+        """A copy of the whole state (trees, KV, metrics) with its own engine and locks; nothing may
+        be in flight. Pass the model and tokenizer in ``memo`` to share them (benchmarks fork a
+        prefilled runtime this way)."""
+        if self.engine.busy:
+            raise RuntimeError("Runtime: cannot copy while work is in flight")
+        skip = {"engine", "_ids", "_local", "_work"}
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        for name, value in self.__dict__.items():
+            if name not in skip:
+                setattr(clone, name, copy.deepcopy(value, memo))
+        clone.engine, clone._ids, clone._local, clone._work = Engine(clone), threading.Lock(), threading.local(), None
+        return clone
 
     # ---- public API ----------------------------------------------------------------------
     @property

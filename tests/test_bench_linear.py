@@ -32,14 +32,14 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_default_contexts_are_few_shot_prompts_of_600_to_2000_tokens(tiny, data_dir):
+def test_default_contexts_are_few_shot_prompts_of_600_to_2000_tokens(tiny, full_data):
     lengths = []
     for spec in DEFAULT_CONTEXTS:
         task, shots, _ = parse_spec(spec)
-        context, question = context_texts(data_dir, spec)
+        context, question = context_texts(full_data, spec)
         assert context.count("Question: ") == shots and question.startswith("\nQuestion: ")
         assert question.endswith("Solution:\n") and "<<" not in context
-        lengths.append(len(build_context(tiny.tokenizer, data_dir, spec).context_ids))
+        lengths.append(len(build_context(tiny.tokenizer, full_data, spec).context_ids))
     assert all(600 <= n <= 2000 for n in lengths), lengths
     assert {parse_spec(s)[0] for s in DEFAULT_CONTEXTS} == {"gsm8k", "math500"}
 
@@ -47,7 +47,7 @@ def test_default_contexts_are_few_shot_prompts_of_600_to_2000_tokens(tiny, data_
 def test_bad_context_specs_are_refused(data_dir):
     with pytest.raises(ValueError, match="context spec 'gsm8k:x:1' is not TASK:SHOTS:QUESTION"):
         parse_spec("gsm8k:x:1")
-    with pytest.raises(ValueError, match="'gsm8k:2:99999': gsm8k has 7473 train and 1319 test rows"):
+    with pytest.raises(ValueError, match=r"'gsm8k:2:99999': gsm8k has \d+ train and \d+ test rows"):
         context_texts(data_dir, "gsm8k:2:99999")
 
 
