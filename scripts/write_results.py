@@ -59,6 +59,7 @@ python scripts/write_results.py --bench bench --out docs/results.md"""
 
 #: interpretation written by hand next to generated tables (tracked; bench/ holds outputs only)
 NOTES_DIR = Path(__file__).resolve().parents[1] / "docs" / "notes"
+#: the folder of the page being written (set from --out)
 DOCS = NOTES_DIR.parent
 
 
@@ -465,6 +466,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     bench, out = Path(args.bench), Path(args.out)
+    global DOCS  # images a section shows are copied next to the page
+    DOCS = out.parent
     if args.only:
         page = out.read_text() if out.is_file() else "# Results\n"
         for name in args.only.split(","):

@@ -224,3 +224,42 @@ def test_kvp_configuration_errors():
         ArborPolicy(token_scorer="norm")
     with pytest.raises(RuntimeError, match="not bound to a model"):
         KVPPolicy(budget_tokens=10).scores.token_scores(None)
+
+
+# ---- the scripts, end to end on the tiny model -----------------------------------------------
+def test_scripts_collect_train_bench_and_write_results(tmp_path, data_dir, monkeypatch, capsys):
+    import json
+    import runpy
+    import sys
+    from pathlib import Path
+
+    from arbor_cli.kvp.cli import bench_main, collect_main, train_main
+
+    data, weights = tmp_path / "kvp" / "data", tmp_path / "w.safetensors"
+    common = ["--model", "tiny-random", "--data-dir", str(data_dir), "--threads", "1"]
+    argv = [*common, "--out", str(data), "--sequences", "6", "--min-context", "40", "--max-context", "60"]
+    assert collect_main([*argv, "--game24-share", "1.0"]) == 0
+    kvp = tmp_path / "kvp"
+    train = ["--data", str(data), "--out", str(weights), "--plot", str(kvp / "train.png"), "--threads", "1"]
+    assert (
+        train_main([*train, "--report", str(kvp / "train.json"), "--epochs", "2", "--embed", "8", "--hidden", "8"]) == 0
+    )
+    info = load_weights(weights).info
+    assert info["sequences"]["train"] == 5 and info["sequences"]["held_out"] == 1 and info["loss"] == "listnet"
+    bench = [*common, "--out", str(kvp / "bench.json"), "--contexts", "gsm8k:1:0", "--shares", "0.5", "--steps", "2"]
+    assert bench_main([*bench, "--policies", "kvp,streaming"]) == 0
+    rows = json.loads((kvp / "bench.json").read_text())["rows"]
+    assert {r["policy"] for r in rows} == {"oracle", "kvp", "streaming"}
+    assert all(0 <= r["retained"] <= 1 + 1e-6 for r in rows)
+    oracle = next(r["retained"] for r in rows if r["policy"] == "oracle")
+    assert all(r["retained"] <= oracle + 1e-6 for r in rows)
+    assert bench_main(["--shares", "1.5"]) == 2 and "--shares '1.5' must be in (0, 1)" in capsys.readouterr().err
+    page = tmp_path / "docs" / "results.md"
+    page.parent.mkdir()
+    page.write_text("# Results\n\n## Speed\n\nfast\n")
+    script = str(Path(__file__).resolve().parents[1] / "scripts" / "write_results.py")
+    monkeypatch.setattr(sys, "argv", [script, "--bench", str(tmp_path), "--out", str(page), "--only", "kvp"])
+    runpy.run_path(script, run_name="__main__")
+    text = page.read_text()
+    assert text.startswith("# Results\n\n## Speed\n\nfast\n\n## KVP: learned per-head eviction scorers")
+    assert "| 50% | kvp |" in text and (page.parent / "kvp-train.png").is_file()

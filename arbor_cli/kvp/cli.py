@@ -17,10 +17,12 @@ from rich.table import Table
 
 from arbor_cli.bench.cli import _floats, _threads
 from arbor_cli.bench.linear import DEFAULT_CONTEXTS, build_context
+from arbor_cli.bench.trace import load_trace
 from arbor_cli.build import USER_ERRORS
 from arbor_cli.kvp.bench import DEFAULT_POLICIES, run_context, scoring_cost, summarize
 from arbor_cli.kvp.collect import collect, read_shards, shard_fingerprint
 from arbor_cli.kvp.plots import plot_training
+from arbor_cli.kvp.replay import selector_replay
 from arbor_cli.kvp.texts import training_texts
 from arbor_cli.kvp.train import LOSSES, TrainConfig, evaluate, train
 from arbor_runtime import load_model
@@ -306,3 +308,47 @@ def kvp_table(rows: list[dict]) -> Table:
         top1 = f"{r['top1']:.3f}" if "top1" in r else "-"
         table.add_row(f"{r['kept_share']:.0%}", r["policy"], f"{r['retained']:.3f}", kl, top1)
     return table
+
+
+# ---- arbor's token selector, trace replay ----------------------------------------------------
+def replay_main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
+    """``bench_kvp_replay.py TRACE...``: arbor vs arbor+kvp replay fidelity, rows to ``--out`` (JSONL)."""
+    ap = argparse.ArgumentParser(prog="bench_kvp_replay.py", description=replay_main.__doc__)
+    ap.add_argument("traces", nargs="+", help="trace JSON files from scripts/record_trace.py")
+    ap.add_argument("--fractions", default="0.3,0.5,0.7", help="budgets as shares of the full replay peak")
+    ap.add_argument("--out", default="bench/kvp/replay.jsonl")
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    console = console or Console()
+    try:
+        _threads(args.threads)
+        fractions = _floats(args.fractions, "--fractions")
+        loaded = load_model(args.model, device="cpu")
+        rows = [row for path in args.traces for row in selector_replay(loaded, load_trace(path), fractions)]
+    except USER_ERRORS as exc:
+        print(f"bench_kvp_replay.py: error: {exc}", file=sys.stderr)
+        return 2
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = Table(title="arbor's in-block token selector: replay fidelity vs full")
+    for col in ("problem", "selector", "budget", "top-1", "mean KL", "peak KV", "rehydrated", "oom"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            str(r["problem"]),
+            r["policy"],
+            f"{r['budget_fraction']:.0%}",
+            _fmt(r.get("top1_agreement")),
+            _fmt(r.get("mean_kl")),
+            str(r["peak_device_tokens"]),
+            str(r["rehydrated_tokens"]),
+            str(r["oom"]),
+        )
+    console.print(table)
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
