@@ -127,7 +127,7 @@ def test_full_runs_rows_one_after_another_then_runs_out(tiny):
     assert rt.store.pool.used == rt.store.resident_tokens  # and no slots in flight
 
 
-@pytest.mark.parametrize("policy", ["h2o", "streaming", "thinkv", "snapkv"])
+@pytest.mark.parametrize("policy", ["h2o", "streaming", "thinkv", "snapkv", "kvp"])
 def test_prompt_larger_than_the_budget_is_prefilled_in_chunks(tiny, policy):
     budget = 48
     rt = Runtime(tiny, policy=policy, budget_tokens=budget)
