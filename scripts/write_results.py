@@ -393,6 +393,7 @@ def kvp_section(root: Path, docs: Path) -> str:
     if not bench.is_file() or not train.is_file():
         return f"{KVP_TITLE}\n\n(not run: {bench} or {train} missing)\n\n"
     text = f"{KVP_TITLE}\n\n" + kvp_training_part(root, docs) + kvp_bench_part(json.loads(bench.read_text()))
+    text += kvp_replay_part(root / "replay.jsonl")
     notes = NOTES_DIR / "kvp.md"
     return text + (notes.read_text().strip() + "\n\n" if notes.is_file() else "")
 
@@ -427,10 +428,24 @@ def kvp_training_part(root: Path, docs: Path) -> str:
 
 def kvp_bench_part(data: dict) -> str:
     contexts = ", ".join(f"`{c['name']}` ({c['context_tokens']} tokens)" for c in data["contexts"])
-    rows = [r | {"share": f"{r['kept_share']:.0%}"} for r in data["rows"] if r["policy"] in KVP_POLICIES]
+    per_context: dict[tuple[str, float], list[str]] = {}
+    for c in data["per_context"]:
+        for r in c["runs"]:
+            if "kl" in r:
+                key = (r["policy"], round(1 - r["compression_ratio"], 6))
+                per_context.setdefault(key, []).append(f"{sum(r['kl']) / len(r['kl']):.4f}")
+    rows = [
+        r
+        | {
+            "share": f"{r['kept_share']:.0%}",
+            "per_context": " / ".join(per_context.get((r["policy"], r["kept_share"]), [])),
+        }
+        for r in data["rows"]
+        if r["policy"] in KVP_POLICIES
+    ]
     rows.sort(key=lambda r: (r["kept_share"], KVP_POLICIES.index(r["policy"])))
     cols = [("share", "kept"), ("policy", "policy"), ("retained", "retained future attention"),
-            ("mean_kl", "mean KL"), ("top1", "top-1")]  # fmt: skip
+            ("mean_kl", "mean KL"), ("top1", "top-1"), ("per_context", "mean KL per context")]  # fmt: skip
     cost = data["cost"]
     return (
         f"Held-out benchmark, measured {data['date']} with `{data['command']}` (torch threads: {data['threads']}, "
@@ -442,8 +457,26 @@ def kvp_bench_part(data: dict) -> str:
         + md_table(rows, cols)
         + f"\nkvp's scoring cost per decode step (`{cost['context']}`, budget {cost['budget_tokens']} tokens, greedy): "
         f"{cost['kvp_scoring_ms_per_step']:.2f} ms of {cost['kvp_ms_per_step']:.1f} ms per step "
-        f"({cost['kvp_tokens_scored_per_step']:.1f} tokens scored per step; streaming's step: "
-        f"{cost['streaming_ms_per_step']:.1f} ms).\n\n"
+        f"({cost['kvp_tokens_scored_per_step']:.1f} tokens scored per step; a step under streaming: "
+        f"{cost['streaming_ms_per_step']:.1f} ms, under h2o: {cost.get('h2o_ms_per_step', float('nan')):.1f} ms).\n\n"
+    )
+
+
+def kvp_replay_part(path: Path) -> str:
+    """arbor with and without kvp choosing tokens inside blocks, replaying a recorded search."""
+    if not path.is_file():
+        return ""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in rows:
+        r["share"] = f"{r['budget_fraction']:.0%}"
+        r["trace"] = f"{r['task']}-{r['problem']}"
+    cols = [("trace", "trace"), ("share", "budget"), ("policy", "policy"), ("top1_agreement", "top-1"),
+            ("mean_kl", "mean KL"), ("peak_device_tokens", "peak KV tok"), ("rehydrated_tokens", "rehydrated tok"),
+            ("oom", "OOM")]  # fmt: skip
+    return (
+        "arbor's in-block token selector, replaying a recorded `full` search teacher-forced "
+        "(`python scripts/bench_kvp_replay.py bench/kvp/traces/*.json`; budgets are shares of the full replay "
+        "peak; fidelity against the unbounded replay):\n\n" + md_table(rows, cols) + "\n"
     )
 
 

@@ -117,10 +117,10 @@ def summarize(contexts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def scoring_cost(loaded: LoadedModel, ctx: Context, budget_share: float = 0.5, steps: int = 24) -> dict[str, float]:
     """kvp's scoring cost per decode step at a budget of ``budget_share`` of the context: a greedy
-    decode under ``kvp`` with its scorer timed, next to the same decode under ``streaming``."""
+    decode under ``kvp`` with its scorer timed, next to the same decode under ``streaming`` and ``h2o``."""
     budget = max(16, int(len(ctx.context_ids) * budget_share))
     out: dict[str, float] = {"budget_tokens": budget}
-    for policy in ("streaming", "kvp"):
+    for policy in ("streaming", "h2o", "kvp"):
         seconds, scoring, scored = _timed_decode(loaded, ctx, policy, budget, steps)
         out[f"{policy}_ms_per_step"] = 1000 * seconds / steps
         if policy == "kvp":
