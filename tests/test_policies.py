@@ -163,7 +163,9 @@ def test_policy_configuration_errors():
         ArborPolicy(threshold=1.5)
     with pytest.raises(FileNotFoundError, match="no_such.json"):
         ArborPolicy(calibration="/tmp/no_such.json")
-    with pytest.raises(ValueError, match="unknown policy 'lru'; valid: arbor, full, h2o, snapkv, streaming, thinkv"):
+    with pytest.raises(
+        ValueError, match="unknown policy 'lru'; valid: arbor, full, h2o, kvp, snapkv, streaming, thinkv"
+    ):
         build_policy("lru")
 
 

@@ -8,6 +8,7 @@ from arbor_runtime.policies.arbor import ArborPolicy
 from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.full import FullPolicy
 from arbor_runtime.policies.h2o import H2OPolicy
+from arbor_runtime.policies.kvp import KVPPolicy
 from arbor_runtime.policies.snapkv import SnapKVPolicy
 from arbor_runtime.policies.streaming import StreamingPolicy
 from arbor_runtime.policies.thinkv import ThinKVPolicy
@@ -19,6 +20,7 @@ POLICIES: dict[str, type[Policy]] = {
     "snapkv": SnapKVPolicy,
     "thinkv": ThinKVPolicy,
     "arbor": ArborPolicy,
+    "kvp": KVPPolicy,
 }
 
 
@@ -38,6 +40,7 @@ __all__ = [
     "ArborPolicy",
     "FullPolicy",
     "H2OPolicy",
+    "KVPPolicy",
     "MemoryView",
     "Policy",
     "RetentionPlan",
