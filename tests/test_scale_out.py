@@ -58,12 +58,19 @@ def local_ray():
 
 
 @needs_ray
-def test_six_problems_on_two_actors_are_each_recorded_once(local_ray, data_dir, tmp_path):
+def test_six_problems_on_two_actors_are_each_recorded_once(local_ray, data_dir, tmp_path, monkeypatch):
+    from arbor_cli.runners.schedule import Schedule
+
+    started, start = [], Schedule.start
+    monkeypatch.setattr(Schedule, "start", lambda self: started.append(1) or start(self))
     assert run(cfg(data_dir, tmp_path / "ray", *SIX, *on_ray()), Console(width=150)) == 0
+    assert len(started) == 2
     for name in (RESULTS_FILE, EVENTS_FILE, TRACES_FILE):
         assert sorted(indices(tmp_path / "ray", name)) == list(range(900, 906)), name
     got = rows(tmp_path / "ray")
-    assert len({r["worker"] for r in got.values()}) == 2  # both actors searched
+    # searches take a fraction of a second: under load one actor may finish all six before the
+    # other has loaded its model (spreading is checked deterministically in test_schedule.py)
+    assert 1 <= len({r["worker"] for r in got.values()}) <= 2
     assert all(r["error"] is None and r["retries"] == 0 for r in got.values())
     assert all((tmp_path / "ray" / "trees" / f"{i}.json").is_file() for i in got)
     # the same rows as this process searching them itself: seeds follow the problem, not the worker
