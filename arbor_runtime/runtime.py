@@ -63,7 +63,7 @@ class Runtime:
             self.policy.vocab_size = int(self.model.config.vocab_size)
         self.backend = ModelBackend(self.model, fast_kernel=fast_kernel)
         host_cap = getattr(self.policy, "host_budget_tokens", None)
-        self.store = KVStore(self.backend.shape, capacity=self.policy.budget_tokens, host_capacity=host_cap)
+        self.store = KVStore(self.backend.shape, capacity=self.policy.kv_budget_tokens, host_capacity=host_cap)
         self.metrics = RuntimeMetrics()
         self.nodes: dict[int, Node] = {}  # live nodes
         self.all_nodes: dict[int, Node] = {}  # every node ever created, released ones too
@@ -72,6 +72,8 @@ class Runtime:
         #: called with (node, (T, V) log-probs) for every forced block; used by trace replay
         self.logits_hook: Callable[[Node, torch.Tensor], None] | None = None
         self.memory = MemoryManager(self.store, self.policy, self.nodes)
+        decode = getattr(self.tokenizer, "decode", None)
+        self.backend.sparse = self.policy.sparse_attention(self.store, lambda i: self.nodes[i].token_ids, decode)
         self.engine = Engine(self)
         self.seed = seed
         self._tree_seeds: dict[int, int] = {}
