@@ -440,6 +440,8 @@ class Runtime:
         m.pool_bytes = pool.nbytes
         m.forward_calls, m.model_seconds = self.backend.forward_calls, self.backend.model_seconds
         m.sync_store(self.store, self.memory.events)
+        if self.backend.sparse is not None:
+            m.sync_sparse(self.backend.sparse.stats)
         if work.account is not None:
             work.account.metrics.sync_events(work.account.events)
         point = TracePoint(
