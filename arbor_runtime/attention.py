@@ -215,8 +215,9 @@ def attention_mass(
     mass = torch.zeros(n, dtype=torch.float32, device=q.device)
     for r in range(0, m, QUERY_CHUNK):
         qc, sc = q[..., r : r + QUERY_CHUNK, :].float(), lse[..., r : r + QUERY_CHUNK].float().unsqueeze(-1)
-        for c in range(0, n, KEY_CHUNK):
-            kc = k[..., c : c + KEY_CHUNK, :].float()
+        seen = min(n, r + qc.shape[-2] + n - m) if causal else n  # keys past the tile's last query: none
+        for c in range(0, seen, KEY_CHUNK):
+            kc = k[..., c : min(c + KEY_CHUNK, seen), :].float()
             p = torch.exp(torch.matmul(qc, kc.transpose(-1, -2)) * scale - sc)  # (B, H, m_c, n_c)
             if causal:
                 qpos = torch.arange(r, r + qc.shape[-2], device=q.device).unsqueeze(1) + (n - m)

@@ -63,6 +63,8 @@ class TreeBatch:
             where the new tokens attend each other causally from the layer's own K/V.
         stats: collect attention mass per context token (``Group.mass``) and per own token (``own_mass``).
         kernel: the (out, lse) attention kernel.
+        stats_from: only the queries of each row from this index on count in the statistics (an
+            observation window: the last ``q - stats_from`` tokens of a prefill); 0 = all of them.
     """
 
     def __init__(
@@ -76,8 +78,11 @@ class TreeBatch:
         own_valid: torch.Tensor | None = None,
         stats: bool = False,
         kernel: Kernel | None = None,
+        stats_from: int = 0,
     ) -> None:
-        self.pool, self.groups, self.rows, self.q = pool, groups, rows, q
+        if not 0 <= stats_from < q or (stats_from and own_slots is not None):
+            raise ValueError(f"stats_from={stats_from} must be in [0, q={q}), and 0 for a decode step")
+        self.pool, self.groups, self.rows, self.q, self.stats_from = pool, groups, rows, q, stats_from
         self.kernel = kernel or Kernel(pool.device)
         flat = write_slots.reshape(-1)
         keep = flat >= 0
@@ -127,7 +132,7 @@ class TreeBatch:
                 o, s = self.kernel(qf, k, v, scale)
                 out, lse = _merge_rows(out, lse, grp.rows, grp.n_rows, o, s)
         if self.stats:
-            self._collect(layer, gathered, own, lse, scale)
+            self._collect(layer, qg, gathered, own, lse, scale)
         return out.to(query.dtype).view(r, hq, q, d).transpose(1, 2)
 
     def _attend_sparse(self, layer: int, query, key, value, scale: float) -> torch.Tensor:
@@ -166,20 +171,25 @@ class TreeBatch:
         k, v = self.pool.layer_view(layer, Extent(piece.start, piece.length))
         return k.unsqueeze(0), v.unsqueeze(0)
 
-    def _collect(self, layer, gathered, own, lse, scale) -> None:
-        """Attention mass per key under the final log-sum-exp of each query."""
+    def _collect(self, layer, qg, gathered, own, lse, scale) -> None:
+        """Attention mass per key under the final log-sum-exp of each counted query."""
+        extra = own[2]
+        if self.stats_from:  # the observation window: queries stats_from.. of each row (prefill only)
+            qg, lse = _window(qg, self.q, self.stats_from), _window(lse, self.q, self.stats_from)
+            gathered = [_gather_queries(qg, grp.rows) for grp in self.groups]
+            query, k = extra
+            extra = (query[:, :, self.stats_from :], k)
         for grp, qf in zip(self.groups, gathered, strict=True):
             s = lse if grp.rows is None else lse.index_select(0, grp.rows)
             s = s.transpose(0, 1).reshape(1, s.shape[1], -1)  # (1, H_kv, rows * g * q), query order of qf
             for i, piece in enumerate(grp.pieces):
                 k, _ = self._piece_kv(layer, piece)
                 grp.mass[i] += attention_mass(qf, k, s, scale)
-        extra = own[2]
         if isinstance(extra, torch.Tensor):  # decode: (R, H_kv, g*q, n) scores of the own tokens
             mass = torch.exp(extra - lse.unsqueeze(-1)).sum(dim=(1, 2))  # (R, n)
         else:  # prefill: causal mass over the new tokens, row by row
             query, k = extra
-            final = lse.reshape(query.shape[0], query.shape[1], query.shape[2])  # (R, Hq, q)
+            final = lse.reshape(query.shape[0], query.shape[1], query.shape[2])  # (R, Hq, counted queries)
             mass = torch.stack(
                 [
                     attention_mass(query[i : i + 1], k[i : i + 1], final[i : i + 1], scale, causal=True)
@@ -193,6 +203,12 @@ def _gather_queries(qg: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor
     """(R, H_kv, G, D) -> (1, H_kv, r * G, D) for the given rows (all when None)."""
     sub = qg if rows is None else qg.index_select(0, rows)
     return sub.transpose(0, 1).reshape(1, qg.shape[1], -1, qg.shape[3])
+
+
+def _window(t: torch.Tensor, q: int, start: int) -> torch.Tensor:
+    """(R, H_kv, g*q, ...) per-query tensor -> (R, H_kv, g*(q-start), ...) of queries start.. of each row."""
+    r, hkv = t.shape[0], t.shape[1]
+    return t.view(r, hkv, -1, q, *t.shape[3:])[:, :, :, start:].reshape(r, hkv, -1, *t.shape[3:])
 
 
 def _merge_rows(out, lse, rows, n_rows, o, s):

@@ -86,6 +86,11 @@ class Engine:
         self._cv = threading.Condition()
         self._driving = False
 
+    @property
+    def busy(self) -> bool:
+        """Whether any work is queued or in flight."""
+        return bool(self._pending or self._in_flight or self._driving)
+
     # ---- submission (any thread) ---------------------------------------------------------
     def submit(self, work: Work) -> Any:
         """Enqueue ``work``, drive the engine when nobody else does, return its result (or raise)."""
@@ -110,17 +115,33 @@ class Engine:
 
     # ---- one cycle (driver only) ---------------------------------------------------------
     def _cycle(self) -> None:
-        with self._cv:
-            new, self._pending = self._pending, []
-        for work in new:
-            if isinstance(work, ExpandJob):
-                self._start(work)
-            else:
-                self._run_now(work)
-        if self.waiting or self.running:
-            self._step()
+        try:
+            with self._cv:
+                new, self._pending = self._pending, []
+            for work in new:
+                if isinstance(work, ExpandJob):
+                    self._start(work)
+                else:
+                    self._run_now(work)
+            if self.waiting or self.running:
+                self._step()
+        except BaseException as exc:  # a bug or an interrupt: every caller hears of it, none waits forever
+            self._abort(exc)
         with self._cv:
             self._cv.notify_all()
+
+    def _abort(self, error: BaseException) -> None:
+        """Fail every expansion in flight and every queued work with ``error``."""
+        for job in list(self.jobs):
+            self._fail(job, error)
+        with self._cv:
+            queued, self._pending = self._pending, []
+        for work in queued + [w for w in self._in_flight if not w.done]:
+            work.error = error
+            if work in self._in_flight:
+                self._end(work)
+            else:
+                work.done = True
 
     def _end(self, work: Work) -> None:
         self._in_flight.remove(work)
@@ -170,7 +191,8 @@ class Engine:
         self._grow()
         if not self.running:
             return
-        batch, ids, pos = decode_batch(rt.store, self.running, rt.policy.needs_attention, rt.backend.kernel)
+        stats = rt.policy.needs_attention and not rt.policy.observation_window  # a window scores prefills only
+        batch, ids, pos = decode_batch(rt.store, self.running, stats, rt.backend.kernel)
         start = time.perf_counter()
         logits = rt.backend.forward(batch, ids, pos)[:, -1]  # (R, V)
         self._charge_step(time.perf_counter() - start)

@@ -118,6 +118,13 @@ class MemoryManager:
             return True
         return self._ensure(need, ahead)
 
+    def compress(self, target: int) -> None:
+        """One MemoryThreshold asking the policy to bring resident blocks down to ``target`` now."""
+        self.step += 1
+        resident = self.store.resident_tokens
+        if resident > target:
+            self.emit(MemoryThreshold(resident, self.budget, resident - target), target)
+
     def node_end(self, node: Node) -> None:
         """A new block is complete and in the store."""
         self.emit(NodeEnd(node.id), self._threshold_target())

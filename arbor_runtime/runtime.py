@@ -12,6 +12,7 @@ policy events.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -73,7 +74,7 @@ class Runtime:
         self.logits_hook: Callable[[Node, torch.Tensor], None] | None = None
         self.memory = MemoryManager(self.store, self.policy, self.nodes)
         decode = getattr(self.tokenizer, "decode", None)
-        self.backend.sparse = self.policy.sparse_attention(self.store, lambda i: self.nodes[i].token_ids, decode)
+        self.backend.sparse = self.policy.sparse_attention(self.store, self._block_token_ids, decode)
         self.engine = Engine(self)
         self.seed = seed
         self._tree_seeds: dict[int, int] = {}
@@ -83,6 +84,21 @@ class Runtime:
         self._work: Work | None = None  # the work being carried out (driver only)
         self._eos_ids = _eos_ids(loaded)
         self._t0 = time.perf_counter()
+
+    def __deepcopy__(self, memo: dict) -> Runtime:
+        """A copy of the whole state (trees, KV, metrics) with its own engine and locks; nothing may
+        be in flight. Pass the model and tokenizer in ``memo`` to share them (benchmarks fork a
+        prefilled runtime this way)."""
+        if self.engine.busy:
+            raise RuntimeError("Runtime: cannot copy while work is in flight")
+        skip = {"engine", "_ids", "_local", "_work"}
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        for name, value in self.__dict__.items():
+            if name not in skip:
+                setattr(clone, name, copy.deepcopy(value, memo))
+        clone.engine, clone._ids, clone._local, clone._work = Engine(clone), threading.Lock(), threading.local(), None
+        return clone
 
     # ---- public API ----------------------------------------------------------------------
     @property
@@ -196,6 +212,20 @@ class Runtime:
         finally:
             self._local.account = previous
 
+    def compress(self, target_tokens: int) -> int:
+        """Ask the policy, now, to bring resident block KV down to ``target_tokens`` (one MemoryThreshold).
+
+        The one-shot compression of a context that prefill-time methods (SnapKV, kvpress presses)
+        do: prefill whole, then keep ``target_tokens``. Which tokens stay is the policy's plan, as
+        for any memory event; a policy that never frees memory (``full``) keeps everything, and
+        ``arbor`` keeps the active path whole. Returns the resident block tokens afterwards.
+        """
+        if isinstance(target_tokens, bool) or not isinstance(target_tokens, int) or target_tokens < 0:
+            raise ValueError(f"compress target_tokens={target_tokens!r} must be a non-negative number of tokens")
+        self._submit(Work("compress", self._account(), run=lambda: self.memory.compress(target_tokens)))
+        self.log_op({"op": "compress", "target": target_tokens})
+        return self.store.resident_tokens
+
     def path_token_ids(self, node: Node) -> list[int]:
         """Token ids from the root to ``node`` inclusive (the flattened text's ids)."""
         return [t for n in node.path() for t in n.token_ids]
@@ -247,12 +277,18 @@ class Runtime:
         self.oplog.append(entry)
 
     def take_attention(self, batch: TreeBatch) -> None:
-        """Add a forward's attention mass over context blocks to those blocks (queries counted once per block)."""
+        """Add a forward's attention mass over context blocks to those blocks (queries counted once per block).
+
+        Under an observation window the new record replaces the old one of every token it saw.
+        """
         if not batch.stats:
             return
+        queries = batch.q - batch.stats_from
         for grp in batch.groups:
             for i, (piece, mass) in enumerate(zip(grp.pieces, grp.mass, strict=True)):
-                self.store.add_attention(piece.block_id, piece.idx, mass, grp.n_rows * batch.q if i == 0 else 0.0)
+                if self.policy.observation_window and piece.block_id in self.store:
+                    self.store.get(piece.block_id).attention[piece.idx] = 0.0
+                self.store.add_attention(piece.block_id, piece.idx, mass, grp.n_rows * queries if i == 0 else 0.0)
 
     def recompute_all(self, nodes: Sequence[Node]) -> None:
         for node in nodes:
@@ -357,7 +393,9 @@ class Runtime:
         extents = self.store.pool.alloc(count)
         context = [a.id for a in node.path()[:-1]] + ([node.id] if offset else [])
         slots = _slots(extents).view(1, count)
-        batch = self._batch([context], count, slots, stats=self.policy.needs_attention)
+        window = self.policy.observation_window
+        stats_from = max(0, count - window) if window else 0
+        batch = self._batch([context], count, slots, stats=self.policy.needs_attention, stats_from=stats_from)
         positions = torch.arange(node.start_pos + offset, node.start_pos + offset + count).unsqueeze(0)
         ids = torch.tensor([node.token_ids[offset : offset + count]])
         self.engine.note_peak()
@@ -369,7 +407,7 @@ class Runtime:
             self.store.add_tokens(node.id, extents, own, op="extend")
         self.take_attention(batch)
         if batch.own_mass is not None:  # causal: a block's own queries see half of it on average
-            self.store.add_attention(node.id, own, batch.own_mass[0], count / 2)
+            self.store.add_attention(node.id, own, batch.own_mass[0], (count - stats_from) / 2)
         return logits
 
     def _forward(self, batch: TreeBatch, ids: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor:
@@ -410,14 +448,22 @@ class Runtime:
         if self.logits_hook is not None:
             self.logits_hook(node, logp)
 
-    def _batch(self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool) -> TreeBatch:
-        groups = context_groups(self.store, contexts)
-        return TreeBatch(self.store.pool, groups, len(contexts), q, write, stats=stats, kernel=self.backend.kernel)
+    def _batch(
+        self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool, stats_from: int = 0
+    ) -> TreeBatch:
+        groups, kernel = context_groups(self.store, contexts), self.backend.kernel
+        return TreeBatch(
+            self.store.pool, groups, len(contexts), q, write, stats=stats, kernel=kernel, stats_from=stats_from
+        )
 
     def _release(self, node: Node) -> None:
         self.memory.forget(self.forget_subtree(node))
 
     # ---- internals: bookkeeping ----------------------------------------------------------
+    def _block_token_ids(self, block_id: int) -> list[int]:
+        """A live block's token ids (a bound method, so a copied runtime reads its own nodes)."""
+        return self.nodes[block_id].token_ids
+
     def _submit(self, work: Work):
         return self.engine.submit(work)
 

@@ -1,9 +1,13 @@
 """Assemble docs/results.md from benchmark outputs (reruns overwrite it).
 
     python scripts/write_results.py --bench bench --out docs/results.md
+    python scripts/write_results.py --bench bench --out docs/results.md --only linear
 
 Expects under --bench: e2e/{game24,gsm8k}-{full,budget}/merged.md, e2e/scaling/merged.md,
-replay/replay.csv, speed/speed.json, memory.png (+ memory.json), ctrl/*/results.jsonl.
+replay/replay.csv, speed/speed.json, memory.png (+ memory.json), ctrl/*/results.jsonl,
+linear/{linear.json,stats_cost.json}, memory/, budgets/, concurrency/; hand-written notes come from
+docs/notes/*.md. ``--only linear,memory`` rewrites those sections of an existing page (or appends
+them) and keeps the rest as it is.
 """
 
 from __future__ import annotations
@@ -39,8 +43,15 @@ python scripts/bench_speed.py bench/traces/game24-900.json bench/traces/gsm8k-0.
     --out bench/speed/speed.json
 # 4. controllers on SmolLM2 (2 Game of 24 puzzles, 2 GSM8K questions each)
 bash scripts/bench_controllers.sh bench/ctrl ../shared/data
+# 4b. linear baselines next to kvpress (its own venv), and what attention statistics cost
+python scripts/bench_linear.py --out bench/linear/linear.json --threads 2 --kvpress-venv ../venvs/kvpress --create-venv
+python scripts/bench_stats_cost.py --out bench/linear/stats_cost.json --threads 2
 # 5. this page
 python scripts/write_results.py --bench bench --out docs/results.md"""
+
+
+#: interpretation written by hand next to generated tables (tracked; bench/ holds outputs only)
+NOTES_DIR = Path(__file__).resolve().parents[1] / "docs" / "notes"
 
 
 def md_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
@@ -120,11 +131,16 @@ def speed_section(path: Path) -> str:
     )
 
 
+MEMORY_TITLE = "## Wide expansions: peak allocation and decode speed, before vs after in-place attention"
+BUDGETS_TITLE = "## Smallest exact budget per search (live searches, SmolLM2)"
+CONCURRENCY_TITLE = "## Concurrent searches: problems per hour"
+
+
 def memory_section(root: Path) -> str:
     """Wide expansions before/after the in-place attention (scripts/bench_memory.py, two checkouts)."""
     after, before = root / "after.json", root / "before.json"
     if not after.is_file():
-        return "## Wide expansions: peak allocation and decode speed\n\n(not run)\n\n"
+        return f"{MEMORY_TITLE}\n\n(not run)\n\n"
     now = json.loads(after.read_text())
     old = {(r["policy"], r["rows"]): r for r in json.loads(before.read_text())} if before.is_file() else {}
     rows = []
@@ -154,7 +170,7 @@ def memory_section(root: Path) -> str:
     ]
     prefix = now[0]["prefix_tokens"]
     return (
-        "## Wide expansions: peak allocation and decode speed, before vs after in-place attention\n\n"
+        f"{MEMORY_TITLE}\n\n"
         f"One {prefix}-token prompt expanded into `rows` children of {now[0]['new_tokens']} sampled tokens each. "
         "Peak alloc: torch's profiler (`profile_memory=True`), every allocation and free inside the expansion "
         "summed in time order, as a multiple of the tree's KV after it (prompt + children). `before` is the "
@@ -169,7 +185,7 @@ def budgets_section(root: Path) -> str:
     """Live searches at shrinking budgets (scripts/bench_budgets.py): exactness and time per budget."""
     files = sorted(root.glob("*/budgets.jsonl"))
     if not files:
-        return "## Smallest exact budget per search\n\n(not run)\n\n"
+        return f"{BUDGETS_TITLE}\n\n(not run)\n\n"
     rows = [json.loads(line) | {"search": f.parent.name} for f in files for line in f.read_text().splitlines()]
     cols = [
         ("search", "search"),
@@ -188,7 +204,7 @@ def budgets_section(root: Path) -> str:
         ("peak_host_mb", "peak host MB"),
     ]
     return (
-        "## Smallest exact budget per search (live searches, SmolLM2)\n\n"
+        f"{BUDGETS_TITLE}\n\n"
         "Each search runs once under `full` without a budget (its peak device KV is the reference), then "
         "under each policy at fractions of that peak and at the *floor*: the longest path the search ever "
         "extended plus one thought of `max_thought_tokens` (below it one row cannot run). Every row samples "
@@ -202,7 +218,7 @@ def concurrency_section(root: Path) -> str:
     """Problems/hour by concurrency and against naive ToT (scripts/bench_concurrency.py)."""
     files = sorted(root.glob("*/concurrency.jsonl"))
     if not files:
-        return "## Concurrent searches\n\n(not run)\n\n"
+        return f"{CONCURRENCY_TITLE}\n\n(not run)\n\n"
     rows = [json.loads(line) | {"search": f.parent.name} for f in files for line in f.read_text().splitlines()]
     cols = [
         ("search", "search"),
@@ -216,7 +232,7 @@ def concurrency_section(root: Path) -> str:
         ("same_results_as_concurrency_1", "same results as 1"),
     ]
     return (
-        "## Concurrent searches: problems per hour\n\n"
+        f"{CONCURRENCY_TITLE}\n\n"
         "`arbor-solve concurrency=N`: N searches in one runtime, their rows batched into shared model steps; "
         "`naive ToT` runs the same controller with every node's prompt re-sent to `generate` (the reference "
         "ToT code's way). Peak KV in a shared runtime is the pool while the searches ran.\n\n"
@@ -245,12 +261,146 @@ def ctrl_section(root: Path) -> str:
     return "## Controllers on SmolLM2\n\n" + md_table(rows, cols) + "\n"
 
 
+LINEAR_TITLE = "## Linear baselines next to kvpress (compress once, then teacher-force)"
+
+
+def linear_section(root: Path) -> str:
+    """The bench_linear table (project policy vs its kvpress press, both variants), every method
+    at every share, the statistics' cost, and the notes written next to them."""
+    path = root / "linear.json"
+    if not path.is_file():
+        return f"{LINEAR_TITLE}\n\n(not run: {path} missing)\n\n"
+    data = json.loads(path.read_text())
+    contexts = ", ".join(f"`{c['name']}` ({c['context_tokens']} tokens)" for c in data["contexts"])
+    checks = data["checks"]
+    diff = max(c["max_abs_token_logp_diff"] for c in checks)
+    fan = next((c["fan_out_check"] for c in checks if "fan_out_check" in c), None)
+    versions = ", ".join(f"{k} {v}" for k, v in data["kvpress_versions"].items())
+    head = (
+        f"{LINEAR_TITLE}\n\nMeasured {data['date']} with `{data['command']}` "
+        f"(torch threads: {data['threads']}; project side {data['seconds']['project'] / 60:.1f} min, kvpress side "
+        f"{data['seconds']['kvpress'] / 60:.1f} min). Contexts: {contexts}; each is prefilled whole, compressed once "
+        f"to the kept share, then question + the uncompressed model's {data['steps']}-token greedy continuation "
+        "are teacher-forced; KL(full || compressed) and top-1 agreement are averaged over every continuation step of "
+        f"every context. kvpress side: {versions}, eager attention, the same converted SmolLM2 weights (its "
+        f"uncompressed log-probs of the continuation tokens differ from the project's by at most {diff:.1e})"
+    )
+    if fan:
+        head += (
+            f"; one prefill serves every press (fan-out), checked against a real `with press(model)` prefill "
+            f"({fan['press']} at ratio {fan['compression_ratio']}: max |Δ log p| {fan['max_abs_logp_diff']:.1e})"
+        )
+    head += (
+        ". *press* = the kvpress press as shipped (each layer and KV head keeps its own tokens); *token* = the "
+        "same press's scores averaged over heads and layers, one token set for all (whole-token eviction, what "
+        "this runtime does); ×press / ×token = project KL over that KL.\n\n"
+    )
+    cols = [
+        ("policy", "policy"),
+        ("press", "kvpress press"),
+        ("share", "kept"),
+        ("kl", "KL"),
+        ("press_kl", "press KL"),
+        ("token_kl", "token KL"),
+        ("x_press", "×press"),
+        ("x_token", "×token"),
+        ("top1", "top-1"),
+        ("press_top1", "press top-1"),
+        ("token_top1", "token top-1"),
+    ]
+    rows = [
+        r
+        | {
+            "share": f"{r['kept_share']:.0%}",
+            "x_press": f"{r['ratio_vs_press']:.2f}×",
+            "x_token": "-" if r["ratio_vs_token"] is None else f"{r['ratio_vs_token']:.2f}×",
+        }
+        for r in data["comparison"]
+    ]
+    every = [
+        {
+            "method": r["method"] if r["side"] == "project" else f"{r['method']} ({r['side'].split('/')[1]})",
+            "side": r["side"].split("/")[0],
+            "share": f"{r['kept_share']:.0%}",
+            "kl": r["mean_kl"],
+            "top1": r["top1"],
+            "per_context": " / ".join(f"{x:.3f}" for x in r["context_mean_kl"]),
+        }
+        for r in sorted(data["rows"], key=lambda r: (r["side"] != "project", r["side"], r["method"], -r["kept_share"]))
+    ]
+    every_cols = [
+        ("side", "side"),
+        ("method", "method"),
+        ("share", "kept"),
+        ("kl", "mean KL"),
+        ("top1", "top-1"),
+        ("per_context", "mean KL per context"),
+    ]
+    text = head + md_table(rows, cols) + "\nEvery method at every share:\n\n" + md_table(every, every_cols) + "\n"
+    text += stats_cost_part(root / "stats_cost.json")
+    notes = NOTES_DIR / "linear.md"
+    return text + (notes.read_text().strip() + "\n\n" if notes.is_file() else "")
+
+
+def stats_cost_part(path: Path) -> str:
+    if not path.is_file():
+        return ""
+    data = json.loads(path.read_text())
+    rows = [{"policy": name} | m for name, m in data["policies"].items()]
+    cols = [
+        ("policy", "policy"),
+        ("prefill_ms_per_token", "prefill ms/token"),
+        ("prefill_vs_full", "× full"),
+        ("prefill_wall_vs_full", "× full (wall)"),
+        ("expand_ms_per_token", "decode ms/token"),
+        ("expand_vs_full", "× full"),
+        ("expand_wall_vs_full", "× full (wall)"),
+    ]
+    return (
+        f"What the statistics cost (`python scripts/bench_stats_cost.py`: `{data['context']}`, "
+        f"{data['context_tokens']}-token prefill, then {data['rows']} greedy rows × {data['new_tokens']} tokens; "
+        f"medians of {data['repeats']} interleaved runs, torch threads: {data['threads']}, no budget; CPU time of the "
+        "process, wall-time ratios next to it):\n\n" + md_table(rows, cols) + "\n"
+    )
+
+
+def replace_section(page: str, title: str, body: str) -> str:
+    """``page`` with the section headed ``title`` (up to the next ``## ``) replaced by ``body``, or appended."""
+    start = page.find(title + "\n")
+    if start < 0:
+        return page.rstrip("\n") + "\n\n" + body
+    end = page.find("\n## ", start + len(title))
+    return page[:start] + body + (page[end + 1 :] if end >= 0 else "")
+
+
+#: sections ``--only`` can rewrite on their own: name (= folder under --bench) -> (title, renderer)
+SECTIONS = {
+    "linear": (LINEAR_TITLE, lambda root: linear_section(root)),
+    "memory": (MEMORY_TITLE, lambda root: memory_section(root)),
+    "budgets": (BUDGETS_TITLE, lambda root: budgets_section(root)),
+    "concurrency": (CONCURRENCY_TITLE, lambda root: concurrency_section(root)),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", default="bench")
     ap.add_argument("--out", default="docs/results.md")
+    ap.add_argument(
+        "--only", default=None, help=f"comma-separated sections to rewrite in an existing --out: {', '.join(SECTIONS)}"
+    )
     args = ap.parse_args()
     bench, out = Path(args.bench), Path(args.out)
+    if args.only:
+        page = out.read_text() if out.is_file() else "# Results\n"
+        for name in args.only.split(","):
+            if name not in SECTIONS:
+                raise SystemExit(f"write_results.py: error: --only {name!r}; valid: {', '.join(SECTIONS)}")
+            title, render = SECTIONS[name]
+            page = replace_section(page, title, render(bench / name))
+        out.write_text(page)
+        print(f"wrote {args.only} in {out}")
+        return
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs = [name for name in ("memory-gsm8k.png", "memory.png") if (bench / name).is_file()]
     for name in pngs:
@@ -285,8 +435,9 @@ def main() -> None:
         budgets_section(bench / "budgets"),
         concurrency_section(bench / "concurrency"),
         ctrl_section(bench / "ctrl"),
+        linear_section(bench / "linear"),
     ]
-    notes = bench / "NOTES.md"
+    notes = NOTES_DIR / "summary.md"
     text = "".join(parts).replace("NOTES\n\n", notes.read_text() + "\n\n" if notes.is_file() else "")
     out.write_text(text)
     print(f"wrote {out}")

@@ -54,7 +54,7 @@ def watch_forwards(rt: Runtime, seen: list[int]) -> None:
     rt.backend.forward = watched
 
 
-@pytest.mark.parametrize("policy", ["full", "h2o", "streaming", "thinkv", "arbor"])
+@pytest.mark.parametrize("policy", ["full", "h2o", "streaming", "thinkv", "snapkv", "arbor"])
 def test_walked_device_kv_never_exceeds_the_budget(tiny, policy):
     budget = 60
     rt = Runtime(tiny, policy=policy, budget_tokens=budget, seed=1)
@@ -126,7 +126,7 @@ def test_full_runs_rows_one_after_another_then_runs_out(tiny):
     assert rt.store.pool.used == rt.store.resident_tokens  # and no slots in flight
 
 
-@pytest.mark.parametrize("policy", ["h2o", "streaming", "thinkv"])
+@pytest.mark.parametrize("policy", ["h2o", "streaming", "thinkv", "snapkv"])
 def test_prompt_larger_than_the_budget_is_prefilled_in_chunks(tiny, policy):
     budget = 48
     rt = Runtime(tiny, policy=policy, budget_tokens=budget)

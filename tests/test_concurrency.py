@@ -225,3 +225,33 @@ def test_cli_concurrency_needs_one_absolute_budget(data_dir, tmp_path, capsys):
     over = ["model=tiny-random", f"paths.data_dir={data_dir}", f"run_dir={tmp_path}", "concurrency=0"]
     assert run(compose_config(over)) == 2
     assert "concurrency=0 must be a positive integer" in capsys.readouterr().err
+
+
+def test_an_engine_error_reaches_every_waiting_search(tiny, monkeypatch):
+    rt = Runtime(tiny)
+    roots = [rt.new_tree(p, seed=i) for i, p in enumerate(PROMPTS[:3])]
+    params = SamplingParams(max_new_tokens=30, temperature=1.0, seed=0, stop_at_eos=False)
+    calls = {"n": 0}
+    forward = rt.backend.forward
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 12:
+            raise RuntimeError("device lost")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(rt.backend, "forward", failing)
+
+    def one(root):
+        try:
+            rt.expand(root, 2, params)
+            return "ok"
+        except RuntimeError as exc:
+            return str(exc)
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(one, roots))
+    assert "device lost" in results  # nobody hangs; the searches whose step failed hear why
+    assert rt.store.pool.used == rt.store.resident_tokens  # no slots left in flight
+    monkeypatch.setattr(rt.backend, "forward", forward)
+    assert len(rt.expand(roots[0], 1, params)) == 1  # the runtime goes on

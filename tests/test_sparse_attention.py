@@ -6,6 +6,8 @@ policy composes with the memory policy it wraps; the index is counted in the bud
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -31,7 +33,7 @@ def grow(rt: Runtime, params: SamplingParams = GREEDY):
 
 
 @pytest.mark.parametrize("name", sorted(SPARSE))
-@pytest.mark.parametrize("memory", ["full", "h2o"])  # h2o: attention statistics from the sparse path
+@pytest.mark.parametrize("memory", ["full", "h2o", "snapkv"])  # h2o: statistics from the sparse path
 def test_reading_every_chunk_equals_dense_attention(tiny, name, memory):
     dense = grow(Runtime(tiny, policy=memory))
     policy = SPARSE[name](memory=memory, token_budget=10**6, min_block_tokens=8)
@@ -122,3 +124,12 @@ def test_sparse_policy_errors_name_the_bad_value():
         LycheePolicy(min_chunk_tokens=20, max_chunk_tokens=16)
     with pytest.raises(ValueError, match="index_reserve=0.7"):
         LycheePolicy(index_reserve=0.7)
+
+
+def test_a_copied_runtime_indexes_its_own_blocks(tiny):
+    rt = Runtime(tiny, policy=LycheePolicy(min_block_tokens=8, token_budget=32))
+    rt.new_tree(PROMPT)
+    clone = copy.deepcopy(rt, {id(tiny.model): tiny.model, id(tiny.tokenizer): tiny.tokenizer})
+    sparse = clone.backend.sparse
+    assert sparse.store is clone.store and sparse.token_ids.__self__ is clone
+    assert rt.backend.sparse.token_ids.__self__ is rt

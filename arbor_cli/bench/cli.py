@@ -50,7 +50,7 @@ def record_main(argv: Sequence[str] | None = None, console: Console | None = Non
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny-random task.end=901")
     args = ap.parse_args(argv)
-    console = console or Console()
+    console = console or _console()
     try:
         _threads(args.threads)
         paths = record_from_config(args.overrides, Path(args.out), console)
@@ -100,7 +100,7 @@ def replay_main(argv: Sequence[str] | None = None, console: Console | None = Non
     ap.add_argument("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)), help="budgets as shares of full peak")
     ap.add_argument("--out", default="results/replay", help="folder for replay.jsonl and replay.csv")
     args = ap.parse_args(argv)
-    console = console or Console()
+    console = console or _console()
     try:
         _threads(args.threads)
         policies, fractions = _policies(args.policies), _floats(args.fractions, "--fractions")
@@ -131,7 +131,7 @@ def plot_main(argv: Sequence[str] | None = None, console: Console | None = None)
     ap.add_argument("--budget-tokens", default=None, help="absolute budgets instead of --fractions (comma-separated)")
     ap.add_argument("--out", default="results/memory.png", help="PNG path; the series go next to it as .json")
     args = ap.parse_args(argv)
-    console = console or Console()
+    console = console or _console()
     try:
         _threads(args.threads)
         if len(args.traces) != 1:
@@ -163,7 +163,7 @@ def speed_main(argv: Sequence[str] | None = None, console: Console | None = None
     ap.add_argument("--warmup", type=int, default=1, help="untimed builds per method first")
     ap.add_argument("--out", default="results/speed.json", help="JSON with one summary per trace")
     args = ap.parse_args(argv)
-    console = console or Console()
+    console = console or _console()
     try:
         _threads(args.threads)
         out = []
@@ -194,6 +194,12 @@ def _trace_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 _MODELS: dict[tuple, LoadedModel] = {}
+
+
+def _console() -> Console:
+    """The terminal's console; a wide one when output goes to a file or pipe (tables stay readable)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
 
 
 def _model_for(trace: Trace, args: argparse.Namespace) -> LoadedModel:

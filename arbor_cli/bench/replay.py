@@ -204,6 +204,8 @@ class ReplayRun:
             self.nodes[op.child] = rt.append_ids(self.nodes[op.node], rec.token_ids, rec.text)
         elif op.op == "release":
             rt.release(self.nodes[op.node])
+        elif op.op == "compress":
+            rt.compress(int(op.value))
         else:
             rt.set_value(self.nodes[op.node], op.value)
 

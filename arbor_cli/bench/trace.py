@@ -41,7 +41,7 @@ class TraceNode:
 
 
 class ReplayOp(NamedTuple):
-    """One runtime call of a replay: ``op`` is "new_tree" | "append" | "release" | "set_value".
+    """One runtime call of a replay: ``op`` is "new_tree" | "append" | "release" | "set_value" | "compress".
 
     ``node`` is the target (the new root for new_tree), ``child`` the block an append creates,
     ``source`` the index of the recorded oplog entry it comes from (an expand of k children
@@ -136,6 +136,8 @@ class Trace:
                 yield ReplayOp("release", op["node"], source=i)
             elif kind == "set_value":
                 yield ReplayOp("set_value", op["node"], value=op["value"], source=i)
+            elif kind == "compress":
+                yield ReplayOp("compress", -1, value=op["target"], source=i)
             else:
                 raise ValueError(f"trace oplog entry {i} has unknown op {kind!r}")
 

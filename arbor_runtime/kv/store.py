@@ -192,11 +192,6 @@ class KVStore:
         """Start the planned restores on the restore lane (the step's forward waits per block and layer)."""
         self.prefetcher.issue()
 
-    def restorable(self, block_id: int, keep: torch.Tensor) -> int:
-        """Tokens of ``keep`` that :meth:`apply` would bring back from the host."""
-        host_idx = self.host.indices(block_id)
-        return 0 if host_idx is None else int(torch.isin(host_idx, keep.cpu()).sum())
-
     def drop_host(self, block_id: int) -> int:
         """Drop a block's host span (host cap); returns tokens dropped."""
         n = self.host.drop(block_id)

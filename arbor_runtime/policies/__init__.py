@@ -15,6 +15,7 @@ from arbor_runtime.policies.h2o import H2OPolicy
 from arbor_runtime.policies.lychee import LycheePolicy
 from arbor_runtime.policies.quest import QuestPolicy
 from arbor_runtime.policies.registry import MEMORY_POLICIES
+from arbor_runtime.policies.snapkv import SnapKVPolicy
 from arbor_runtime.policies.sparse import SparsePolicy
 from arbor_runtime.policies.streaming import StreamingPolicy
 from arbor_runtime.policies.thinkv import ThinKVPolicy
@@ -44,6 +45,7 @@ __all__ = [
     "Policy",
     "QuestPolicy",
     "RetentionPlan",
+    "SnapKVPolicy",
     "SparsePolicy",
     "StreamingPolicy",
     "ThinKVPolicy",

@@ -10,6 +10,7 @@ policy never moves tensors itself. Policies read the tree and per-block statisti
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -83,6 +84,10 @@ class Policy:
     needs_attention = False
     #: the policy's plans can free device memory (full's cannot: over budget is an OOM)
     frees_memory = True
+    #: when set (W), attention statistics come only from an observation window: the last W queries
+    #: of each prefilled block (prompt, forced block, prefill chunk), which replace the earlier
+    #: record of every token they see; decode queries are not counted (SnapKV)
+    observation_window: ClassVar[int | None] = None
 
     budget_tokens: int | None = None
     threshold: float = 0.9

@@ -6,6 +6,7 @@ from arbor_runtime.policies.arbor import ArborPolicy
 from arbor_runtime.policies.base import Policy
 from arbor_runtime.policies.full import FullPolicy
 from arbor_runtime.policies.h2o import H2OPolicy
+from arbor_runtime.policies.snapkv import SnapKVPolicy
 from arbor_runtime.policies.streaming import StreamingPolicy
 from arbor_runtime.policies.thinkv import ThinKVPolicy
 
@@ -13,6 +14,7 @@ MEMORY_POLICIES: dict[str, type[Policy]] = {
     "full": FullPolicy,
     "h2o": H2OPolicy,
     "streaming": StreamingPolicy,
+    "snapkv": SnapKVPolicy,
     "thinkv": ThinKVPolicy,
     "arbor": ArborPolicy,
 }

@@ -109,6 +109,10 @@ class SparsePolicy(Policy):
         return self.inner.frees_memory
 
     @property
+    def observation_window(self) -> int | None:
+        return self.inner.observation_window
+
+    @property
     def host_budget_tokens(self) -> int | None:
         return getattr(self.inner, "host_budget_tokens", None)
 

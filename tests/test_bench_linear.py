@@ -1,0 +1,190 @@
+"""bench_linear: contexts, the project side's protocol, the kvpress side's whole-token variant, the table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from arbor_cli.bench import kvpress_side
+from arbor_cli.bench.linear import (
+    DEFAULT_CONTEXTS,
+    Context,
+    build_context,
+    compare,
+    comparison,
+    context_texts,
+    kept_tokens,
+    parse_spec,
+    prefill,
+    project_run,
+    reference_continuation,
+    run_project,
+    summarize,
+)
+from arbor_cli.bench.linear_cli import main
+from arbor_cli.bench.stats_cost import main as stats_cost_main
+from arbor_runtime import Runtime
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_default_contexts_are_few_shot_prompts_of_600_to_2000_tokens(tiny, full_data):
+    lengths = []
+    for spec in DEFAULT_CONTEXTS:
+        task, shots, _ = parse_spec(spec)
+        context, question = context_texts(full_data, spec)
+        assert context.count("Question: ") == shots and question.startswith("\nQuestion: ")
+        assert question.endswith("Solution:\n") and "<<" not in context
+        lengths.append(len(build_context(tiny.tokenizer, full_data, spec).context_ids))
+    assert all(600 <= n <= 2000 for n in lengths), lengths
+    assert {parse_spec(s)[0] for s in DEFAULT_CONTEXTS} == {"gsm8k", "math500"}
+
+
+def test_bad_context_specs_are_refused(data_dir):
+    with pytest.raises(ValueError, match="context spec 'gsm8k:x:1' is not TASK:SHOTS:QUESTION"):
+        parse_spec("gsm8k:x:1")
+    with pytest.raises(ValueError, match=r"'gsm8k:2:99999': gsm8k has \d+ train and \d+ test rows"):
+        context_texts(data_dir, "gsm8k:2:99999")
+
+
+def test_kept_tokens_count_as_kvpress_does():
+    # kvpress: int(k_len * (1 - compression_ratio)); 1 - 0.9 is 0.0999..., so 628 tokens keep 62
+    assert [kept_tokens(628, r) for r in (0.5, 0.75, 0.9)] == [314, 157, 62]
+
+
+def test_project_protocol_compresses_once_then_teacher_forces(tiny):
+    ids = torch.randint(3, 5000, (120,), generator=torch.Generator().manual_seed(0)).tolist()
+    ctx = Context("synthetic", ids, [11, 12, 13])
+    base = prefill(tiny, ctx, "full")
+    reference_continuation(base, ctx, steps=6)
+    assert len(ctx.continuation_ids) == 6
+    full = project_run(base, ctx, None)
+    assert full.logp.shape == (6, tiny.model.config.vocab_size) and full.kept_tokens == 120
+    assert full.logp.argmax(-1).tolist() == ctx.continuation_ids  # step j predicts continuation token j
+    assert len(base.rt.nodes) == 1  # the forks left the prefilled runtime as it was
+    run = project_run(prefill(tiny, ctx, "streaming"), ctx, 0.75)
+    assert run.kept_tokens == 30
+    kl, top1 = compare(full.logp, run.logp)
+    assert len(kl) == 6 and min(kl) >= 0 and max(kl) > 1e-3
+    assert compare(full.logp, full.logp)[0] == [0.0] * 6
+    (ctx_out,) = run_project(tiny, [Context("again", ids, [11, 12, 13])], ["streaming"], [0.75], steps=6)
+    (row,) = ctx_out["runs"]
+    assert row["kl"] == pytest.approx(kl, abs=1e-5) and row["kept_tokens"] == 30
+    assert set(ctx_out["prefill_seconds"]) == {"full", "streaming"}
+
+
+@pytest.mark.parametrize("policy", ["h2o", "snapkv"])
+def test_a_forked_prefill_compresses_exactly_as_a_fresh_one(tiny, policy):
+    ids = torch.randint(3, 5000, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    ctx = Context("synthetic", ids, [11, 12], [13, 14, 15])
+    pre = prefill(tiny, ctx, policy)
+    first, second = project_run(pre, ctx, 0.5), project_run(pre, ctx, 0.5)
+    rt = Runtime(tiny, policy)
+    blocks = {}
+    rt.logits_hook = lambda node, logp: blocks.__setitem__(node.id, logp)
+    root = rt.new_tree_ids(ids)
+    rt.compress(75)
+    fresh = blocks[rt.append_ids(root, [11, 12, 13, 14, 15]).id][2:]
+    assert torch.equal(first.logp, fresh) and torch.equal(second.logp, fresh)
+
+
+def test_whole_token_variant_keeps_one_token_set_for_every_layer_and_head():
+    torch.manual_seed(0)
+    layers = [(torch.randn(1, 2, 10, 4), torch.randn(1, 2, 10, 4)) for _ in range(3)]
+    scores = [torch.zeros(1, 10) for _ in range(3)]
+    scores[0][0, [1, 7]] = 3.0  # layer 0 likes 1 and 7, layer 2 likes 4: the mean ranks 1, 7 > 4 > the rest
+    scores[2][0, 4] = 5.0
+    out = kvpress_side.whole_tokens(layers, scores, ratio=0.7)
+    for (keys, values), (k_in, v_in) in zip(out, layers, strict=True):
+        assert keys.shape == (1, 2, 3, 4)
+        assert torch.equal(keys, k_in[:, :, [1, 4, 7]]) and torch.equal(values, v_in[:, :, [1, 4, 7]])
+    ref = torch.log_softmax(torch.randn(4, 9), -1)
+    kl, top1 = kvpress_side.compare(ref, ref)
+    assert kl == [0.0] * 4 and top1 == [True] * 4
+
+
+def run_of(method_key: str, method: str, ratio: float, kl: list[float]) -> dict:
+    key = "policy" if method_key == "project" else "press"
+    return {key: method, "compression_ratio": ratio, "kl": kl, "top1": [True, False]}
+
+
+def test_table_pairs_each_policy_with_its_press_in_both_variants():
+    project = [{"runs": [run_of("project", "h2o", 0.5, [0.2, 0.4]), run_of("project", "thinkv", 0.5, [1.0, 1.0])]}]
+    head = run_of("kvpress", "observed_attention", 0.5, [0.1, 0.1]) | {"variant": "per_head"}
+    token = run_of("kvpress", "observed_attention", 0.5, [0.3, 0.3]) | {"variant": "token"}
+    rows = summarize(project, {"items": [{"runs": [head, token]}]})
+    assert {(r["side"], r["method"]) for r in rows} == {
+        ("project", "h2o"),
+        ("project", "thinkv"),
+        ("kvpress/per_head", "observed_attention"),
+        ("kvpress/token", "observed_attention"),
+    }
+    (row,) = comparison(rows)  # thinkv has no counterpart
+    assert row["policy"] == "h2o" and row["kept_share"] == 0.5
+    assert row["kl"] == pytest.approx(0.3) and row["top1"] == 0.5
+    assert row["ratio_vs_press"] == pytest.approx(3.0) and row["ratio_vs_token"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--shares", "0.5,1.5"], "--shares '0.5,1.5': every kept share must be in (0, 1)"),
+        (["--policies", "h2o,lru"], "--policies 'h2o,lru': unknown ['lru']; valid:"),
+        (["--presses", "tova"], "--presses 'tova': unknown ['tova']; valid: streaming, observed_attention"),
+        (["--kvpress-venv", "/nonexistent/kv"], "--kvpress-venv /nonexistent/kv has no bin/python; pass --create-venv"),
+        (["--steps", "0"], "--steps=0 must be >= 1"),
+    ],
+)
+def test_bad_arguments_end_with_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bench_linear.py: error: {message}") and err.count("\n") == 1
+
+
+def test_stats_cost_script_measures_every_policy_against_full(tmp_path, data_dir, capsys):
+    out = tmp_path / "cost.json"
+    argv = ["--model", "tiny-random", "--context", "gsm8k:1:0", "--repeats", "1", "--rows", "2", "--new-tokens", "3"]
+    assert stats_cost_main([*argv, "--data-dir", str(data_dir), "--out", str(out), "--threads", "1"]) == 0
+    data = json.loads(out.read_text())
+    assert set(data["policies"]) == {"full", "h2o", "snapkv"} and data["policies"]["full"]["prefill_vs_full"] == 1.0
+    assert all(m["prefill_ms_per_token"] > 0 and m["expand_ms_per_token"] > 0 for m in data["policies"].values())
+    assert stats_cost_main(["--repeats", "0"]) == 2
+    assert "--repeats/--rows/--new-tokens 0/4/16: each must be >= 1" in capsys.readouterr().err
+
+
+def test_write_results_rewrites_only_the_linear_section(tmp_path, monkeypatch):
+    import runpy
+    import sys
+
+    project = [{"runs": [run_of("project", "h2o", 0.5, [0.2, 0.4])]}]
+    head = run_of("kvpress", "observed_attention", 0.5, [0.1, 0.1]) | {"variant": "per_head"}
+    rows = summarize(project, {"items": [{"runs": [head]}]})
+    linear = {
+        "date": "2026-01-01",
+        "command": "python scripts/bench_linear.py",
+        "threads": 1,
+        "seconds": {"project": 60.0, "kvpress": 30.0},
+        "contexts": [{"name": "gsm8k:6:0", "context_tokens": 787}],
+        "steps": 2,
+        "kvpress_versions": {"kvpress": "0.5.5"},
+        "checks": [{"max_abs_token_logp_diff": 1e-5}],
+        "rows": rows,
+        "comparison": comparison(rows),
+    }
+    (tmp_path / "linear").mkdir()
+    (tmp_path / "linear" / "linear.json").write_text(json.dumps(linear))
+    page = tmp_path / "results.md"
+    page.write_text("# Results\n\n## Speed\n\nfast\n\n## Controllers\n\nsome\n")
+    script = str(REPO / "scripts" / "write_results.py")
+    argv = [script, "--bench", str(tmp_path), "--out", str(page), "--only", "linear"]
+    monkeypatch.setattr(sys, "argv", argv)
+    for _ in range(2):  # appended the first time, replaced in place the second
+        runpy.run_path(script, run_name="__main__")
+    text = page.read_text()
+    assert text.startswith("# Results\n\n## Speed\n\nfast\n\n## Controllers\n\nsome\n\n## Linear baselines")
+    assert text.count("## Linear baselines") == 1
+    assert "| h2o | observed_attention | 50% | 0.3 | 0.1 | - | 3.00× | - |" in text
