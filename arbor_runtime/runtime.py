@@ -74,7 +74,7 @@ class Runtime:
         self.logits_hook: Callable[[Node, torch.Tensor], None] | None = None
         self.memory = MemoryManager(self.store, self.policy, self.nodes)
         decode = getattr(self.tokenizer, "decode", None)
-        self.backend.sparse = self.policy.sparse_attention(self.store, self._block_token_ids, decode)
+        self.backend.sparse = self.policy.sparse_attention(self.store, self.block_token_ids, decode)
         self.engine = Engine(self)
         self.seed = seed
         self._tree_seeds: dict[int, int] = {}
@@ -229,6 +229,10 @@ class Runtime:
     def path_token_ids(self, node: Node) -> list[int]:
         """Token ids from the root to ``node`` inclusive (the flattened text's ids)."""
         return [t for n in node.path() for t in n.token_ids]
+
+    def block_token_ids(self, block_id: int) -> list[int]:
+        """A live block's token ids (what a sparse index cuts chunks from)."""
+        return self.nodes[block_id].token_ids
 
     def next_token_logprobs(self, node: Node) -> torch.Tensor:
         """(V,) log-probabilities of the token after ``node``'s path."""
@@ -460,10 +464,6 @@ class Runtime:
         self.memory.forget(self.forget_subtree(node))
 
     # ---- internals: bookkeeping ----------------------------------------------------------
-    def _block_token_ids(self, block_id: int) -> list[int]:
-        """A live block's token ids (a bound method, so a copied runtime reads its own nodes)."""
-        return self.nodes[block_id].token_ids
-
     def _submit(self, work: Work):
         return self.engine.submit(work)
 

@@ -90,7 +90,8 @@ class SparseStats:
     """Running totals of a runtime's sparse decode steps (seconds are summed over layers)."""
 
     steps: int = 0
-    index_seconds: float = 0.0
+    index_seconds: float = 0.0  # layout (per step) + retrieval and selection (per layer)
+    layout_seconds: float = 0.0  # the per-step layout alone (outside the attention layers)
     attention_seconds: float = 0.0
     build_seconds: float = 0.0
     read_tokens: int = 0  # context tokens attended, summed over rows, KV heads and layers
@@ -157,7 +158,7 @@ class SparseAttention:
     # ---- per step ------------------------------------------------------------------------------
     def prepare(self, batch: TreeBatch, positions: torch.Tensor) -> SparseStep:
         """Lay out one decode step: positions (R,) are the rows' current token positions."""
-        start = time.perf_counter()
+        start, built = time.perf_counter(), self.stats.build_seconds
         self._forget_released()
         step = SparseStep(self, batch)
         for grp in batch.groups:
@@ -165,7 +166,9 @@ class SparseAttention:
             step.add_group(grp, entry, self.store.get(grp.block_id).start_pos)
         step.finish(positions)
         self.stats.steps += 1
-        self.stats.index_seconds += time.perf_counter() - start
+        layout = time.perf_counter() - start - (self.stats.build_seconds - built)  # builds are timed apart
+        self.stats.layout_seconds += layout
+        self.stats.index_seconds += layout
         return step
 
     # ---- indexes -------------------------------------------------------------------------------
