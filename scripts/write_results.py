@@ -5,7 +5,7 @@
 
 Expects under --bench: e2e/{game24,gsm8k}-{full,budget}/merged.md, e2e/scaling/merged.md,
 replay/replay.csv, speed/speed.json, memory.png (+ memory.json), ctrl/*/results.jsonl,
-linear/{linear.json,stats_cost.json}, memory/, budgets/, concurrency/; hand-written notes come from
+linear/{linear.json,stats_cost.json}, memory/, budgets/, concurrency/, sparse/sparse.jsonl; notes come from
 docs/notes/*.md. ``--only linear,memory`` rewrites those sections of an existing page (or appends
 them) and keeps the rest as it is.
 """
@@ -46,6 +46,9 @@ bash scripts/bench_controllers.sh bench/ctrl ../shared/data
 # 4b. linear baselines next to kvpress (its own venv), and what attention statistics cost
 python scripts/bench_linear.py --out bench/linear/linear.json --threads 2 --kvpress-venv ../venvs/kvpress --create-venv
 python scripts/bench_stats_cost.py --out bench/linear/stats_cost.json --threads 2
+# 4c. sparse decode attention (lychee, quest) vs dense by context length
+OMP_WAIT_POLICY=PASSIVE python scripts/bench_sparse.py --threads 1 --data-dir ../shared/data \\
+    --contexts 2048,4096,8192 --random-contexts 16384,32768 --out bench/sparse
 # 5. this page
 python scripts/write_results.py --bench bench --out docs/results.md"""
 
@@ -364,6 +367,55 @@ def stats_cost_part(path: Path) -> str:
     )
 
 
+SPARSE_TITLE = "## Sparse decode attention: LycheeCluster and Quest vs dense, by context length"
+
+
+def sparse_section(root: Path) -> str:
+    """The bench_sparse table: decode speed and attention time per step vs dense, index share of the KV,
+    top-1 agreement and KL per decode step, and the notes written next to it."""
+    path = root / "sparse.jsonl"
+    if not path.is_file():
+        return f"{SPARSE_TITLE}\n\n(not run: {path} missing)\n\n"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    first = rows[0]
+    command = first.get("command", "python scripts/bench_sparse.py (see the commands above)")
+    head = (
+        f"{SPARSE_TITLE}\n\nMeasured {first['date']} with `{command}` (torch threads: {first['threads']}). Each "
+        f"sparse query reads {first['token_budget']} context tokens per KV head (16 sinks and a 64-token window "
+        "included) plus its own generated tokens; prefill stays dense. SmolLM2 rows: few-shot GSM8K contexts of "
+        "that many tokens (speed), fidelity on GSM8K and MATH-500 contexts; `random` rows: a random-weight model "
+        "of SmolLM2's shape (30 layers, 9 query / 3 KV heads of 64) whose context K/V are synthetic (speed only). "
+        "Decode tok/s: greedy, batch 1, after a warm-up expansion that builds the index (build s, timed apart). "
+        "Attention ms/step: all 30 attention layers of one decode step (for sparse: the step layout, retrieval "
+        "and selection = *index ms*, plus gather + attention + merge = *sparse attn ms*). Read: share of the "
+        "context's K/V a step reads. Index % KV: index bytes (fp16 centroids / page ranges, radii, child lists) "
+        "over the fp32 K/V they index. Top-1 / KL: along dense greedy decoding, each step is also run sparse on "
+        "the same state; agreement of the argmax and KL(dense || sparse), mean over the steps.\n\n"
+    )
+    cols = [
+        ("model", "model"),
+        ("context", "context"),
+        ("method", "method"),
+        ("decode_tok_s", "decode tok/s"),
+        ("speedup", "× dense"),
+        ("attn_ms_step", "attn ms/step"),
+        ("attn_speedup", "attn × dense"),
+        ("index_ms_step", "index ms"),
+        ("sparse_attn_ms_step", "sparse attn ms"),
+        ("build_s", "build s"),
+        ("read_fraction", "read"),
+        ("index_pct", "index % KV"),
+        ("top1_gsm8k", "top-1 GSM8K"),
+        ("kl_gsm8k", "KL GSM8K"),
+        ("top1_math500", "top-1 MATH"),
+        ("kl_math500", "KL MATH"),
+    ]
+    shown = [r | {"read_fraction": f"{r['read_fraction']:.1%}", "index_pct": f"{r['index_pct']:.2f}%"} for r in rows]
+    notes = NOTES_DIR / "sparse.md"
+    text = head + md_table(shown, cols) + "\n"
+    return text + (notes.read_text().strip() + "\n\n" if notes.is_file() else "")
+
+
 def replace_section(page: str, title: str, body: str) -> str:
     """``page`` with the section headed ``title`` (up to the next ``## ``) replaced by ``body``, or appended."""
     start = page.find(title + "\n")
@@ -379,6 +431,7 @@ SECTIONS = {
     "memory": (MEMORY_TITLE, lambda root: memory_section(root)),
     "budgets": (BUDGETS_TITLE, lambda root: budgets_section(root)),
     "concurrency": (CONCURRENCY_TITLE, lambda root: concurrency_section(root)),
+    "sparse": (SPARSE_TITLE, lambda root: sparse_section(root)),
 }
 
 
@@ -434,6 +487,7 @@ def main() -> None:
         memory_section(bench / "memory"),
         budgets_section(bench / "budgets"),
         concurrency_section(bench / "concurrency"),
+        sparse_section(bench / "sparse"),
         ctrl_section(bench / "ctrl"),
         linear_section(bench / "linear"),
     ]
