@@ -140,6 +140,10 @@ class SparsePolicy(Policy):
         raise NotImplementedError
 
     def sparse_attention(self, store, token_ids, decode):
+        device = store.shape.device
+        if device.type != "cpu":  # the index tensors are built on the host (README: sparse decode attention)
+            valid = ", ".join(MEMORY_POLICIES)
+            raise NotImplementedError(f"policy={self.name}: sparse indexes need a CPU model, not {device}; valid: {valid}")
         builder, width = self.index_builder()
         select = SelectConfig(
             token_budget=self.token_budget,
