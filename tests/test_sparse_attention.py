@@ -133,3 +133,14 @@ def test_a_copied_runtime_indexes_its_own_blocks(tiny):
     sparse = clone.backend.sparse
     assert sparse.store is clone.store and sparse.token_ids.__self__ is clone
     assert rt.backend.sparse.token_ids.__self__ is rt
+
+
+def test_sparse_indexes_refuse_a_device_model_with_a_clear_error():
+    class Shape:
+        device = torch.device("cuda", 0)
+
+    class Store:
+        shape = Shape()
+
+    with pytest.raises(NotImplementedError, match="policy=lychee: sparse indexes need a CPU model, not cuda:0"):
+        LycheePolicy().sparse_attention(Store(), lambda i: [], None)

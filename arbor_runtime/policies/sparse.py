@@ -143,7 +143,8 @@ class SparsePolicy(Policy):
         device = store.shape.device
         if device.type != "cpu":  # the index tensors are built on the host (README: sparse decode attention)
             valid = ", ".join(MEMORY_POLICIES)
-            raise NotImplementedError(f"policy={self.name}: sparse indexes need a CPU model, not {device}; valid: {valid}")
+            msg = f"policy={self.name}: sparse indexes need a CPU model, not {device}; valid: {valid}"
+            raise NotImplementedError(msg)
         builder, width = self.index_builder()
         select = SelectConfig(
             token_budget=self.token_budget,
