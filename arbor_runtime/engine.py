@@ -27,9 +27,10 @@ import torch
 from arbor_runtime.errors import KVBudgetExceeded, NotYet
 from arbor_runtime.events import EventLog
 from arbor_runtime.generation import Row, StopChecker, add_own_attention, decode_batch, postprocess, sample_into
+from arbor_runtime.grammar import GrammarCompiler
 from arbor_runtime.kv import Extent
 from arbor_runtime.metrics import RuntimeMetrics
-from arbor_runtime.sampling import SamplingParams, row_seed
+from arbor_runtime.sampling import row_seed
 from arbor_runtime.tree import Node
 
 if TYPE_CHECKING:
@@ -67,8 +68,8 @@ class ExpandJob(Work):
     """An expansion in flight: its rows, and its children as they finish."""
 
     requests: Sequence[tuple[Node, int]] = ()
-    params: SamplingParams | None = None
-    stop: StopChecker | None = None
+    stops: Sequence[StopChecker] = ()  # one per request: its sampling params and when its rows end
+    grammar: GrammarCompiler | None = None  # matchers for requests sampled under a regex or grammar
     rows: list[Row] = field(default_factory=list)
     children: dict[int, Node] = field(default_factory=dict)
 
@@ -174,12 +175,15 @@ class Engine:
         self.work_started(job)
         with rt.accounting(job):
             rt.memory.begin([node for node, _ in job.requests], job.account)
-            for node, n in job.requests:
-                base = job.params.seed if job.params.seed is not None else rt.tree_seed(node)
-                first = 0 if job.params.seed is not None else node.spawned
+            for (node, n), stop in zip(job.requests, job.stops, strict=True):
+                params = stop.params
+                base = params.seed if params.seed is not None else rt.tree_seed(node)
+                first = 0 if params.seed is not None else node.spawned
                 for k in range(n):
                     seed = row_seed(base, node.key, first + k)
-                    job.rows.append(Row(owner=node, child_id=rt.next_id(), order=len(job.rows), seed=seed, job=job))
+                    matcher = job.grammar.matcher(params) if params.constrained else None
+                    row = Row(node, rt.next_id(), len(job.rows), seed, job=job, stop=stop, matcher=matcher)
+                    job.rows.append(row)
                 node.spawned += n
         self.jobs.append(job)
         self.waiting.extend(job.rows)
@@ -199,8 +203,8 @@ class Engine:
         rt.take_attention(batch)
         add_own_attention(self.running, batch)
         finished = []
-        for job, idx in _rows_by_job(self.running).items():
-            finished += postprocess([self.running[i] for i in idx], logits[idx], job.params, job.stop)
+        for stop, idx in _rows_by_stop(self.running).items():
+            finished += postprocess([self.running[i] for i in idx], logits[idx], stop.params, stop)
         for row in finished:
             self.running.remove(row)
             self._finish_row(row)
@@ -228,10 +232,10 @@ class Engine:
         del self.waiting[: admission.rows]
         for row in starting:
             row.add_slots(rt.store.pool.alloc(_first_page(row)))
-        for job, idx in _rows_by_job(starting).items():
+        for stop, idx in _rows_by_stop(starting).items():
             mine = [starting[i] for i in idx]
             logits = torch.stack([rt.store.get(r.owner.id).next_logits for r in mine])
-            sample_into(mine, logits, job.params, job.stop)
+            sample_into(mine, logits, stop.params, stop)
         self.running.extend(starting)
         self.note_peak()
 
@@ -251,7 +255,7 @@ class Engine:
                 break
             if len(self.running) == 1:
                 row = self.running[0]
-                need_alone = sum(n.length for n in row.owner.path()) + row.job.params.max_new_tokens
+                need_alone = sum(n.length for n in row.owner.path()) + row.stop.params.max_new_tokens
                 self._fail(row.job, KVBudgetExceeded(need_alone, rt.budget_tokens))
                 continue
             self._preempt(self.running[-1])
@@ -333,16 +337,17 @@ class Engine:
 
 def _page(row: Row) -> int:
     """Slots a full row gets next (never past its max_new_tokens)."""
-    return min(PAGE, row.job.params.max_new_tokens - row.capacity)
+    return min(PAGE, row.stop.params.max_new_tokens - row.capacity)
 
 
 def _first_page(row: Row) -> int:
-    return min(PAGE, row.job.params.max_new_tokens)
+    return min(PAGE, row.stop.params.max_new_tokens)
 
 
-def _rows_by_job(rows: Sequence[Row]) -> dict[ExpandJob, list[int]]:
-    """Positions of ``rows`` per job, jobs in order of first appearance."""
-    out: dict[ExpandJob, list[int]] = {}
+def _rows_by_stop(rows: Sequence[Row]) -> dict[StopChecker, list[int]]:
+    """Positions of ``rows`` per stop checker (one per request: same sampling parameters), in order
+    of first appearance."""
+    out: dict[StopChecker, list[int]] = {}
     for i, row in enumerate(rows):
-        out.setdefault(row.job, []).append(i)
+        out.setdefault(row.stop, []).append(i)
     return out

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from arbor_runtime.backend import TreeBatch, context_groups
+from arbor_runtime.grammar import Matcher, mask_logits
 from arbor_runtime.kv import Extent, KVStore
 from arbor_runtime.sampling import SamplingParams, sample_tokens, token_stats
 from arbor_runtime.tree import Node
@@ -29,6 +30,8 @@ class Row:
         owner: the node being expanded; child_id: the id its child will get (fixed up front).
         order: its index in the call's request order; seed: its sampling stream's seed.
         job: the expansion it belongs to (the engine's bookkeeping).
+        stop: decides when it ends; its ``params`` are how it samples (one per request of the job).
+        matcher: its grammar state when it samples under a regex or grammar, else None.
         tokens / logprobs / entropies: what was sampled so far.
         fed: tokens whose KV the model has computed (<= len(tokens)).
         stop_reason: set once the row has sampled its last token.
@@ -51,6 +54,8 @@ class Row:
     attention: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
     generator: torch.Generator = field(default_factory=torch.Generator)
     job: Any = None
+    stop: StopChecker | None = None
+    matcher: Matcher | None = None
 
     def __post_init__(self) -> None:
         self.generator.manual_seed(self.seed)
@@ -89,6 +94,8 @@ class Row:
         self.fed, self.stop_reason, self.next_logits = 0, "", None
         self.attention = torch.zeros(0)
         self.generator.manual_seed(self.seed)
+        if self.matcher is not None:
+            self.matcher.reset()
         return gone
 
 
@@ -100,11 +107,13 @@ class StopChecker:
         self._tail = max((len(s) for s in params.stop), default=0)
 
     def reason(self, row: Row) -> str:
-        """ "" while the row goes on, else "eos" | "stop" | "length"."""
+        """ "" while the row goes on, else "eos" | "stop" | "grammar" | "length"."""
         if self.params.stop_at_eos and row.tokens[-1] in self.eos_ids:
             return "eos"
         if self.params.stop and self._has_stop(row.tokens):
             return "stop"
+        if row.matcher is not None and row.matcher.stopped:
+            return "grammar"
         if len(row.tokens) >= self.params.max_new_tokens:
             return "length"
         return ""
@@ -116,13 +125,20 @@ class StopChecker:
 
 
 def sample_into(rows: Sequence[Row], logits: torch.Tensor, params: SamplingParams, stop: StopChecker) -> None:
-    """Sample one token for each row from (B, V) logits, each from its own stream; record stats."""
-    tokens = sample_tokens(logits, params, [r.generator for r in rows])
+    """Sample one token for each row from (B, V) logits, each from its own stream; record stats.
+
+    Under a regex or grammar the draw is restricted to each row's allowed tokens; the recorded
+    log-probs and entropies are those of the raw distribution either way.
+    """
+    scores = mask_logits(logits, [r.matcher for r in rows]) if params.constrained else logits
+    tokens = sample_tokens(scores, params, [r.generator for r in rows])
     logprobs, entropies = token_stats(logits, tokens)
     for row, tok, lp, ent in zip(rows, tokens.tolist(), logprobs.tolist(), entropies.tolist(), strict=True):
         row.tokens.append(tok)
         row.logprobs.append(lp)
         row.entropies.append(ent)
+        if row.matcher is not None:
+            row.matcher.advance(tok)
         row.stop_reason = stop.reason(row)
 
 

@@ -43,10 +43,12 @@ class RuntimeMetrics:
     Token counts: ``prefill_tokens`` are tokens whose KV a prefill computed (prompts, forced
     blocks), ``decode_tokens`` those computed one step at a time (generated blocks). Each token of
     the tree is computed exactly once, so their sum equals the sum of block lengths.
+    ``scored_tokens``: tokens ``choose`` forwarded only to score them (choices not kept; no KV).
     """
 
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    scored_tokens: int = 0
     forward_calls: int = 0
     model_seconds: float = 0.0
     runtime_seconds: float = 0.0

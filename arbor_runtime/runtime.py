@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 import torch
 
 from arbor_runtime.backend import ModelBackend, TreeBatch, context_groups
+from arbor_runtime.choose import ChoiceScores, ChoosePlan, ChooseWork
 from arbor_runtime.engine import Account, Engine, ExpandJob, Work
 from arbor_runtime.errors import BudgetError, KVBudgetExceeded, NotYet
 from arbor_runtime.generation import Row, StopChecker
+from arbor_runtime.grammar import GrammarCompiler
 from arbor_runtime.kv import BlockKV, Extent, KVStore
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.memory import MemoryManager
@@ -83,6 +85,8 @@ class Runtime:
         self._local = threading.local()
         self._work: Work | None = None  # the work being carried out (driver only)
         self._eos_ids = _eos_ids(loaded)
+        #: matchers for sampling under a regex or grammar (its tokenizer view is built on first use)
+        self.grammar = GrammarCompiler(self.tokenizer, int(self.model.config.vocab_size))
         self._t0 = time.perf_counter()
 
     def __deepcopy__(self, memo: dict) -> Runtime:
@@ -91,12 +95,12 @@ class Runtime:
         prefilled runtime this way)."""
         if self.engine.busy:
             raise RuntimeError("Runtime: cannot copy while work is in flight")
-        skip = {"engine", "_ids", "_local", "_work"}
+        fresh, shared = {"engine", "_ids", "_local", "_work"}, {"grammar"}  # grammar: a compile cache
         clone = object.__new__(type(self))
         memo[id(self)] = clone
         for name, value in self.__dict__.items():
-            if name not in skip:
-                setattr(clone, name, copy.deepcopy(value, memo))
+            if name not in fresh:
+                setattr(clone, name, value if name in shared else copy.deepcopy(value, memo))
         clone.engine, clone._ids, clone._local, clone._work = Engine(clone), threading.Lock(), threading.local(), None
         return clone
 
@@ -144,7 +148,9 @@ class Runtime:
         return self.expand_many([(node, n)], sampling)[0]
 
     def expand_many(
-        self, requests: Sequence[tuple[Node, int]], sampling: SamplingParams | None = None
+        self,
+        requests: Sequence[tuple[Node, int]],
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[list[Node]]:
         """Sample children for several nodes (any depths), batched as the budget allows.
 
@@ -154,16 +160,54 @@ class Runtime:
 
         Args:
             requests: (node, n) pairs.
+            sampling: one ``SamplingParams`` for every request, or one per request (e.g. a regex
+                per node); None: the defaults.
         Returns:
             one list of children per request, in request order.
         Raises:
             KVBudgetExceeded: a single row (its path plus its new tokens) cannot fit.
+            ValueError: a request or a regex / grammar that is not valid.
         """
-        params = sampling or SamplingParams()
         self._check_requests(requests)
-        stop = StopChecker(self.tokenizer, params, self._eos_ids)
-        job = ExpandJob("expand", self._account(), requests=list(requests), params=params, stop=stop)
+        job = ExpandJob("expand", self._account(), requests=list(requests), stops=self._stops(requests, sampling))
+        job.grammar = self.grammar
         return self._submit(job)
+
+    def choose(
+        self, node: Node, choices: Sequence[str], keep: int | Sequence[int] = 0, by: str = "sum"
+    ) -> ChoiceScores:
+        """Score ``choices`` as continuations of ``node``: one batched forward that reads the path once.
+
+        Each choice is teacher-forced (tokenized as ``append`` would); its first token is scored by
+        ``node``'s stored next-token distribution, the rest by the forward. ``keep`` makes chosen
+        continuations children of ``node`` (forced blocks with their KV stored, like ``append``):
+        an int keeps the best ``keep`` by ``by``, a sequence keeps those indices.
+
+        Args:
+            by: what ranks the choices and ``probs`` normalizes: "sum" (total log-prob) or
+                "mean" (per token); both distributions are reported.
+        Returns:
+            :class:`~arbor_runtime.choose.ChoiceScores` (log-probs, distributions, order, kept nodes).
+        Raises:
+            ValueError: no choices, a duplicate or empty choice, a bad ``keep`` / ``by``, a released node.
+            KVBudgetExceeded: the path plus the kept tokens cannot fit.
+        """
+        self._check_live(node)
+        plan = ChoosePlan.build(self.tokenizer, node, choices, keep, by)
+        every = list(range(len(plan.choices)))
+        logprobs, kept = self._choose_pass(node, plan, every, list(plan.keep_given))
+        result = ChoiceScores(plan.choices, plan.token_ids, [logprobs[i] for i in every], plan.by)
+        result.kept, result.kept_index = kept, list(plan.keep_given)
+        if plan.keep_best:  # known only now: prefill just those (a second, smaller forward)
+            best = result.order[: plan.keep_best]
+            result.kept, result.kept_index = self._choose_pass(node, plan, best, best)[1], best
+        for child in result.kept:
+            self.log_op({"op": "append", "node": node.id, "child": child.id, "ids": child.token_ids})
+        return result
+
+    def _choose_pass(self, node: Node, plan: ChoosePlan, rows: list[int], write: list[int]):
+        work = ChooseWork(self, node, plan.token_ids, rows, write, plan.choices)
+        return self._submit(Work("choose", self._account(), run=work))
 
     def append(self, node: Node, text: str) -> Node:
         """Add a teacher-forced child block holding ``text``; its ``logprobs`` score the text."""
@@ -532,6 +576,20 @@ class Runtime:
             raise ValueError(f"{node!r} was released; it cannot be expanded or appended to")
         if self.nodes.get(node.id) is not node:
             raise ValueError(f"{node!r} belongs to another Runtime")
+
+    def _stops(self, requests, sampling) -> list[StopChecker]:
+        """One stop checker per request (shared when the requests share their parameters)."""
+        if sampling is None or isinstance(sampling, SamplingParams):
+            stop = StopChecker(self.tokenizer, sampling or SamplingParams(), self._eos_ids)
+            stops = [stop] * len(requests)
+        else:
+            if len(sampling) != len(requests):
+                raise ValueError(f"expand_many: {len(sampling)} SamplingParams for {len(requests)} requests")
+            made: dict[int, StopChecker] = {}
+            stops = [made.setdefault(id(p), StopChecker(self.tokenizer, p, self._eos_ids)) for p in sampling]
+        for stop in {id(s): s for s in stops}.values():
+            self.grammar.check(stop.params)
+        return stops
 
     def _check_requests(self, requests: Sequence[tuple[Node, int]]) -> None:
         if not requests:

@@ -20,6 +20,13 @@ class SamplingParams:
         stop: strings that end a thought; the token completing a stop string is kept in the block.
         seed: seeds this call's generator; None uses the runtime's own generator.
         stop_at_eos: end a thought at the tokenizer's EOS token (kept in the block).
+        regex: constrain every sampled thought to match this regular expression (llguidance
+            syntax, anchored at both ends); None samples freely.
+        grammar: constrain every sampled thought to this Lark grammar (llguidance's dialect, start
+            rule ``start``); None samples freely. At most one of ``regex`` and ``grammar``.
+
+    A constrained row ends when its grammar admits no further token ("grammar"), or earlier at a
+    stop string, EOS or ``max_new_tokens`` (then its text is a prefix of a match).
     """
 
     max_new_tokens: int = 48
@@ -29,6 +36,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     stop_at_eos: bool = True
+    regex: str | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -42,10 +51,21 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = [s for s in self.stop if s]
+        if self.regex is not None and self.grammar is not None:
+            raise ValueError("SamplingParams: give regex= or grammar=, not both")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"SamplingParams: {name}={value!r} must be a non-empty string or None")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def constrained(self) -> bool:
+        """Whether thoughts are sampled under a regex or grammar."""
+        return self.regex is not None or self.grammar is not None
 
 
 def sample_tokens(

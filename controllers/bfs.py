@@ -9,6 +9,11 @@ from controllers.base import Candidate, Controller
 class BFSController(Controller):
     """Breadth-first Tree-of-Thought search (Yao et al. 2023), one batch per level.
 
+    Each level expands every frontier node (one batch), drops candidates whose state was already
+    seen, and keeps the best ``breadth`` open candidates by key as the next frontier; finished
+    paths compete for the best answer only. After the selection everything else is released. It
+    stops after ``task.max_steps`` levels, at a verified solution, or when no open candidate is left.
+
     Args:
         n_generate: thoughts sampled per frontier node and level.
         breadth: nodes kept per level (the ``b`` of ToT BFS).
@@ -22,19 +27,21 @@ class BFSController(Controller):
         if n_generate < 1 or breadth < 1:
             raise ValueError(f"bfs needs n_generate >= 1 and breadth >= 1, got {n_generate} and {breadth}")
         self.n_generate, self.breadth = n_generate, breadth
+        self._frontier: list[Candidate] = []
 
     def search(self, root: Node) -> tuple[int, Candidate | None]:
-        frontier, best, steps = [root], None, 0
-        for _ in range(self.task.max_steps):
-            steps += 1
-            cands = [c for group in self.expand([(n, self.n_generate) for n in frontier]) for c in group]
-            ranked = sorted(cands, key=lambda c: c.key, reverse=True)
-            terminals = [c for c in ranked if c.result.valid and self.is_terminal(c)]
-            if terminals and (best is None or terminals[0].key > best.key):
-                best = terminals[0]
-            keep = [c for c in ranked if c.result.valid and not self.is_terminal(c)][: self.breadth]
-            self.prune([c for c in ranked if c not in keep and c is not best])
-            if (best is not None and best.score >= 1.0) or not keep:
+        self._frontier, steps = [self.root_candidate(root)], 0
+        while self._frontier and steps < self.task.max_steps and not self.is_solution(self.best):
+            requests = self.affordable([(c.node, self.n_generate) for c in self._frontier])
+            if not requests:
                 break
-            frontier = [c.node for c in keep]
-        return steps, best
+            steps += 1
+            cands = [c for group in self.expand(requests) for c in group]
+            self.offer(cands)
+            self._frontier = self.rank([c for c in cands if c.result.valid and not self.is_terminal(c)])[: self.breadth]
+            self.settle()
+        return steps, self.best
+
+    def frontier(self) -> list[Candidate]:
+        """The nodes the next level expands."""
+        return list(self._frontier)

@@ -9,14 +9,17 @@ from controllers.base import Candidate, Controller, SearchResult
 class DFSController(Controller):
     """Depth-first Tree-of-Thought search (Yao et al. 2023) with value pruning and backtracking.
 
-    Each visit expands one node into ``n_generate`` thoughts; children scoring below
-    ``value_threshold`` are pruned and the rest are visited best first. A node with no child left
-    is a dead end: the search backtracks to the nearest ancestor with an unvisited child. It stops
-    at the first terminal whose verifier score reaches 1.0, or after ``max_visits`` expansions.
+    Each visit expands one node into ``n_generate`` thoughts; children whose state was already seen
+    are dropped, children scoring below ``value_threshold`` are pruned and the rest are visited best
+    first. A node with no child left is a dead end: the search backtracks to the nearest ancestor
+    with an unvisited child and releases the exhausted branch. It stops at the first verified
+    solution, or after ``max_visits`` expansions.
 
     Args:
         n_generate: thoughts sampled per visited node.
-        value_threshold: children scoring below it are pruned (ToT's ``v_th``).
+        value_threshold: children scoring below it are pruned (ToT's ``v_th``); None takes the
+            verifier's "live" threshold (``verifier.scale.live``: 1.0 for the symbolic Game of 24
+            check, a mean verdict of "likely" for ``llm_value``).
         max_visits: cap on visited (expanded) states.
         **kwargs: see :class:`~controllers.base.Controller`.
 
@@ -27,18 +30,28 @@ class DFSController(Controller):
     name = "dfs"
 
     def __init__(
-        self, *args, n_generate: int = 5, value_threshold: float = 0.5, max_visits: int = 100, **kwargs
+        self, *args, n_generate: int = 5, value_threshold: float | None = None, max_visits: int = 100, **kwargs
     ) -> None:
         super().__init__(*args, **kwargs)
         if n_generate < 1 or max_visits < 1:
             raise ValueError(f"dfs needs n_generate >= 1 and max_visits >= 1, got {n_generate} and {max_visits}")
-        self.n_generate, self.value_threshold, self.max_visits = n_generate, value_threshold, max_visits
-        self.visits, self.backtracks, self._best = 0, 0, None
+        self.n_generate, self.max_visits = n_generate, max_visits
+        self.value_threshold = self.verifier.scale.live if value_threshold is None else value_threshold
+        self.visits, self.backtracks = 0, 0
+        self._pending: list[list[Candidate]] = []  # per level of the descent: children not yet visited
+        self._current: Candidate | None = None
 
     def search(self, root: Node) -> tuple[int, Candidate | None]:
-        self.visits, self.backtracks, self._best = 0, 0, None
-        self._visit(self.root_candidate(root))
-        return self.visits, self._best
+        self.visits, self.backtracks, self._pending = 0, 0, []
+        top = self.root_candidate(root)
+        if self._can_visit(top):
+            self._visit(top)
+        return self.visits, self.best
+
+    def frontier(self) -> list[Candidate]:
+        """The node being visited and every child still waiting on the descent's stack."""
+        current = [self._current] if self._current is not None else []
+        return [*current, *(c for level in self._pending for c in level)]
 
     def result(self, best: Candidate | None, steps: int, seconds: float) -> SearchResult:
         res = super().result(best, steps, seconds)
@@ -49,23 +62,28 @@ class DFSController(Controller):
     def _visit(self, cand: Candidate) -> bool:
         """Expand ``cand`` and search its children best first; True when the search must stop."""
         self.visits += 1
+        self._current = cand
+        self.settle()  # ``cand`` is selected: what the descent left behind goes
         kids = self.rank(self.expand([(cand.node, self.n_generate)])[0])
-        self._best = self.best_terminal(self._best, kids)
-        if self.is_solution(self._best):
+        self.offer(kids)
+        if self.is_solution(self.best):
             return True
         keep = [c for c in kids if c.result.valid and not self.is_terminal(c) and c.score >= self.value_threshold]
-        self.prune([c for c in kids if c not in keep and c is not self._best])
-        for i, child in enumerate(keep):
-            if self.visits >= self.max_visits:
-                return True
-            if i > 0:  # the previous child's subtree was a dead end: resume at this node
-                self.backtracks += 1
-            if self._visit(child):
-                return True
-            if not self._holds_best(child):
-                self.prune([child])  # exhausted without a solution: never returned to
+        self._pending.append(keep)
+        self._current = None
+        try:
+            for i, child in enumerate(list(keep)):
+                if not self._can_visit(child):
+                    return True
+                keep.remove(child)
+                if i > 0:  # the previous child's subtree was a dead end: resume at this node
+                    self.backtracks += 1
+                if self._visit(child):
+                    return True
+        finally:
+            self._pending.pop()
         return False
 
-    def _holds_best(self, cand: Candidate) -> bool:
-        best = self._best
-        return best is not None and any(n is cand.node for n in best.node.path())
+    def _can_visit(self, cand: Candidate) -> bool:
+        """Visits and model calls left for one more expansion."""
+        return self.visits < self.max_visits and bool(self.affordable([(cand.node, self.n_generate)]))

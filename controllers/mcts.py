@@ -13,24 +13,28 @@ class MCTSController(Controller):
     """UCT search (Kocsis & Szepesvari 2006) on the thought tree, one simulation per iteration.
 
     An iteration descends from the root by UCT (``Q + exploration * sqrt(ln N_parent / N_child)``;
-    unvisited children first, best key among them) to a node not yet expanded or terminal. A
-    non-terminal leaf is expanded into ``n_generate`` thoughts and the simulation continues into
-    its best valid child, whose value is its verifier score (``rollout=False``) or the score of a
-    greedy rollout from it to a terminal (``rollout=True``; rollout nodes are released after
-    scoring unless they hold the best terminal). A terminal leaf is valued by its own score. The
-    value is backed up along the simulated path. Nodes whose thoughts are all invalid are dead and
-    never selected again; the search stops early when the root is dead or a terminal scores 1.0.
+    unvisited children first, best key among them) until it reaches a node visited for the first
+    time, a terminal, or a visited node not yet expanded. Every node is valued the same way on its
+    first visit: its own verifier score (``rollout=False``) or the score of a greedy rollout from it
+    to a terminal (``rollout=True``; the rollout's nodes are released afterwards unless they end in
+    the best answer). A terminal is valued by its score. A visited node that is reached again is
+    expanded into ``n_generate`` thoughts (duplicates of states already in the tree dropped) and
+    the simulation goes on into its best child, valued as above; so siblings are valued alike,
+    whichever was expanded first. The value is backed up along the simulated path. Nodes whose
+    thoughts are all invalid or duplicates are dead, never selected again and released; finished
+    non-best paths are released too. The search stops early when the root is dead, at a verified
+    solution, or when ``max_model_calls`` cannot pay for the next expansion.
 
     Visit counts: every node on a simulated path gets one visit, so with ``ends[n]`` simulations
     ending at ``n``, ``visits[n] == ends[n] + sum(visits[c] for c in tree[n])`` and the root's
-    visits equal the iterations run (``steps``). ``SearchResult.extra`` holds ``visits``, ``ends``
-    and ``tree`` (search children by node id) and ``rollouts``.
+    visits equal the iterations run (``steps``). ``SearchResult.extra`` holds ``visits``, ``ends``,
+    ``values`` (the backed-up value sums), ``tree`` (search children by node id) and ``rollouts``.
 
     Args:
         iterations: simulations to run.
         n_generate: thoughts sampled per expansion.
         exploration: UCT exploration weight ``c``.
-        rollout: value leaves by a greedy rollout instead of the verifier score alone.
+        rollout: value a node on its first visit by a greedy rollout instead of its score alone.
         **kwargs: see :class:`~controllers.base.Controller`.
     """
 
@@ -58,74 +62,87 @@ class MCTSController(Controller):
     def search(self, root: Node) -> tuple[int, Candidate | None]:
         self._reset()
         top, steps = self.root_candidate(root), 0
+        self._top = top
         self._tree[root.id] = None  # known, not yet expanded
-        while steps < self.iterations and root.id not in self._dead:
-            steps += 1
+        while steps < self.iterations and root.id not in self._dead and not self.is_solution(self.best):
             path = self.select(top)
-            value, end = self._simulate(path)
-            self._backpropagate(path if end is path[-1] else [*path, end], value)
-            if self.is_solution(self._best):
+            leaf = path[-1]
+            if self.is_terminal(leaf) or (leaf is not top and self._visits.get(leaf.node.id, 0) == 0):
+                value = self._first_value(leaf)  # a terminal, or a first visit: no expansion
+            elif not self.affordable([(leaf.node, self.n_generate)]):
                 break
-        return steps, self._best or self._most_visited(top)
+            else:
+                value, child = self._expand(path)
+                path = path if child is None else [*path, child]
+            steps += 1
+            self._backpropagate(path, value)
+            self.settle()
+        return steps, self.best or self._most_visited(top)
 
     def select(self, top: Candidate) -> list[Candidate]:
-        """UCT descent from the root to a leaf (unexpanded or terminal); returns the path."""
+        """UCT descent from the root to a node visited for the first time, a terminal or an unexpanded node."""
         path = [top]
         while self._tree.get(path[-1].node.id) and not self.is_terminal(path[-1]):
             parent = path[-1]
             options = [c for c in self._tree[parent.node.id] if c.node.id not in self._dead]
             path.append(max(options, key=lambda c: self._uct(parent, c)))
+            if self._visits.get(path[-1].node.id, 0) == 0:
+                break
         return path
+
+    def frontier(self) -> list[Candidate]:
+        """Every node of the search tree that may still grow (not dead, not finished), and a rollout in flight."""
+        tree = [c for kids in self._tree.values() for c in kids or []]
+        top = [self._top] if self._top is not None else []
+        grow = [c for c in [*top, *tree] if c.node.id not in self._dead and not self.is_terminal(c)]
+        return [*grow, *self._rolling]
 
     def result(self, best: Candidate | None, steps: int, seconds: float) -> SearchResult:
         res = super().result(best, steps, seconds)
         tree = {k: [c.node.id for c in v or []] for k, v in self._tree.items()}
-        res.extra.update(visits=dict(self._visits), ends=dict(self._ends), tree=tree, rollouts=self._rollouts)
+        visits = {k: v for k, v in self._visits.items() if v}
+        res.extra.update(visits=visits, ends=dict(self._ends), values=dict(self._values), tree=tree)
+        res.extra["rollouts"] = self._rollouts
         return res
 
     # ---- one simulation ------------------------------------------------------------------
-    def _simulate(self, path: list[Candidate]) -> tuple[float, Candidate]:
-        """Value the leaf of ``path``: returns (value, the node the simulation ends at)."""
-        leaf = path[-1]
-        if self.is_terminal(leaf):
-            return leaf.score, leaf
-        kids = self.expand([(leaf.node, self.n_generate)])[0]
+    def _expand(self, path: list[Candidate]) -> tuple[float, Candidate | None]:
+        """Expand the leaf of ``path``; returns (value, the child the simulation goes on into or None)."""
+        kids = self.expand([(path[-1].node, self.n_generate)])[0]
         valid = self.rank([c for c in kids if c.result.valid])
-        self.prune([c for c in kids if not c.result.valid])
-        self._tree[leaf.node.id] = valid
+        self._tree[path[-1].node.id] = valid
         for child in valid:
             self._tree.setdefault(child.node.id, None)
-        self._offer(valid)
+        self.offer(valid)
         if not valid:
             self._mark_dead(path)
-            return 0.0, leaf
-        child = valid[0]
-        if not self.rollout or self.is_terminal(child):
-            return child.score, child
-        return self._rollout(child), child
+            return 0.0, None
+        return self._first_value(valid[0]), valid[0]
+
+    def _first_value(self, cand: Candidate) -> float:
+        """The value of ``cand`` on a visit without expansion: its score, or its greedy rollout's."""
+        if not self.rollout or self.is_terminal(cand):
+            return cand.score
+        return self._rollout(cand)
 
     def _rollout(self, start: Candidate) -> float:
         """Value of ``start`` by greedy single-thought expansions down to a terminal or an invalid thought.
 
-        The rollout nodes are released afterwards unless they end in the best terminal so far (then
-        they go once a better terminal is found).
+        Stops early, valued by the last open thought's score, when ``max_model_calls`` cannot pay for
+        another step. The rollout's nodes are released at the next settle unless they end in the best
+        answer.
         """
         self._rollouts += 1
-        first = cur = self.expand([(start.node, 1)], self.rollout_sampling)[0][0]
-        while cur.result.valid and not self.is_terminal(cur):
-            cur = self.expand([(cur.node, 1)], self.rollout_sampling)[0][0]
-        self._offer([cur])
-        if self._best is cur:
-            self._rollout_of[cur.node.id] = first
-        else:
-            self.prune([first])
+        cur, self._rolling = start, [start]
+        self.settle()  # the simulation goes on from ``start``: what its expansion dropped goes first
+        while not self.is_terminal(cur) and self.affordable([(cur.node, 1)]):
+            self._rolling = [cur]
+            cur = self.expand([(cur.node, 1)], self.rollout_sampling, dedup=False)[0][0]
+            if not cur.result.valid:
+                break
+        self._rolling = []
+        self.offer([cur])
         return cur.score if cur.result.valid else 0.0
-
-    def _offer(self, cands: list[Candidate]) -> None:
-        """Update the best terminal; a rollout path that held the old best is released."""
-        old, self._best = self._best, self.best_terminal(self._best, cands)
-        if old is not None and old is not self._best and old.node.id in self._rollout_of:
-            self.prune([self._rollout_of.pop(old.node.id)])
 
     def _backpropagate(self, path: list[Candidate], value: float) -> None:
         for cand in path:
@@ -153,10 +170,10 @@ class MCTSController(Controller):
             self._dead.add(cand.node.id)
 
     def _most_visited(self, top: Candidate) -> Candidate | None:
-        """Follow the most visited child from the root to the deepest valid node (None if none)."""
+        """Follow the most visited live child from the root to the deepest valid node (None if none)."""
         cur = None
         kids = self._tree.get(top.node.id) or []
-        while kids:
+        while kids := [c for c in kids if c.node.id not in self._dead]:
             cur = max(kids, key=lambda c: (self._visits.get(c.node.id, 0), *c.key))
             kids = self._tree.get(cur.node.id) or []
         return cur
@@ -168,5 +185,5 @@ class MCTSController(Controller):
         self._ends: dict[int, int] = {}
         self._dead: set[int] = set()
         self._rollouts = 0
-        self._best: Candidate | None = None
-        self._rollout_of: dict[int, Candidate] = {}  # best terminal of a rollout -> the rollout's first thought
+        self._rolling: list[Candidate] = []  # the open end of a rollout in progress
+        self._top: Candidate | None = None  # the root's candidate

@@ -27,20 +27,19 @@ class GreedyLookahead(Controller):
         self.n_generate, self.peek = n_generate, replace(self.sampling, temperature=0.0)
 
     def search(self, root: Node) -> tuple[int, Candidate | None]:
-        cur, best, steps = self.root_candidate(root), None, 0
-        while steps < self.task.max_steps and not self.is_solution(best):
+        cur, steps = self.root_candidate(root), 0
+        while steps < self.task.max_steps and not self.is_solution(self.best):
             steps += 1
-            kids = self.expand([(cur.node, self.n_generate)])[0]
-            best = self.best_terminal(best, kids)
+            kids = self.expand([(cur.node, self.n_generate)])[0]  # duplicates of seen states dropped
+            self.offer(kids)  # self.best: the best finished path so far
             live = [c for c in kids if c.result.valid and not self.is_terminal(c)]
             if not live:
                 break
-            peeks = [group[0] for group in self.expand([(c.node, 1) for c in live], self.peek)]
-            best = self.best_terminal(best, peeks)
+            peeks = [group[0] for group in self.expand([(c.node, 1) for c in live], self.peek, dedup=False)]
+            self.offer(peeks)
             cur = max(zip(live, peeks, strict=True), key=lambda lp: (lp[1].key, lp[0].key))[0]
-            keep = [cur.node, *(best.node.path() if best else [])]  # the way on, and the best answer
-            self.prune([c for c in [*kids, *peeks] if c.node not in keep])
-        return steps, best
+            self.settle([cur])  # release all but the way on and the best answer
+        return steps, self.best
 
 
 @hydra.main(version_base="1.3", config_path="pkg://conf", config_name="config")

@@ -5,7 +5,9 @@
 
 Expects under --bench: e2e/{game24,gsm8k}-{full,budget}/merged.md, e2e/scaling/merged.md,
 replay/replay.csv, speed/speed.json, memory.png (+ memory.json), ctrl/*/results.jsonl,
-linear/{linear.json,stats_cost.json}, memory/, budgets/, concurrency/, sparse/sparse.jsonl; notes come from
+linear/{linear.json,stats_cost.json}, memory/, budgets/, concurrency/,
+sparse/sparse.jsonl,
+accuracy/<mode>/<policy>[-<ratio>]/results.jsonl (scripts/bench_accuracy.sh); hand-written notes come from
 docs/notes/*.md. ``--only linear,memory`` rewrites those sections of an existing page (or appends
 them) and keeps the rest as it is.
 """
@@ -49,7 +51,9 @@ python scripts/bench_stats_cost.py --out bench/linear/stats_cost.json --threads 
 # 4c. sparse decode attention (lychee, quest) vs dense by context length
 OMP_WAIT_POLICY=PASSIVE python scripts/bench_sparse.py --threads 1 --data-dir ../shared/data \\
     --contexts 2048,4096,8192 --random-contexts 16384,32768 --out bench/sparse
-# 5. this page
+# 5. Game of 24 accuracy per propose mode and policy (the rows of the ToT test slice that fit an hour)
+bash scripts/bench_accuracy.sh bench/accuracy ../shared/data 900 906
+# 6. this page
 python scripts/write_results.py --bench bench --out docs/results.md"""
 
 
@@ -418,6 +422,85 @@ def sparse_section(root: Path) -> str:
     return text + (notes.read_text().strip() + "\n\n" if notes.is_file() else "")
 
 
+#: accuracy modes in table order: (run folder, label)
+ACCURACY_MODES = (
+    ("io", "IO (one greedy path)"),
+    ("cot", "CoT-style single sample"),
+    ("tot_sample", "ToT BFS, sampled steps"),
+    ("tot_legal", "ToT BFS, legal steps ranked by rt.choose"),
+    ("oracle", "ToT BFS, legal steps ranked by rt.choose"),
+)
+ACCURACY_TITLE = "## Accuracy: Game of 24 (ToT test slice)"
+ACCURACY_COMMANDS = """\
+bash scripts/bench_accuracy.sh bench/accuracy ../shared/data {start} {end}
+python scripts/write_results.py --bench bench --out docs/results.md --only accuracy"""
+
+
+def accuracy_rows(root: Path) -> list[dict]:
+    """One row per (mode, policy, budget) run under ``root``: solve rate, OOMs, peak KV, time."""
+    rows = []
+    for mode, label in ACCURACY_MODES:
+        runs = sorted((root / mode).glob("*/results.jsonl"), key=lambda p: _run_order(p.parent.name))
+        for path in runs:
+            results = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            if not results:
+                continue
+            policy, _, ratio = path.parent.name.partition("-")
+            verifier = results[0].get("verifier", "")
+            if results[0].get("verifier_label"):
+                verifier += f": {results[0]['verifier_label']}"
+            solved = sum(bool(r.get("solved")) for r in results)
+            ran = [r for r in results if not r.get("oom")]
+            budget = f"{ratio}x full peak" if ratio else "none"
+            rows.append({
+                "mode": label, "verifier": verifier, "policy": policy, "budget": budget, "puzzles": len(results),
+                "solved": f"{solved}/{len(results)}", "rate": f"{solved / len(results):.0%}",
+                "oom": sum(bool(r.get("oom")) for r in results),
+                "peak": max((int(r.get("peak_device_tokens") or 0) for r in results), default=0),
+                "seconds": sum(float(r.get("seconds") or 0) for r in ran) / len(ran) if ran else None,
+                "indices": sorted(int(r["index"]) for r in results),
+            })  # fmt: skip
+    return rows
+
+
+def _run_order(name: str) -> tuple:
+    policy, _, ratio = name.partition("-")
+    order = {"full": 0, "arbor": 1, "h2o": 2, "streaming": 3}
+    return (order.get(policy, 9), -float(ratio) if ratio else 0.0)
+
+
+def accuracy_section(root: Path) -> str:
+    """The accuracy table: solve rate per propose mode, policy and budget."""
+    rows = accuracy_rows(root)
+    if not rows:
+        return f"{ACCURACY_TITLE}\n\n(not run: {root} missing)\n\n"
+    indices = sorted({i for r in rows for i in r["indices"]})
+    start, end = indices[0], indices[-1] + 1
+    cols = [
+        ("mode", "mode"), ("verifier", "verifier"), ("policy", "policy"), ("budget", "budget"),
+        ("solved", "solved"), ("rate", "solve rate"), ("oom", "OOM"), ("peak", "peak KV tok"),
+        ("seconds", "mean s (runs)"),
+    ]  # fmt: skip
+    notes = (bench_notes(root) + "\n\n") if bench_notes(root) else ""
+    return (
+        f"{ACCURACY_TITLE}\n\nRows {start}-{end - 1} of the ToT test slice.\n\n"
+        "```bash\n" + ACCURACY_COMMANDS.format(start=start, end=end) + "\n```\n\n"
+        "SmolLM2-135M, 1-shot prompt, values from the model (`llm_value`: sure / likely / impossible scored as "
+        "choices; IO and CoT follow one path, so they use the path likelihood), the final answer checked exactly. "
+        "Budgets are fractions of the peak device KV `full` needed on the same puzzle; an OOM counts as unsolved. "
+        "The `game24_oracle` row is steered by the exact solver (is 24 still reachable?): an upper bound, not a "
+        "result of the model. Settings: `conf/experiment/acc/*.yaml`.\n\n"
+        + notes
+        + md_table(rows, cols)
+        + "\n"
+    )
+
+
+def bench_notes(root: Path) -> str:
+    path = root / "NOTES.md"
+    return path.read_text().strip() if path.is_file() else ""
+
+
 def replace_section(page: str, title: str, body: str) -> str:
     """``page`` with the section headed ``title`` (up to the next ``## ``) replaced by ``body``, or appended."""
     start = page.find(title + "\n")
@@ -434,6 +517,7 @@ SECTIONS = {
     "budgets": (BUDGETS_TITLE, lambda root: budgets_section(root)),
     "concurrency": (CONCURRENCY_TITLE, lambda root: concurrency_section(root)),
     "sparse": (SPARSE_TITLE, lambda root: sparse_section(root)),
+    "accuracy": (ACCURACY_TITLE, lambda root: accuracy_section(root)),
 }
 
 
@@ -492,6 +576,7 @@ def main() -> None:
         sparse_section(bench / "sparse"),
         ctrl_section(bench / "ctrl"),
         linear_section(bench / "linear"),
+        accuracy_section(bench / "accuracy"),
     ]
     notes = NOTES_DIR / "summary.md"
     text = "".join(parts).replace("NOTES\n\n", notes.read_text() + "\n\n" if notes.is_file() else "")

@@ -56,6 +56,22 @@ class StepResult:
     answer: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """How the next thoughts after a state are proposed.
+
+    Attributes:
+        choices: fixed candidate thoughts the model ranks (``Runtime.choose``; the best are kept);
+            empty: the thoughts are sampled.
+        regex / grammar: when sampling, the regular expression or Lark grammar every thought must
+            match (None: free; at most one of them).
+    """
+
+    choices: tuple[str, ...] = ()
+    regex: str | None = None
+    grammar: str | None = None
+
+
 class ValueQuery(NamedTuple):
     """One state's part of a value prompt: ``key`` identifies the state (equal keys are evaluated
     once), ``text`` is appended under the prompt's prefix and the model completes the verdict."""
@@ -124,6 +140,15 @@ class Task(ABC):
     def is_correct(self, problem: Problem, answer: str | None) -> bool:
         """Whether a stated final answer solves the problem (None never does)."""
 
+    def propose(self, problem: Problem, state: Any) -> Proposal:
+        """How to propose the thoughts after ``state`` (default: sample them freely)."""
+        return Proposal()
+
     def answers_match(self, pred: str, gold: str) -> bool:
         """Whether two stated answers are the same answer (self-consistency votes on this)."""
         return pred == gold
+
+    def state_key(self, state: Any) -> Hashable | None:
+        """The identity of a state: candidates whose states have equal keys are duplicates, and a
+        search keeps only the first. None (the default) never matches: no deduplication."""
+        return None

@@ -3,6 +3,16 @@
 The model writes "x op y = z" and stops at "(left" (or at the end of the line); the task checks the
 step with exact fractions and writes the "(left: ...)" part itself, plus the final "Answer:" line
 once one number is left. The model thus never has to track the remaining numbers.
+
+How the next steps are proposed (``propose``):
+
+- ``sample``: the model writes each step freely (most of SmolLM2-135M's steps are not valid).
+- ``grammar``: the model samples under a regex of the step syntax over this state's numbers,
+  "x op y = z (left", x and y among the numbers left; the arithmetic is still the model's.
+- ``legal``: the task lists every legal step "x op y = z (left: ...)" (a pair of numbers left, an
+  operation; + and * in one order only, identical steps once) and the model ranks them
+  (``Runtime.choose``): the best ``n`` become the children. Every step is then valid; which ones
+  are tried is the model's choice.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tasks.arith24 import apply_op, check_expression, format_number, parse_puzzle
-from tasks.base import Problem, StepResult, Task, ValuePrompt, ValueQuery
+from tasks.base import Problem, Proposal, StepResult, Task, ValuePrompt, ValueQuery
 from tasks.data import DataUnavailable, check_slice, find_file, read_rows
 
 INSTRUCTION = (
@@ -75,8 +85,11 @@ _STEP = re.compile(
     rf"(?P<rest>.*)",
     re.DOTALL | re.ASCII,
 )
-#: what may follow "x op y = z" in a thought: spaces, then the "(left" stop string or a newline
-_STEP_END = re.compile(r"[ \t]*(?:\(left|\n)?")
+#: what may follow "x op y = z" in a thought: spaces, then the "(left" stop string, the whole
+#: "(left: ...)" part and a newline (a legal-step proposal), or a newline
+_STEP_END = re.compile(r"[ \t]*(?:\(left(?::(?P<left>[^)\n]*)\)\n)?|\n)?")
+#: how the next steps are proposed (see the module docstring)
+PROPOSE_MODES = ("sample", "legal", "grammar")
 
 #: value prompt (ToT's game24 ``value_prompt``, verdict first): header and (numbers left, verdict)
 #: examples written for this project; "likely" = in range, no quick way to 24
@@ -176,13 +189,23 @@ class Game24Task(Task):
     stop = (_LEFT_STOP, "\n")
     max_thought_tokens = 24
     max_steps = 3
-    verifiers = ("game24", "llm_value")
+    #: the model's value (the default), its path likelihood, and the exact solver (an upper bound only)
+    verifiers = ("llm_value", "likelihood", "game24_oracle")
     value_prompt = Game24ValuePrompt()
 
-    def __init__(self, data_dir: str | None = None, start: int = 900, end: int | None = 1000, n_shots: int = 5) -> None:
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        start: int = 900,
+        end: int | None = 1000,
+        n_shots: int = 5,
+        propose: str = "sample",
+    ) -> None:
         if not 0 <= n_shots <= len(FEW_SHOT_EXAMPLES):
             raise ValueError(f"game24: n_shots={n_shots} must be in 0..{len(FEW_SHOT_EXAMPLES)}")
-        self.n_shots = n_shots
+        if propose not in PROPOSE_MODES:
+            raise ValueError(f"game24: task.propose={propose!r} must be one of {', '.join(PROPOSE_MODES)}")
+        self.n_shots, self.propose_mode = n_shots, propose
         self.data_file = find_data_file(data_dir)
         rows = read_rows(self.data_file, ("Puzzles",))
         self.start, self.end = check_slice(start, end, len(rows), self.name)
@@ -221,6 +244,48 @@ class Game24Task(Task):
         """Whether the final expression uses the four inputs exactly once and equals 24."""
         return answer is not None and check_expression(answer, parse_puzzle(problem.question))
 
+    def propose(self, problem: Problem, state: Game24State) -> Proposal:
+        """Free samples, samples under :func:`step_regex`, or the :func:`legal_steps` to rank (``propose``)."""
+        if self.propose_mode == "legal":
+            return Proposal(choices=tuple(legal_steps(state)))
+        if self.propose_mode == "grammar":
+            return Proposal(regex=step_regex(state))
+        return Proposal()
+
+    def state_key(self, state: Game24State) -> tuple[Fraction, ...]:
+        """The multiset of numbers left (sorted): how they were made does not change what can follow."""
+        return state.values
+
+
+def legal_steps(state: Game24State) -> list[str]:
+    """Every legal next step as the line the task would write: "x op y = z (left: ...)\n".
+
+    One step per pair of numbers left and operation: + and * with the smaller number first only
+    (the other order is the same step), - and / in both orders, no division by zero; steps that
+    read the same (equal numbers) once. Order: pairs as the numbers are sorted, then + - * /.
+    """
+    values, steps = state.values, {}
+    for i in range(len(values)):
+        for j in range(i + 1, len(values)):
+            a, b = values[i], values[j]
+            rest = values[:i] + values[i + 1 : j] + values[j + 1 :]
+            for x, op, y in ((a, "+", b), (a, "-", b), (b, "-", a), (a, "*", b), (a, "/", b), (b, "/", a)):
+                if op == "/" and y == 0:
+                    continue
+                z = apply_op(x, op, y)
+                left = " ".join(format_number(v) for v in sorted((*rest, z)))
+                text = f"{_step_text(x, op, y, z)} (left: {left})\n"
+                steps.setdefault(text, None)
+    return list(steps)
+
+
+def step_regex(state: Game24State) -> str:
+    """The step syntax over ``state``'s numbers: "x op y = z (left", x and y among the numbers left."""
+    numbers = "|".join(
+        re.escape(format_number(v)) for v in sorted(set(state.values), key=lambda v: (-len(format_number(v)), v))
+    )
+    return rf"({numbers}) [-+*/] ({numbers}) = -?[0-9]{{1,4}}(/[0-9]{{1,4}})? \(left"
+
 
 def _package_csv() -> Path | None:
     """``tot/data/24/24.csv`` of the installed ``tree-of-thoughts-llm``, found without importing it."""
@@ -245,7 +310,8 @@ def _apply_step(state: Game24State, thought: str) -> Game24State:
     match = _STEP.match(thought)
     if match is None:
         raise ValueError(f"malformed step {thought[:40]!r}: expected 'x op y = z', e.g. '4 + 8 = 12'")
-    if not _STEP_END.fullmatch(match["rest"]):
+    end = _STEP_END.fullmatch(match["rest"])
+    if end is None:
         raise ValueError(f"unexpected text after the step: {match['rest'][:40]!r}")
     x, y, z = (_parse_number(match[k]) for k in ("x", "y", "z"))
     op = _OPS[match["op"]]
@@ -257,11 +323,16 @@ def _apply_step(state: Game24State, thought: str) -> Game24State:
     if value != z:
         raise ValueError(f"wrong arithmetic: {_step_text(x, op, y, value)}, not {format_number(z)}")
     made = Operand(value, f"({left.expr} {op} {right.expr})")
-    return Game24State(
+    after = Game24State(
         inputs=state.inputs,
         remaining=tuple(sorted((*rest, made), key=lambda o: o.value)),
         steps=(*state.steps, _step_text(x, op, y, z)),
     )
+    written = end["left"]
+    if written is not None and written.split() != [format_number(v) for v in after.values]:
+        left = " ".join(format_number(v) for v in after.values)
+        raise ValueError(f"wrong numbers left: (left:{written}), not (left: {left})")
+    return after
 
 
 def _parse_number(text: str) -> Fraction:
@@ -293,7 +364,9 @@ def _step_text(x: Fraction, op: str, y: Fraction, z: Fraction) -> str:
 def _forced_text(thought: str, state: Game24State) -> str:
     """The "(left: ...)" part the task writes after ``thought``, plus "Answer: ..." when one is left."""
     left = " ".join(format_number(v) for v in state.values)
-    if thought.endswith(_LEFT_STOP):
+    if thought.endswith(")\n"):  # a legal-step proposal wrote the whole "(left: ...)" part
+        text = ""
+    elif thought.endswith(_LEFT_STOP):
         text = f": {left})\n"
     elif thought[-1:].isspace():
         text = f"(left: {left})\n"

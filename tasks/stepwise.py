@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tasks.answers import ANSWER_RULES
-from tasks.base import Problem, StepResult, Task, ValuePrompt, ValueQuery
+from tasks.base import Problem, Proposal, StepResult, Task, ValuePrompt, ValueQuery
 from tasks.data import DataSource, check_slice, load_rows
 
 #: stop strings of one thought, per step granularity
@@ -55,6 +55,26 @@ VALUE_EXAMPLES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         "sure",
     ),
 )
+
+
+#: the final answer line as each answer rule's instruction asks for it (Lark; llguidance's dialect)
+ANSWER_LINES: dict[str, str] = {
+    "number": r'"The answer is " /-?[0-9][0-9,]*(\.[0-9]+)?/ "." "\n"',
+    "integer": r'"The answer is " /[0-9]{1,3}/ "." "\n"',
+    "math": r'"The answer is $\\boxed{" braced "}$." "\n"',
+}
+#: a thought under ``answer_grammar``: any line that does not start "The answer is", or the answer
+#: line of the task's rule (MATH: balanced braces inside \boxed{})
+ANSWER_GRAMMAR = r"""start: answer | OTHER
+answer: {line}
+braced: (/[^{{}}\n$]+/ | "{{" braced "}}")*
+OTHER: /[^\n]*\n/ & ~/(?s:The answer is.*)/
+"""
+
+
+def answer_line_grammar(rule: str) -> str:
+    """The Lark grammar of one thought whose final answer line follows ``rule``'s format."""
+    return ANSWER_GRAMMAR.format(line=ANSWER_LINES[rule])
 
 
 class WorkedExample(NamedTuple):
@@ -115,6 +135,8 @@ class StepwiseTask(Task):
         step: "line" or "sentence" (what one thought is).
         max_steps / max_thought_tokens: thoughts per path and tokens per thought at most.
         cache_dir: the ``datasets`` cache for hub loads (None: its default).
+        answer_grammar: sample every line under :func:`answer_line_grammar`: a line that states the
+            answer ("The answer is ...") must give it in the rule's format (line steps only).
     """
 
     verifiers = ("answer_match", "llm_value")
@@ -138,6 +160,7 @@ class StepwiseTask(Task):
         max_steps: int = 8,
         max_thought_tokens: int = 64,
         cache_dir: str | None = None,
+        answer_grammar: bool = False,
     ) -> None:
         self.name = name
         if answer not in ANSWER_RULES:
@@ -148,7 +171,10 @@ class StepwiseTask(Task):
             raise ValueError(f"{name}: task.max_steps={max_steps} must be >= 1")
         if max_thought_tokens < 1:
             raise ValueError(f"{name}: task.max_thought_tokens={max_thought_tokens} must be >= 1")
+        if answer_grammar and step != "line":
+            raise ValueError(f"{name}: task.answer_grammar=true needs task.step=line (a thought is one line)")
         self.rule, self.instruction, self.split = ANSWER_RULES[answer], instruction, split
+        self.grammar = answer_line_grammar(answer) if answer_grammar else None
         self.examples = tuple(WorkedExample(e["question"], tuple(e["steps"]), str(e["answer"])) for e in examples)
         self.step_kind, self.stop = step, STEP_STOPS[step]
         self.max_steps, self.max_thought_tokens = max_steps, max_thought_tokens
@@ -185,6 +211,10 @@ class StepwiseTask(Task):
             return StepResult(state=StepwiseState(steps, answer), terminal=True, answer=answer)
         return StepResult(state=StepwiseState(steps), terminal=len(steps) >= self.max_steps)
 
+    def propose(self, problem: Problem, state: StepwiseState) -> Proposal:
+        """Free samples, or samples under the answer-line grammar when ``answer_grammar`` is on."""
+        return Proposal(grammar=self.grammar)
+
     def is_correct(self, problem: Problem, answer: str | None) -> bool:
         """Whether the stated answer matches the reference answer under the task's answer rule."""
         if answer is None or problem.answer is None:
@@ -194,6 +224,10 @@ class StepwiseTask(Task):
     def answers_match(self, pred: str, gold: str) -> bool:
         """Equality under the task's answer rule (numbers within 1e-6, MATH equivalence, integers)."""
         return self.rule.match(pred, gold)
+
+    def state_key(self, state: StepwiseState) -> tuple[str, ...]:
+        """The steps so far, each with its whitespace collapsed and case folded."""
+        return tuple(" ".join(step.split()).casefold() for step in state.steps)
 
     def _problem(self, index: int, row: dict[str, Any]) -> Problem:
         question, answer, meta = self.fields

@@ -32,7 +32,7 @@ def test_model_options_reach_load_model(loads, data_dir):
     setup = build(compose_config([*over, "task.end=901"]))
     assert loads == [{"spec": "tiny-random", "dtype": "float32", "trust_remote_code": True}]
     assert model_kwargs(compose_config(["model=smollm2"]).model) == {"spec": "smollm2", "trust_remote_code": False}
-    assert setup.verifier.name == "game24" and [p.index for p in setup.problems] == [900]
+    assert setup.verifier.name == "llm_value" and [p.index for p in setup.problems] == [900]
 
 
 def test_trace_recording_builds_like_arbor_solve(loads, data_dir, tmp_path):

@@ -51,7 +51,7 @@ def test_every_config_group_composes_and_instantiates(group, tiny, data_dir):
         assert cfg.model.spec
 
 
-@pytest.mark.parametrize(("task", "verifier"), [("game24", "game24"), ("gsm8k", "answer_match")])
+@pytest.mark.parametrize(("task", "verifier"), [("game24", "llm_value"), ("gsm8k", "answer_match")])
 def test_each_task_config_selects_its_own_verifier(task, verifier, data_dir):
     cfg = compose_cfg(f"task={task}", f"paths.data_dir={data_dir}")
     assert build_verifier(cfg, build_task(cfg)).name == verifier
@@ -60,10 +60,10 @@ def test_each_task_config_selects_its_own_verifier(task, verifier, data_dir):
 
 
 def test_a_verifier_that_does_not_fit_the_task_is_a_clear_error(data_dir, tmp_path, capsys):
-    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task=gsm8k", "verifier=game24", "task.end=1"))
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task=gsm8k", "verifier=game24_oracle", "task.end=1"))
     assert run(cfg) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "arbor-solve: error: verifier=game24 does not fit task=gsm8k; valid: answer_match, llm_value"
+    assert err == "arbor-solve: error: verifier=game24_oracle does not fit task=gsm8k; valid: answer_match, llm_value"
 
 
 def test_cli_runs_one_puzzle_and_resumes(data_dir, tmp_path):
@@ -73,6 +73,9 @@ def test_cli_runs_one_puzzle_and_resumes(data_dir, tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [r["index"] for r in rows] == [900]
     assert rows[0]["question"] == puzzle(900) and rows[0]["prefill_tokens"] > 0
+    # the search's counts: bfs makes one generation call per expanded node; game24 calls no model
+    assert rows[0]["model_calls"] == rows[0]["generation_calls"] == rows[0]["nodes_expanded"] >= 1
+    assert rows[0]["verifier_calls"] == 0 and rows[0]["duplicates_dropped"] >= 0
     assert "game24" in console.export_text()
     assert (tmp_path / "results.csv").is_file() and (tmp_path / "traces.jsonl").is_file()
     # widen the slice and rerun in the same dir: 900 is skipped (not appended twice), 901 is added
@@ -87,6 +90,7 @@ def test_budget_overrun_is_recorded_as_oom(data_dir, tmp_path):
     assert run(cfg, console=Console(width=200)) == 0
     row = json.loads((tmp_path / "results.jsonl").read_text())
     assert row["oom"] is True and "budget_tokens=620" in row["error"]
+    assert row["nodes_expanded"] >= 1 and row["model_calls"] >= 1  # counted up to the OOM
     assert row["peak_device_tokens"] <= 620
 
 

@@ -115,11 +115,12 @@ def test_results_per_problem_are_identical_at_concurrency_1_and_4(tiny, name):
     rt = Runtime(tiny)
     together = solve_all(rt, name, 4)
     assert {i: r[:3] for i, r in alone.items()} == {i: r[:3] for i, r in together.items()}
-    for sig, _, _, acc in together.values():  # each search's own counts (with llm_value, its verdicts too)
+    for sig, _, _, acc in together.values():  # each search's own counts (with llm_value, its value queries too)
         generated = sum(len(t) for _, depth, t, *_ in sig if depth % 2 == 1)
         forced = sum(len(t) for _, depth, t, *_ in sig if depth % 2 == 0)
-        if "llm_value" in name:
-            assert acc.metrics.decode_tokens > generated and acc.metrics.prefill_tokens > forced
+        if "llm_value" in name:  # query + verdict scored as choices: nothing sampled or stored, only scored
+            assert acc.metrics.decode_tokens == generated and acc.metrics.prefill_tokens > forced
+            assert acc.metrics.scored_tokens > 0
         else:
             assert acc.metrics.decode_tokens == generated and acc.metrics.prefill_tokens == forced
     for field in ("decode_tokens", "prefill_tokens", "nodes_created"):  # every count belongs to one search

@@ -19,7 +19,7 @@ from arbor_cli.build import build_task, build_verifier, compose_config
 from arbor_runtime import Node, Runtime
 from controllers import Controller, SearchResult
 from tasks.base import Problem, StepResult, Task
-from verifiers.base import Verifier
+from verifiers.base import Scale, Verifier
 
 REPO = Path(__file__).resolve().parents[1]
 #: tiny budgets per controller, so the whole file stays fast on two CPU cores
@@ -131,7 +131,12 @@ class NumberedTask(Task):
 
 
 class ScriptedVerifier(Verifier):
-    """Scores the newest thought number from a table; else ``terminal`` (when set) or ``default``."""
+    """Scores the newest thought number from a table; else ``terminal`` (when set) or ``default``.
+
+    A finished path scoring 1.0 counts as checked correct (the search stops there).
+    """
+
+    scale = Scale(solution=1.0)
 
     def __init__(self, table: dict[int, float], default: float, terminal: float | None = None) -> None:
         self.table, self.default, self.terminal = table, default, terminal
@@ -170,7 +175,7 @@ def test_controller_grows_and_releases_a_deep_tree_reproducibly(name, tiny):
         assert released == set(rt.all_nodes) - set(rt.nodes) and len(released) == rt.metrics.nodes_released
         assert all(not a.released for n in rt.nodes.values() for a in n.path())  # live nodes keep their path
         assert result.best is None or not result.best.released  # the answer is never pruned away
-        if name != "mcts":  # mcts releases only invalid thoughts and rollouts; here there are neither
+        if name != "mcts":  # 4 mcts iterations reach no finished path and no dead node: nothing to release
             assert released
         best = None if result.best is None else result.best.meta["state"]
         runs.append((created, result.expansions, best, sorted(released)))
@@ -189,6 +194,8 @@ def released_states(rt: Runtime) -> set[tuple[int, ...]]:
 def test_bfs_keeps_the_best_breadth_of_each_level_and_expands_them_in_one_batch(tiny):
     # level 1: root -> 1, 2, 3; keep 2 and 3 (the best two). level 2 (one batch): 2 -> 4, 5, 6 and
     # 3 -> 7, 8, 9; keep 7 and 8. level 3: every thought ends the path; 11 scores 1.0 and wins.
+    # Released: every dropped thought, 2 once none of its children was kept, 8 once its children
+    # lost to 11 (nothing below it can be used again).
     scores = {1: 0.2, 2: 0.9, 3: 0.5, 4: 0.1, 5: 0.3, 6: 0.2, 7: 0.8, 8: 0.7, 9: 0.05, 11: 1.0}
     rt = Runtime(tiny, seed=0)
     batches = []
@@ -201,24 +208,36 @@ def test_bfs_keeps_the_best_breadth_of_each_level_and_expands_them_in_one_batch(
     assert expanded_states(rt, result) == [(), (2,), (3,), (3, 7), (3, 8)]
     assert [len(b) for b in batches] == [1, 2, 2] and result.steps == 3
     assert result.best.meta["state"] == (3, 7, 11) and result.best.value == 1.0
-    assert released_states(rt) == {(1,), (2, 4), (2, 5), (2, 6), (3, 9), (3, 7, 10), (3, 7, 12)} | {
+    assert released_states(rt) == {(1,), (2,), (2, 4), (2, 5), (2, 6), (3, 9), (3, 7, 10), (3, 7, 12), (3, 8)} | {
         (3, 8, i) for i in (13, 14, 15)
     }
 
 
-def test_beam_keeps_the_top_width_with_finished_paths_competing(tiny):
-    # step 1: root -> 1 (0.9), 2 (0.8, ends its path): the beam holds both.
-    # step 2: only 1 is open: 1 -> 3 (0.5), 4 (0.95); beam = 4 and the finished 2; 3 is dropped.
-    # step 3: 4 -> 5 (0.3), 6 (0.85), both finished (max_steps); beam = 6, 2: all finished, stop.
+def test_beam_moves_finished_paths_to_a_terminal_beam(tiny):
+    # step 1: root -> 1 (0.9), 2 (0.8, ends its path): 2 goes to the terminal beam, the beam is [1].
+    # step 2: 1 -> 3 (0.5), 4 (0.95): both open, both fit the beam (the finished 2 takes no slot).
+    # step 3: 4 -> 5 (0.3), 6 (0.85) and 3 -> 7, 8 (0.0), all finished (max_steps): best 6.
     scores = {1: 0.9, 2: 0.8, 3: 0.5, 4: 0.95, 5: 0.3, 6: 0.85}
     rt = Runtime(tiny, seed=0)
     task = NumberedTask(max_steps=3, ends=frozenset({2}))
     ctrl = CONTROLLERS["beam"](rt, task, ScriptedVerifier(scores, 0.0), beam_width=2, samples_per_node=2)
     result = ctrl.solve(task.problems()[0])
-    assert expanded_states(rt, result) == [(), (1,), (1, 4)] and result.steps == 3
+    assert expanded_states(rt, result) == [(), (1,), (1, 4), (1, 3)] and result.steps == 3
     assert result.best.meta["state"] == (1, 4, 6)  # the best finished path, above the early one (0.8)
-    assert released_states(rt) == {(1, 3), (1, 4, 5)}  # (2,) stayed in the beam to the end
-    assert result.extra["vote_count"] == 1
+    assert [c.node.meta["state"] for c in ctrl.finished] == [(1, 4, 6), (2,)]  # the terminal beam
+    assert result.extra["finished"] == 2 and result.extra["vote_count"] == 1
+    assert released_states(rt) == {(2,), (1, 3), (1, 3, 7), (1, 3, 8), (1, 4, 5)}  # all but the best path
+
+
+def test_beam_returns_the_best_unfinished_path_at_max_depth(tiny):
+    scores = {1: 0.2, 2: 0.6, 3: 0.9, 4: 0.1, 5: 0.4, 6: 0.3}
+    rt = Runtime(tiny, seed=0)
+    task = NumberedTask(max_steps=3)
+    ctrl = CONTROLLERS["beam"](rt, task, ScriptedVerifier(scores, 0.0), beam_width=2, samples_per_node=2, max_depth=2)
+    result = ctrl.solve(task.problems()[0])
+    assert result.steps == 2 and result.extra["finished"] == 0
+    assert result.best is not None and not result.best.released
+    assert result.best.meta["state"] == (2, 3) and result.answer is None and not result.solved
 
 
 def test_dfs_backtracks_from_a_dead_end(tiny):
@@ -283,8 +302,10 @@ def test_mcts_stops_at_a_solution(tiny):
     ctrl, _ = scripted("mcts", tiny, ScriptedVerifier({}, 0.5, terminal=1.0), n_generate=2, iterations=20)
     result = ctrl.solve(ctrl.task.problems()[0])
     assert result.best.value == 1.0 and len(result.best.meta["state"]) == 3
-    # unvisited children go first: root, then both depth-1 children, then a depth-2 node finds 1.0
-    assert result.steps == 4 and result.extra["visits"][0] == 4
+    # every node is valued on its first visit and expanded on its second: root (1), its second
+    # child (2), each depth-1 node expanded (3, 4), their second children (5, 6), then a depth-2
+    # node expands into finished paths scoring 1.0 (7)
+    assert result.steps == 7 and result.extra["visits"][0] == 7
 
 
 def test_custom_search_example_runs(data_dir, tmp_path):

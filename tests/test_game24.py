@@ -17,7 +17,7 @@ from synthetic_data import SIZES, game24_puzzles
 from tasks.arith24 import check_expression, parse_puzzle, solvable
 from tasks.base import Problem, StepResult
 from tasks.game24 import FEW_SHOT_EXAMPLES, Game24State, Game24Task, find_data_file
-from verifiers.game24 import DEAD_END_SCORE, Game24Verifier
+from verifiers.game24_oracle import DEAD_END_SCORE, Game24OracleVerifier
 
 HAS_TOT = importlib.util.find_spec("tot") is not None
 
@@ -315,7 +315,7 @@ def test_full_solution_path(task):
     assert result.terminal
     assert result.answer == "(6 - 4) * (4 + 8)"
     assert task.is_correct(problem(), result.answer)
-    assert Game24Verifier().score(problem(), result) == 1.0
+    assert Game24OracleVerifier().score(problem(), result) == 1.0
     assert result.state.to_json()["steps"] == ["4 + 8 = 12", "6 - 4 = 2", "2 * 12 = 24"]
 
 
@@ -325,7 +325,7 @@ def test_wrong_terminal_path(task):
     assert text.endswith("(left: 22)\nAnswer: (4 + 4) + (6 + 8) = 22\n")
     assert result.answer == "(4 + 4) + (6 + 8)"
     assert not task.is_correct(problem(), result.answer)
-    assert Game24Verifier().score(problem(), result) == 0.0
+    assert Game24OracleVerifier().score(problem(), result) == 0.0
 
 
 def test_non_terminal_step_has_no_answer(task):
@@ -335,8 +335,8 @@ def test_non_terminal_step_has_no_answer(task):
 
 
 def test_verifier_scores(task):
-    verifier = Game24Verifier()
-    assert verifier.name == "game24" and verifier.name in task.verifiers
+    verifier = Game24OracleVerifier()
+    assert verifier.name == "game24_oracle" and verifier.name in task.verifiers and task.verifiers[0] == "llm_value"
     live = task.step(problem(), task.initial_state(problem()), "4 + 8 = 12 (left")
     dead = task.step(problem(), task.initial_state(problem()), "4 * 8 = 32 (left")  # 4 6 32: no 24
     invalid = task.step(problem(), task.initial_state(problem()), "garbage")

@@ -6,6 +6,8 @@ accounting and the tree shape come from the real runtime.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hydra.utils import instantiate
 
@@ -18,7 +20,7 @@ from tasks.game24 import value_query as game24_query
 from tasks.stepwise import StepwiseState, StepwiseValuePrompt
 from tasks.stepwise import value_query as stepwise_query
 from verifiers import LLMValueVerifier
-from verifiers.llm_value import parse_verdict, raw_value
+from verifiers.llm_value import VALUE_MAP, parse_verdict, raw_value
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 GAME24_PREFIX = Game24Task.value_prompt.prefix
@@ -71,7 +73,7 @@ def test_parse_verdict_and_raw_value():
 def test_prefix_is_prefilled_once_for_many_states(tiny, game24):
     task, problem = game24
     rt = Runtime(tiny, seed=0)
-    verifier = LLMValueVerifier(n_evaluate=3, max_new_tokens=8)
+    verifier = LLMValueVerifier(n_evaluate=3, max_new_tokens=8, mode="sample")
     verifier.bind(rt, task)
     calls = record_expands(rt)
     prefix_tokens = n_tokens(rt, GAME24_PREFIX, special=True)
@@ -94,7 +96,7 @@ def test_prefix_is_prefilled_once_for_many_states(tiny, game24):
 def test_score_is_tot_value_normalized(tiny, game24):
     task, problem = game24
     rt = Runtime(tiny, seed=0)
-    verifier = LLMValueVerifier(n_evaluate=3, runtime=rt, prompt=task.value_prompt)
+    verifier = LLMValueVerifier(n_evaluate=3, runtime=rt, prompt=task.value_prompt, mode="sample")
     record_expands(rt, [" sure\n", " likely\n", " 24 is out of reach"])
     result = after(task, problem, "4 + 5 = 9 (left")
     assert verifier.score(problem, result) == pytest.approx(21 / 60)  # (20 + 1 + 0) / (20 * n_evaluate)
@@ -108,7 +110,7 @@ def test_score_is_tot_value_normalized(tiny, game24):
 def test_identical_states_are_evaluated_once(tiny, game24):
     task, problem = game24
     rt = Runtime(tiny, seed=0)
-    verifier = LLMValueVerifier(n_evaluate=2, runtime=rt, prompt=task.value_prompt)
+    verifier = LLMValueVerifier(n_evaluate=2, runtime=rt, prompt=task.value_prompt, mode="sample")
     calls = record_expands(rt)
     first = verifier.score(problem, after(task, problem, "4 + 5 = 9 (left"))
     prefill = rt.metrics.prefill_tokens
@@ -138,7 +140,7 @@ def test_invalid_and_finished_paths_need_no_model(tiny, game24):
 
 def test_stepwise_states_use_their_own_prefix(tiny):
     rt = Runtime(tiny, seed=0)
-    verifier = LLMValueVerifier(n_evaluate=2, runtime=rt, prompt=StepwiseValuePrompt())
+    verifier = LLMValueVerifier(n_evaluate=2, runtime=rt, prompt=StepwiseValuePrompt(), mode="sample")
     record_expands(rt, [" likely\n", " sure\n"])
     problem = Problem(index=0, question="What is 3 + 4 * 2?", answer="11")
     result = StepResult(state=StepwiseState(steps=("4 * 2 = 8.",)))
@@ -158,12 +160,14 @@ def test_unbound_promptless_and_bad_arguments_are_clear(tiny, game24):
         LLMValueVerifier(prompt=task.value_prompt).score(problem, after(task, problem, "4 + 5 = 9 (left"))
     with pytest.raises(ValueError, match="n_evaluate=0"):
         LLMValueVerifier(n_evaluate=0)
+    with pytest.raises(ValueError, match="mode='vote' must be one of choose, sample"):
+        LLMValueVerifier(mode="vote")
 
     class NoValuePrompt(Game24Task):
         value_prompt = None
-        verifiers = ("game24",)
+        verifiers = ("game24_oracle",)
 
-    with pytest.raises(ValueError, match="task game24 has no value prompt; valid verifiers: game24"):
+    with pytest.raises(ValueError, match="task game24 has no value prompt; valid verifiers: game24_oracle"):
         LLMValueVerifier().bind(Runtime(tiny), NoValuePrompt(start=0, end=1))
 
 
@@ -176,7 +180,7 @@ class FixedStepGame24(Game24Task):
 
 
 def test_bfs_on_game24_binds_and_uses_the_value_prefix(tiny):
-    cfg = compose_config(["verifier=llm_value", "controller=bfs"])
+    cfg = compose_config(["verifier=llm_value", "verifier.mode=sample", "controller=bfs"])
     verifier = instantiate(cfg.verifier)
     assert isinstance(verifier, LLMValueVerifier) and verifier.n_evaluate == 3 and verifier.runtime is None
     task = FixedStepGame24(start=900, end=901)
@@ -189,7 +193,36 @@ def test_bfs_on_game24_binds_and_uses_the_value_prefix(tiny):
     # 4 5 6 10 -> (6 9 10) -> (10 15) -> 25: two distinct open states, each evaluated once
     assert verifier.evaluations == 2 and calls == [3, 3]
     assert result.steps == 3 and result.answer == "10 + (6 + (4 + 5))" and not result.solved
-    assert result.extra == {"vote_answer": result.answer, "vote_count": 4, "vote_correct": False}  # 2 x 2 terminals
+    # both thoughts of every level reach the same numbers: one is dropped, so one path is left
+    assert result.duplicates_dropped == 3 and result.verifier_calls == 2
+    assert result.extra == {"vote_answer": result.answer, "vote_count": 1, "vote_correct": False}
     assert result.best is not None and result.best.value == 0.0  # the exact check of the final state
     root = verifier.roots[GAME24_PREFIX]
     assert root.children == [] and root.id in rt.nodes  # only the prefix stays
+
+
+def test_choose_mode_scores_the_verdict_probabilities_in_one_forward(tiny, game24):
+    task, problem = game24
+    rt = Runtime(tiny, seed=0)
+    verifier = LLMValueVerifier(runtime=rt, prompt=task.value_prompt)  # mode="choose" is the default
+    assert verifier.mode == "choose"
+    calls = record_expands(rt)
+    result = after(task, problem, "4 + 5 = 9 (left")
+    verifier._root(GAME24_PREFIX)
+    forwards = rt.backend.forward_calls
+    score = verifier.score(problem, result)
+    assert rt.backend.forward_calls == forwards + 1  # one forward: query + each verdict, three rows
+    assert calls == [] and rt.metrics.decode_tokens == 0  # nothing sampled
+    # the reference: the query appended, the three verdicts appended one by one
+    ref = Runtime(tiny, seed=0)
+    query = ref.append(ref.new_tree(GAME24_PREFIX), game24_query("6 9 10"))
+    totals = {v: sum(ref.append(query, f" {v}").logprobs) for v in VALUE_MAP}
+    z = sum(math.exp(t) for t in totals.values())
+    probs = {v: math.exp(t) / z for v, t in totals.items()}
+    described = verifier.describe(problem, result)
+    assert described["verdict_probs"] == pytest.approx(probs, rel=1e-4)
+    raw = sum(p * VALUE_MAP[v] for v, p in probs.items())
+    assert described["value_raw"] == pytest.approx(raw, rel=1e-4) and score == pytest.approx(raw / 20, rel=1e-4)
+    assert 0.001 / 20 <= score <= 1.0
+    root = verifier.roots[GAME24_PREFIX]
+    assert root.children == []  # the query was released; only the prefix stays

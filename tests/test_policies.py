@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import random
+import zlib
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ from arbor_runtime.events import replay_resident
 from arbor_runtime.policies import POLICIES, ArborPolicy, build_policy
 from controllers.bfs import BFSController
 from tasks.game24 import Game24Task, format_number
-from verifiers.game24 import Game24Verifier
+from verifiers.game24_oracle import Game24OracleVerifier
 
 PROMPT = "Input: 4 4 6 8\nSteps:\n"
 PARAMS = SamplingParams(max_new_tokens=4, temperature=1.0)
@@ -176,21 +178,26 @@ def test_large_budget_arbor_equals_full_and_evicts_nothing(tiny):
 
 
 class ScriptedGame24(Game24Task):
-    """Game of 24 whose thoughts are read as one fixed legal step (largest two numbers added).
+    """Game of 24 whose thoughts are read as one legal step: two of the numbers left added, the pair
+    picked by a digest of the thought's text (distinct thoughts mostly reach distinct states, so the
+    search's duplicate check keeps a tree to search).
 
     The tiny random model writes noise, so without this no search would get past its first level;
     the tree, the KV and the memory pressure are real, only the reading of each thought is fixed.
     """
 
     def step(self, problem, state, thought):
-        a, b = sorted(state.values)[-2:]
+        values = sorted(state.values)
+        pairs = list(itertools.combinations(range(len(values)), 2))
+        i, j = pairs[zlib.crc32(thought.encode()) % len(pairs)]
+        a, b = values[i], values[j]
         return super().step(problem, state, f"{format_number(b)} + {format_number(a)} = {format_number(a + b)} (left")
 
 
 def bfs_search(tiny, data_dir, policy, budget):
     task = ScriptedGame24(data_dir=str(data_dir), start=901, end=902, n_shots=1)
     rt = Runtime(tiny, policy=policy, budget_tokens=budget, seed=0)
-    controller = BFSController(rt, task, Game24Verifier(), n_generate=2, breadth=2, release_pruned=False)
+    controller = BFSController(rt, task, Game24OracleVerifier(), n_generate=2, breadth=2, release_pruned=False)
     return rt, controller, controller.solve(task.problems()[0])
 
 

@@ -2,7 +2,8 @@
 
 Used during search, so it must not peek at ``problem.answer``: a finished path that states an
 answer is worth more than one that ran out of steps without one, and open paths sit in between.
-Correctness is checked only at evaluation (``Task.is_correct``).
+Correctness is checked only at evaluation (``Task.is_correct``): its scale declares no solution
+score, so no search stops on it (controllers stop on a self-consistency vote instead).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.base import Problem, StepResult
-from verifiers.base import Verifier
+from verifiers.base import Scale, Verifier
 
 #: a terminal node that states an answer
 ANSWERED_SCORE = 1.0
@@ -24,6 +25,11 @@ class AnswerVerifier(Verifier):
     """Scores 0.0 invalid, 1.0 terminal with an answer, 0.1 terminal without one, 0.5 open."""
 
     name = "answer_match"
+    #: an answer's presence is not its correctness: no score is a solution (a search stops early
+    #: only on a self-consistency vote)
+    scale = Scale(
+        live=OPEN_SCORE, meaning="1.0: states an answer (unchecked); 0.5: open; 0.1: finished without one; 0.0: invalid"
+    )
 
     def score(self, problem: Problem, result: StepResult) -> float:
         """Value of a node from its validity, whether it is terminal, and whether it states an answer."""

@@ -1,9 +1,15 @@
 """LLM value verifier in the Tree-of-Thoughts style (Yao et al. 2023, game24 ``value_prompt``).
 
-The model is asked whether a state can still succeed: "sure", "likely" or "impossible". It samples
-``n_evaluate`` short verdicts; as in ToT the raw value is the sum of 20 / 1 / 0.001 per verdict
-(unreadable samples add 0). Our controllers expect scores in [0, 1], so the score is
-``raw / (20 * n_evaluate)``: all "sure" gives 1.0, and the order of states is ToT's.
+The model is asked whether a state can still succeed: "sure", "likely" or "impossible".
+
+- ``mode="choose"`` (default): the state's query followed by each verdict is scored as a choice
+  under the prefix (``Runtime.choose``: one forward of three short rows that read the prefix once,
+  nothing stored). The query's own tokens are the same in every row, so the choice distribution is
+  exactly the verdicts' probabilities p given the query, renormalized over the three; no sampling.
+  The raw value is ToT's expectation ``sum_v p_v * {20, 1, 0.001}_v``, the score ``raw / 20``.
+- ``mode="sample"``: ToT's own estimate. It samples ``n_evaluate`` short verdicts; the raw value is
+  the sum of 20 / 1 / 0.001 per verdict (unreadable samples add 0) and the score
+  ``raw / (20 * n_evaluate)``: all "sure" gives 1.0, and the order of states is ToT's.
 
 The prompt is the task's own (:attr:`tasks.base.Task.value_prompt`): its few-shot prefix is a tree
 root in the search's runtime, prefilled once; each state's query is a teacher-forced block appended
@@ -21,12 +27,20 @@ from typing import Any
 
 from arbor_runtime import Node, Runtime, SamplingParams
 from tasks.base import Problem, StepResult, Task, ValuePrompt, ValueQuery
-from verifiers.base import Verifier
+from verifiers.base import Scale, Verifier, charge_model_call
 
 #: ToT's value_map: value of one sampled verdict
 VALUE_MAP: dict[str, float] = {"sure": 20.0, "likely": 1.0, "impossible": 0.001}
 #: the best one verdict can add; the normalizer is this times ``n_evaluate``
 MAX_VERDICT_VALUE = max(VALUE_MAP.values())
+#: the scores' meaning: "live" is a mean verdict of at least "likely" (1 / 20 after normalizing);
+#: every verdict "sure" (1.0) is taken as a verified solution (on finished Game of 24 paths the
+#: value prompt's exact check gives 1.0 or 0.0 instead)
+LLM_VALUE_SCALE = Scale(
+    live=VALUE_MAP["likely"] / MAX_VERDICT_VALUE,
+    solution=1.0,
+    meaning="mean verdict: 1.0 all sure; 0.05 likely; 0.00005 impossible; 0.0 invalid or unreadable",
+)
 
 _WORD = re.compile(r"[a-z]+")
 
@@ -42,20 +56,29 @@ def raw_value(verdicts: list[str | None]) -> float:
     return sum((VALUE_MAP.get(v, 0.0) for v in verdicts if v is not None), 0.0)
 
 
+#: the modes of the verifier: verdicts scored as choices, or sampled
+MODES = ("choose", "sample")
+#: the verdicts as choices after "Judgement:" (the value prompts' examples write " sure" etc.)
+VERDICT_CHOICES = tuple(f" {v}" for v in VALUE_MAP)
+
+
 @dataclass(frozen=True, slots=True)
 class Evaluation:
-    """The sampled verdicts for one state and their ToT value (``raw``) and score in [0, 1]."""
+    """One state's verdicts (sampled; or None in choose mode), their probabilities (choose mode; else
+    empty), the ToT value (``raw``) and the score in [0, 1]."""
 
     verdicts: tuple[str | None, ...]
     raw: float
     score: float
+    probs: dict[str, float] | None = None
 
 
 class LLMValueVerifier(Verifier):
     """ToT value prompting over the search's own runtime, with the task's value prompt.
 
     Args:
-        n_evaluate: verdicts sampled per state (one batch).
+        mode: "choose" (verdict probabilities) or "sample" (``n_evaluate`` sampled verdicts).
+        n_evaluate: verdicts sampled per state (one batch; sample mode).
         temperature: sampling temperature of the verdicts.
         max_new_tokens: tokens one verdict may take (it ends at a newline).
         runtime / prompt: what to evaluate in and with; a controller binds both (the task's
@@ -67,6 +90,8 @@ class LLMValueVerifier(Verifier):
     """
 
     name = "llm_value"
+    scale = LLM_VALUE_SCALE
+    max_calls_per_score = 1  # one batch of n_evaluate verdicts per state
 
     def __init__(
         self,
@@ -76,10 +101,13 @@ class LLMValueVerifier(Verifier):
         runtime: Runtime | None = None,
         prompt: ValuePrompt | None = None,
         seed: int = 0,
+        mode: str = "choose",
     ) -> None:
         if n_evaluate < 1:
             raise ValueError(f"llm_value: n_evaluate={n_evaluate} must be >= 1")
-        self.n_evaluate = n_evaluate
+        if mode not in MODES:
+            raise ValueError(f"llm_value: mode={mode!r} must be one of {', '.join(MODES)}")
+        self.n_evaluate, self.mode = n_evaluate, mode
         self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, stop=["\n"])
         self.runtime: Runtime | None = None
         self.prompt = prompt
@@ -120,26 +148,47 @@ class LLMValueVerifier(Verifier):
         if not result.valid or self._finished(problem, result) is not None:
             return {}
         ev = self.cache.get(self._prompt().query(problem, result.state).key)
-        return {} if ev is None else {"value_raw": ev.raw, "verdicts": list(ev.verdicts)}
+        if ev is None:
+            return {}
+        return {"value_raw": ev.raw} | ({"verdict_probs": ev.probs} if ev.probs else {"verdicts": list(ev.verdicts)})
 
     def evaluate(self, query: ValueQuery) -> Evaluation:
-        """Sample ``n_evaluate`` verdicts for ``query`` below the prefix root (cached per state)."""
+        """Score ``query`` below the prefix root: verdict probabilities or samples (cached per state).
+
+        The asking search is charged one model call per state (:func:`~verifiers.base.charge_model_call`).
+        """
+        charge_model_call(query.key)
         if query.key in self.cache:
             return self.cache[query.key]
         rt = self._bound()
-        block = rt.append(self._root(self._prompt().prefix), query.text)
-        try:
-            samples = rt.expand(block, n=self.n_evaluate, sampling=self.sampling)
-            verdicts = tuple(parse_verdict(s.text) for s in samples)
-        finally:
-            rt.release(block)  # drops the query and its samples; the prefix stays
-        raw = raw_value(list(verdicts))
-        ev = Evaluation(verdicts, raw, raw / (MAX_VERDICT_VALUE * self.n_evaluate))
+        root = self._root(self._prompt().prefix)
+        if self.mode == "choose":
+            ev = self._choose(rt, root, query.text)
+        else:
+            block = rt.append(root, query.text)
+            try:
+                ev = self._sample(rt, block)
+            finally:
+                rt.release(block)  # drops the query and its samples; the prefix stays
         self.cache[query.key] = ev
         self.evaluations += 1
         return ev
 
     # ---- helpers -------------------------------------------------------------------------
+    def _choose(self, rt: Runtime, root: Node, query: str) -> Evaluation:
+        """The verdicts' probabilities after the query (renormalized over the three) and their expected value."""
+        scored = rt.choose(root, [query + v for v in VERDICT_CHOICES])
+        probs = dict(zip(VALUE_MAP, scored.probs_sum, strict=True))
+        raw = sum(p * VALUE_MAP[v] for v, p in probs.items())
+        return Evaluation((), raw, raw / MAX_VERDICT_VALUE, probs)
+
+    def _sample(self, rt: Runtime, block: Node) -> Evaluation:
+        """``n_evaluate`` sampled verdicts and ToT's sum of their values."""
+        samples = rt.expand(block, n=self.n_evaluate, sampling=self.sampling)
+        verdicts = tuple(parse_verdict(s.text) for s in samples)
+        raw = raw_value(list(verdicts))
+        return Evaluation(verdicts, raw, raw / (MAX_VERDICT_VALUE * self.n_evaluate))
+
     def _finished(self, problem: Problem, result: StepResult) -> float | None:
         return self._prompt().finished_score(problem, result) if result.terminal else None
 

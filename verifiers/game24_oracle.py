@@ -1,4 +1,10 @@
-"""Symbolic Game of 24 verifier: exact scores from the arithmetic in :mod:`tasks.arith24`.
+"""The exact Game of 24 solver as a verifier: an ORACLE, for upper-bound rows only.
+
+It scores a state 1.0 iff 24 is still reachable from the numbers left (exact search in
+:mod:`tasks.arith24`), so a search it steers is told the answer's existence at every step: its
+accuracy is an upper bound on what a model-based value could reach, never a result of the model.
+It is no task's default; every results row records its verifier and tables label this one
+"oracle (upper bound)".
 
 It reads a state only through :class:`NumbersLeft` (the numbers a path has left) and a terminal
 result's stated answer (the final expression), so any task whose states carry exact numbers fits.
@@ -11,7 +17,7 @@ from typing import Any, Protocol
 
 from tasks.arith24 import check_expression, format_number, parse_puzzle, solvable
 from tasks.base import Problem, StepResult
-from verifiers.base import Verifier
+from verifiers.base import Scale, Verifier
 
 #: score of a valid state that can no longer reach 24: low, but above an invalid thought's 0.0
 DEAD_END_SCORE = 0.001
@@ -24,10 +30,16 @@ class NumbersLeft(Protocol):
     def values(self) -> tuple[Fraction, ...]: ...
 
 
-class Game24Verifier(Verifier):
-    """Scores Game of 24 nodes exactly: live paths 1.0, dead ends 0.001, invalid/wrong 0.0."""
+class Game24OracleVerifier(Verifier):
+    """Scores Game of 24 nodes exactly: live paths 1.0, dead ends 0.001, invalid/wrong 0.0 (an oracle)."""
 
-    name = "game24"
+    name = "game24_oracle"
+    label = "oracle (upper bound)"
+    scale = Scale(
+        live=1.0,
+        solution=1.0,
+        meaning="1.0: 24 still reachable (finished: solved); 0.001: dead end; 0.0: invalid or wrong",
+    )
 
     def score(self, problem: Problem, result: StepResult) -> float:
         """Value of a node: 0.0 invalid; terminal 1.0 iff solved; else 1.0 iff 24 is still reachable."""

@@ -1,0 +1,117 @@
+"""Problems per hour at several concurrency levels, and against naive ToT, on the same problems.
+
+Each setting runs ``arbor-solve``'s own loop (:func:`arbor_cli.run.solve_all`) on the configured
+problems in a fresh run dir: ``concurrency=1`` solves them one after another, ``concurrency=N``
+runs N searches at once in one runtime (their rows batched together, one budget). ``naive`` runs
+the same controller over :class:`~arbor_cli.bench.naive.NaiveRuntime` (every node's prompt re-sent
+to ``generate``, as the reference ToT code does). Every setting reports wall time, problems/hour,
+the peak device KV and whether each problem's result equals the ``concurrency=1`` one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from arbor_cli.bench.naive import NaiveRuntime
+from arbor_cli.build import USER_ERRORS, build, compose_config
+from arbor_cli.results import write_csv, write_jsonl
+from arbor_cli.run import solve_all
+
+#: result fields that must not depend on concurrency
+SAME = ("solved", "answer", "best_path", "nodes_created", "decode_tokens", "oom")
+
+
+def run_setting(overrides: Sequence[str], loaded=None) -> tuple[list[dict[str, Any]], float, Any]:
+    """One ``solve_all`` in a temporary run dir; returns (rows, wall seconds, the model)."""
+    setup = build(compose_config([*overrides, "save_trees=false", "resume=false"]), loaded)
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        rows = solve_all(setup, Path(tmp), Console(quiet=True))
+        return rows, time.perf_counter() - start, setup.loaded
+
+
+def run_naive(overrides: Sequence[str], loaded) -> tuple[list[dict[str, Any]], float]:
+    """The configured controller over :class:`NaiveRuntime`, one problem after another."""
+    setup = build(compose_config(list(overrides)), loaded)
+    rows, start = [], time.perf_counter()
+    for problem in setup.problems:
+        rt = NaiveRuntime(setup.loaded)
+        result = setup.controller(rt).solve(problem, seed=setup.seed(problem))
+        rows.append({"index": problem.index, "solved": result.solved, "decode_tokens": rt.metrics.decode_tokens})
+    return rows, time.perf_counter() - start
+
+
+def concurrency_rows(
+    overrides: Sequence[str], levels: Sequence[int], policies: Sequence[str], naive: bool
+) -> list[dict[str, Any]]:
+    """Every policy at every concurrency level (plus naive); one summary dict per setting."""
+    out, reference = [], {}
+    warm = [o for o in overrides if not o.startswith(("task.start=", "task.end="))]
+    start = next((o.split("=")[1] for o in overrides if o.startswith("task.start=")), None)
+    if start is not None:  # one untimed problem first: model load, first-call costs
+        warm += [f"task.start={start}", f"task.end={int(start) + 1}"]
+    _, _, loaded = run_setting(warm)
+    for policy in policies:
+        over = [*overrides, *policy.split()]
+        for level in levels:
+            rows, seconds, loaded = run_setting([*over, f"concurrency={level}"], loaded)
+            key = {r["index"]: tuple(r.get(k) for k in SAME) for r in rows}
+            reference.setdefault(policy, key)
+            out.append(_summary(policy, level, rows, seconds, same=key == reference[policy]))
+    if naive:
+        rows, seconds = run_naive(overrides, loaded)
+        out.append(_summary("naive ToT", 1, rows, seconds, same=None))
+    return out
+
+
+def _summary(policy: str, level: int, rows: list[dict[str, Any]], seconds: float, same: bool | None) -> dict:
+    peaks = [r.get("peak_device_tokens") or 0 for r in rows]
+    return {
+        "policy": policy,
+        "concurrency": level,
+        "problems": len(rows),
+        "seconds": round(seconds, 1),
+        "problems_per_hour": round(3600 * len(rows) / seconds, 1),
+        "solved": sum(bool(r.get("solved")) for r in rows),
+        "oom": sum(bool(r.get("oom")) for r in rows),
+        "peak_device_tokens": max(peaks) if peaks else 0,
+        "peak_device_mb": round(max((r.get("peak_device_bytes") or 0) for r in rows) / 2**20, 1),
+        "decode_tokens": sum(r.get("decode_tokens") or 0 for r in rows),
+        "same_results_as_concurrency_1": same,
+    }
+
+
+def concurrency_main(argv: Sequence[str] | None = None) -> int:
+    """``bench_concurrency.py``: the table, plus JSONL and CSV under ``--out``."""
+    ap = argparse.ArgumentParser(prog="bench_concurrency.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--levels", default="1,2,4,8", help="concurrency levels")
+    ap.add_argument("--policies", default="policy=full", help="';'-separated override sets, e.g. 'policy=full;policy=arbor policy.budget_tokens=1500'")
+    ap.add_argument("--naive", action="store_true", help="also run naive ToT (generate per node)")
+    ap.add_argument("--out", default="bench/concurrency", help="folder for concurrency.jsonl / .csv")
+    ap.add_argument("overrides", nargs="*", help="arbor-solve overrides (task=, controller=, model=...)")
+    args = ap.parse_args(argv)
+    try:
+        levels = [int(x) for x in args.levels.split(",")]
+        rows = concurrency_rows(args.overrides, levels, [p.strip() for p in args.policies.split(";")], args.naive)
+    except USER_ERRORS as exc:
+        print(f"bench_concurrency.py: error: {exc}", file=sys.stderr)
+        return 2
+    table = Table(title="problems per hour by concurrency")
+    for col in rows[0]:
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(*["-" if v is None else str(v) for v in r.values()])
+    Console(width=200).print(table)
+    out = Path(args.out)
+    write_jsonl(out / "concurrency.jsonl", rows)
+    write_csv(out / "concurrency.csv", rows)
+    return 0
