@@ -36,10 +36,11 @@ def grow(rt: Runtime, params: SamplingParams = GREEDY):
 @pytest.mark.parametrize("memory", ["full", "h2o", "snapkv"])  # h2o: statistics from the sparse path
 def test_reading_every_chunk_equals_dense_attention(tiny, name, memory):
     dense = grow(Runtime(tiny, policy=memory))
-    policy = SPARSE[name](memory=memory, token_budget=10**6, min_block_tokens=8)
+    policy = SPARSE[name](memory=memory, token_budget=10**6, min_block_tokens=4)  # children indexed too
     rt = Runtime(tiny, policy=policy)
     sparse = grow(rt)
-    assert rt.backend.sparse.stats.steps > 0 and rt.backend.sparse.stats.builds > 0
+    assert rt.backend.sparse.stats.steps > 0
+    assert rt.backend.sparse.stats.builds == 3  # the prompt and both children (each read by one row only)
     assert rt.backend.sparse.stats.read_fraction == 1.0
     for a, b in zip(dense, sparse, strict=True):
         assert a.token_ids == b.token_ids
