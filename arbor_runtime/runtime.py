@@ -190,7 +190,8 @@ class Runtime:
             :class:`~arbor_runtime.choose.ChoiceScores` (log-probs, distributions, order, kept nodes).
         Raises:
             ValueError: no choices, a duplicate or empty choice, a bad ``keep`` / ``by``, a released node.
-            KVBudgetExceeded: the path plus the kept tokens cannot fit.
+            KVBudgetExceeded: the path plus one kept choice cannot fit (or, under a policy that keeps
+                everything resident, the path plus all kept choices).
         """
         self._check_live(node)
         plan = ChoosePlan.build(self.tokenizer, node, choices, keep, by)
@@ -206,8 +207,21 @@ class Runtime:
         return result
 
     def _choose_pass(self, node: Node, plan: ChoosePlan, rows: list[int], write: list[int]):
-        work = ChooseWork(self, node, plan.token_ids, rows, write, plan.choices)
-        return self._submit(Work("choose", self._account(), run=work))
+        """Forward choices ``rows`` under ``node``, storing those in ``write`` as children.
+
+        When the kept choices do not fit the budget together, the rows are scored without storing
+        anything, then each kept choice is stored by a pass of its own (the path and that choice's
+        tokens must fit; the policy may move earlier ones off the device): the same split a
+        scheduler makes for an expansion, never an OOM while one choice fits.
+        """
+        try:
+            work = ChooseWork(self, node, plan.token_ids, rows, write, plan.choices)
+            return self._submit(Work("choose", self._account(), run=work))
+        except KVBudgetExceeded:
+            if len(write) <= 1:
+                raise
+        logprobs, _ = self._choose_pass(node, plan, rows, [])
+        return logprobs, [self._choose_pass(node, plan, [i], [i])[1][0] for i in write]
 
     def append(self, node: Node, text: str) -> Node:
         """Add a teacher-forced child block holding ``text``; its ``logprobs`` score the text."""

@@ -144,3 +144,26 @@ def test_choose_on_a_released_node_is_an_error(tiny):
     rt.release(child)
     with pytest.raises(ValueError, match="was released"):
         rt.choose(child, [" a", " b"])
+
+
+def test_arbor_stores_kept_choices_one_at_a_time_when_they_do_not_fit_together(tiny):
+    """Path + one choice fits, path + all kept choices does not: arbor splits the pass (earlier
+    kept choices leave the device) and the kept children equal those of an unbudgeted run."""
+    ref = Runtime(tiny, policy="full")
+    ref_root = ref.new_tree(PROMPT)
+    want = ref.choose(ref_root, CHOICES, keep=3)
+    lengths = [len(c.token_ids) for c in want.kept]
+    budget = ref_root.length + max(lengths) + 4  # and room for 4 new tokens below a kept choice
+    assert budget < ref_root.length + sum(lengths)  # together they do not fit
+    rt = Runtime(tiny, policy="arbor", budget_tokens=budget)
+    root = rt.new_tree(PROMPT)
+    got = rt.choose(root, CHOICES, keep=3)
+    assert got.kept_index == want.kept_index and [c.token_ids for c in got.kept] == [c.token_ids for c in want.kept]
+    tol = reassociation_tol(tiny, got.total)
+    assert all(math.isclose(a, b, abs_tol=tol) for a, b in zip(got.total, want.total, strict=True))
+    for g, w in zip(got.kept, want.kept, strict=True):
+        assert all(math.isclose(a, b, abs_tol=tol) for a, b in zip(g.logprobs, w.logprobs, strict=True))
+    assert rt.metrics.peak_device_tokens <= budget and rt.metrics.evicted_tokens > 0
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)  # the evicted children come back exact
+    for g, w in zip(got.kept, want.kept, strict=True):
+        assert rt.expand(g, 1, params)[0].token_ids == ref.expand(w, 1, params)[0].token_ids

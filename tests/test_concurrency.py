@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -256,3 +257,18 @@ def test_an_engine_error_reaches_every_waiting_search(tiny, monkeypatch):
     assert rt.store.pool.used == rt.store.resident_tokens  # no slots left in flight
     monkeypatch.setattr(rt.backend, "forward", forward)
     assert len(rt.expand(roots[0], 1, params)) == 1  # the runtime goes on
+
+
+def test_bench_concurrency_runs_every_level_and_naive_tot_on_the_same_problems(data_dir, tmp_path, capsys):
+    from arbor_cli.bench.concurrency import concurrency_main
+
+    over = ["model=tiny-random", f"paths.data_dir={data_dir}", "task.start=900", "task.end=902"]
+    over += ["controller.n_generate=2", "controller.breadth=2", "verifier=llm_value"]
+    assert concurrency_main(["--levels", "1,2", "--naive", "--out", str(tmp_path), *over]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "concurrency.jsonl").read_text().splitlines()]
+    assert [(r["policy"], r["concurrency"]) for r in rows] == [("policy=full", 1), ("policy=full", 2), ("naive ToT", 1)]
+    assert all(r["problems"] == 2 and r["problems_per_hour"] > 0 for r in rows)
+    assert rows[1]["same_results_as_concurrency_1"] is True
+    assert rows[2]["decode_tokens"] > 0 and not (tmp_path / "concurrency.partial.jsonl").exists()
+    assert concurrency_main(["--levels", "0", "--out", str(tmp_path), *over]) == 2
+    assert "--levels '0'" in capsys.readouterr().err

@@ -11,10 +11,11 @@ the peak device KV and whether each problem's result equals the ``concurrency=1`
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,14 @@ def run_naive(overrides: Sequence[str], loaded) -> tuple[list[dict[str, Any]], f
 
 
 def concurrency_rows(
-    overrides: Sequence[str], levels: Sequence[int], policies: Sequence[str], naive: bool
+    overrides: Sequence[str],
+    levels: Sequence[int],
+    policies: Sequence[str],
+    naive: bool,
+    on_row: Callable[[dict[str, Any]], None] = lambda row: None,
 ) -> list[dict[str, Any]]:
-    """Every policy at every concurrency level (plus naive); one summary dict per setting."""
+    """Every policy at every concurrency level (plus naive); one summary dict per setting, each
+    also handed to ``on_row`` as soon as it is measured (so a failure later loses nothing)."""
     out, reference = [], {}
     warm = [o for o in overrides if not o.startswith(("task.start=", "task.end="))]
     start = next((o.split("=")[1] for o in overrides if o.startswith("task.start=")), None)
@@ -67,9 +73,11 @@ def concurrency_rows(
             key = {r["index"]: tuple(r.get(k) for k in SAME) for r in rows}
             reference.setdefault(policy, key)
             out.append(_summary(policy, level, rows, seconds, same=key == reference[policy]))
+            on_row(out[-1])
     if naive:
         rows, seconds = run_naive(overrides, loaded)
         out.append(_summary("naive ToT", 1, rows, seconds, same=None))
+        on_row(out[-1])
     return out
 
 
@@ -94,14 +102,25 @@ def concurrency_main(argv: Sequence[str] | None = None) -> int:
     """``bench_concurrency.py``: the table, plus JSONL and CSV under ``--out``."""
     ap = argparse.ArgumentParser(prog="bench_concurrency.py", description=__doc__.split("\n")[0])
     ap.add_argument("--levels", default="1,2,4,8", help="concurrency levels")
-    ap.add_argument("--policies", default="policy=full", help="';'-separated override sets, e.g. 'policy=full;policy=arbor policy.budget_tokens=1500'")
+    ap.add_argument(
+        "--policies",
+        default="policy=full",
+        help="';'-separated override sets, e.g. 'policy=full;policy=arbor policy.budget_tokens=1500'",
+    )
     ap.add_argument("--naive", action="store_true", help="also run naive ToT (generate per node)")
     ap.add_argument("--out", default="bench/concurrency", help="folder for concurrency.jsonl / .csv")
     ap.add_argument("overrides", nargs="*", help="arbor-solve overrides (task=, controller=, model=...)")
     args = ap.parse_args(argv)
+    out = Path(args.out)
+    partial = out / "concurrency.partial.jsonl"
     try:
         levels = [int(x) for x in args.levels.split(",")]
-        rows = concurrency_rows(args.overrides, levels, [p.strip() for p in args.policies.split(";")], args.naive)
+        if not levels or min(levels) < 1:
+            raise ValueError(f"--levels {args.levels!r}: positive integers, e.g. 1,2,4,8")
+        out.mkdir(parents=True, exist_ok=True)
+        partial.write_text("")
+        policies = [p.strip() for p in args.policies.split(";")]
+        rows = concurrency_rows(args.overrides, levels, policies, args.naive, lambda row: _append(partial, row))
     except USER_ERRORS as exc:
         print(f"bench_concurrency.py: error: {exc}", file=sys.stderr)
         return 2
@@ -111,7 +130,12 @@ def concurrency_main(argv: Sequence[str] | None = None) -> int:
     for r in rows:
         table.add_row(*["-" if v is None else str(v) for v in r.values()])
     Console(width=200).print(table)
-    out = Path(args.out)
     write_jsonl(out / "concurrency.jsonl", rows)
     write_csv(out / "concurrency.csv", rows)
+    partial.unlink()
     return 0
+
+
+def _append(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")

@@ -43,10 +43,18 @@ class NaiveRuntime:
         return self.expand_many([(node, n)], sampling)[0]
 
     @torch.inference_mode()
-    def expand_many(self, requests: Sequence[tuple[Node, int]], sampling: SamplingParams | None = None):
-        """One ``generate`` call per requested node, its ``n`` samples together; the path re-sent."""
-        params = sampling or SamplingParams()
-        return [self._generate(node, n, params) for node, n in requests]
+    def expand_many(
+        self,
+        requests: Sequence[tuple[Node, int]],
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+    ):
+        """One ``generate`` call per requested node, its ``n`` samples together; the path re-sent.
+        ``sampling``: one set of parameters for all requests, or one per request."""
+        if sampling is None or isinstance(sampling, SamplingParams):
+            sampling = [sampling or SamplingParams()] * len(requests)
+        if any(p.constrained for p in sampling):
+            raise ValueError("naive ToT runtime: regex / grammar sampling is not supported (use task.propose=sample)")
+        return [self._generate(node, n, p) for (node, n), p in zip(requests, sampling, strict=True)]
 
     @torch.inference_mode()
     def append(self, node: Node, text: str) -> Node:
