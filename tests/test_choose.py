@@ -167,3 +167,14 @@ def test_arbor_stores_kept_choices_one_at_a_time_when_they_do_not_fit_together(t
     params = SamplingParams(max_new_tokens=4, temperature=0.0)  # the evicted children come back exact
     for g, w in zip(got.kept, want.kept, strict=True):
         assert rt.expand(g, 1, params)[0].token_ids == ref.expand(w, 1, params)[0].token_ids
+
+
+def test_naive_tot_runtime_scores_choices_as_the_runtime_does(tiny):
+    from arbor_cli.bench.naive import NaiveRuntime
+
+    rt, naive = Runtime(tiny), NaiveRuntime(tiny)
+    got, want = naive.choose(naive.new_tree(PROMPT), CHOICES, keep=2), rt.choose(rt.new_tree(PROMPT), CHOICES, keep=2)
+    tol = reassociation_tol(tiny, want.total)
+    assert all(math.isclose(a, b, abs_tol=tol) for a, b in zip(got.total, want.total, strict=True))
+    assert got.kept_index == want.kept_index and [c.token_ids for c in got.kept] == [c.token_ids for c in want.kept]
+    assert naive.metrics.forward_calls == len(CHOICES)  # one request per choice, the path re-sent each time

@@ -27,8 +27,11 @@ from arbor_cli.build import USER_ERRORS, build, compose_config
 from arbor_cli.results import write_csv, write_jsonl
 from arbor_cli.run import solve_all
 
-#: result fields that must not depend on concurrency
-SAME = ("solved", "answer", "best_path", "nodes_created", "decode_tokens", "oom")
+#: result fields that must not depend on concurrency: the search's outcome and the tokens it sampled.
+#: Not prefill_tokens / nodes_created: a verifier's few-shot prefix (llm_value) is one tree per
+#: runtime, prefilled once per problem at concurrency 1 (a fresh runtime each) but once for all
+#: problems in a shared runtime (charged to the search that asks first).
+SAME = ("solved", "answer", "best_path", "nodes_expanded", "decode_tokens", "oom")
 
 
 def run_setting(overrides: Sequence[str], loaded=None) -> tuple[list[dict[str, Any]], float, Any]:

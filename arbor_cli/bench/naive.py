@@ -3,7 +3,7 @@
 The reference code (princeton-nlp/tree-of-thought-llm) sends every node's whole prompt to the
 model for each generation: ``n`` samples of a node are one request, nothing is kept between
 requests. :class:`NaiveRuntime` offers the calls controllers and verifiers make (``new_tree``,
-``expand_many``, ``append``, ``set_value``, ``release``) on top of ``transformers``' ``generate``
+``expand_many``, ``append``, ``choose``, ``set_value``, ``release``) on top of ``transformers``' ``generate``
 doing exactly that, so the same controller code runs either way and the end-to-end speed of the
 two can be compared on the same problems.
 """
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from arbor_runtime import Node, SamplingParams
+from arbor_runtime.choose import ChoiceScores, ChoosePlan
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.metrics import RuntimeMetrics
 from arbor_runtime.tree import FORCED, GENERATED, PROMPT
@@ -67,6 +68,33 @@ class NaiveRuntime:
         logp = torch.log_softmax(logits[0, :-1].float(), dim=-1)
         child = self._node(node, ids, text, FORCED)
         child.logprobs = logp.gather(-1, torch.tensor(ids, device=self.device).view(-1, 1)).squeeze(-1).tolist()
+        return child
+
+    @torch.inference_mode()
+    def choose(
+        self, node: Node, choices: Sequence[str], keep: int | Sequence[int] = 0, by: str = "sum"
+    ) -> ChoiceScores:
+        """Score each choice by its own forward over the whole path plus the choice (as a naive
+        client scoring options one request each would); kept choices become forced children."""
+        plan = ChoosePlan.build(self.tokenizer, node, choices, keep, by)
+        scores = [self._score(node, ids) for ids in plan.token_ids]
+        result = ChoiceScores(plan.choices, plan.token_ids, scores, plan.by)
+        index = list(plan.keep_given) or result.order[: plan.keep_best]
+        result.kept, result.kept_index = [self._forced(node, plan, i, scores[i]) for i in index], index
+        return result
+
+    def _score(self, node: Node, ids: list[int]) -> list[float]:
+        """Log-probabilities of ``ids`` after ``node``'s path: one forward over path + ids."""
+        path = self.path_token_ids(node) + ids
+        start = time.perf_counter()
+        logits = self.model(input_ids=torch.tensor([path], device=self.device), logits_to_keep=len(ids) + 1).logits
+        self._count(time.perf_counter() - start, prefill=len(path))
+        logp = torch.log_softmax(logits[0, :-1].float(), dim=-1)
+        return logp.gather(-1, torch.tensor(ids, device=self.device).view(-1, 1)).squeeze(-1).tolist()
+
+    def _forced(self, node: Node, plan: ChoosePlan, i: int, logprobs: list[float]) -> Node:
+        child = self._node(node, plan.token_ids[i], plan.choices[i], FORCED)
+        child.logprobs = list(logprobs)
         return child
 
     def set_value(self, node: Node, value: float) -> None:
