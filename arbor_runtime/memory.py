@@ -185,7 +185,11 @@ class MemoryManager:
 
     def view(self, target: int) -> MemoryView:
         blocks = [BlockView(self.nodes[i], self.store.get(i), i in self.active) for i in sorted(self.store.block_ids())]
-        return MemoryView(blocks=blocks, active=self.active, budget=self.budget, target=target)
+        return MemoryView(blocks=blocks, active=self.active, budget=self.budget, target=target, read=self._read)
+
+    def _read(self, block_id: int, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the K/V of a block's device ``tokens`` (N,): (L, H_kv, N, D) each."""
+        return self.store.pool.read(self.store.get(block_id).slots_of(tokens))
 
     def execute(self, plan: RetentionPlan) -> None:
         """Apply a plan's evictions (never growing a block: restores are the manager's own decision);

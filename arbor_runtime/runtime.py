@@ -64,6 +64,8 @@ class Runtime:
         self.policy = build_policy(policy, budget_tokens=budget_tokens)
         if hasattr(self.policy, "vocab_size"):
             self.policy.vocab_size = int(self.model.config.vocab_size)
+        if hasattr(self.policy, "bind"):  # policies that read the model (kvp: weights by fingerprint)
+            self.policy.bind(self.model)
         self.backend = ModelBackend(self.model, fast_kernel=fast_kernel)
         host_cap = getattr(self.policy, "host_budget_tokens", None)
         self.store = KVStore(self.backend.shape, capacity=self.policy.kv_budget_tokens, host_capacity=host_cap)

@@ -51,6 +51,15 @@ python scripts/bench_stats_cost.py --out bench/linear/stats_cost.json --threads 
 # 4c. sparse decode attention (lychee, quest) vs dense by context length
 OMP_WAIT_POLICY=PASSIVE python scripts/bench_sparse.py --threads 1 --data-dir ../shared/data \\
     --contexts 2048,4096,8192 --random-contexts 16384,32768 --out bench/sparse
+# 4d. KVP: collect, train (weights shipped in arbor_runtime/policies/weights/), benchmark, arbor's selector
+python scripts/kvp_collect.py --out bench/kvp/data --sequences 200 --threads 2
+python scripts/kvp_train.py --data bench/kvp/data --threads 2  # -> policies/weights/kvp-smollm2.safetensors
+python scripts/kvp_train.py --data bench/kvp/data --threads 2 --loss budgets --out bench/kvp/kvp-budgets.safetensors \\
+    --plot bench/kvp/train-budgets.png --report bench/kvp/train-budgets.json
+python scripts/bench_kvp.py --out bench/kvp/bench.json --threads 2 --shares 0.1,0.2,0.3,0.5,0.7,0.9 \\
+    --variants kvp-budgets=bench/kvp/kvp-budgets.safetensors
+python scripts/record_trace.py --out bench/kvp/traces experiment=e2e_gsm8k paths.data_dir=../shared/data task.end=1
+python scripts/bench_kvp_replay.py bench/kvp/traces/*.json --out bench/kvp/replay.jsonl --threads 1
 # 5. Game of 24 accuracy per propose mode and policy (the rows of the ToT test slice that fit an hour)
 bash scripts/bench_accuracy.sh bench/accuracy ../shared/data 900 906
 # 6. this page
@@ -59,6 +68,8 @@ python scripts/write_results.py --bench bench --out docs/results.md"""
 
 #: interpretation written by hand next to generated tables (tracked; bench/ holds outputs only)
 NOTES_DIR = Path(__file__).resolve().parents[1] / "docs" / "notes"
+#: the folder of the page being written (set from --out)
+DOCS = NOTES_DIR.parent
 
 
 def md_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
@@ -510,6 +521,104 @@ def replace_section(page: str, title: str, body: str) -> str:
     return page[:start] + body + (page[end + 1 :] if end >= 0 else "")
 
 
+KVP_TITLE = "## KVP: learned per-head eviction scorers vs h2o / snapkv / streaming"
+KVP_POLICIES = ("oracle", "kvp", "kvp-budgets", "h2o", "snapkv", "streaming")
+
+
+def kvp_section(root: Path, docs: Path) -> str:
+    """Training (time, held-out retained-mass AUC vs heuristics, curve) and the held-out benchmark
+    (retained future attention, KL, top-1 per kept share), with the notes in docs/notes/kvp.md."""
+    bench, train = root / "bench.json", root / "train.json"
+    if not bench.is_file() or not train.is_file():
+        return f"{KVP_TITLE}\n\n(not run: {bench} or {train} missing)\n\n"
+    text = f"{KVP_TITLE}\n\n" + kvp_training_part(root, docs) + kvp_bench_part(json.loads(bench.read_text()))
+    text += kvp_replay_part(root / "replay.jsonl")
+    notes = NOTES_DIR / "kvp.md"
+    return text + (notes.read_text().strip() + "\n\n" if notes.is_file() else "")
+
+
+def kvp_training_part(root: Path, docs: Path) -> str:
+    rows = []
+    for name in ("train.json", "train-budgets.json"):
+        if (root / name).is_file():
+            r = json.loads((root / name).read_text())
+            f = r["final"]
+            rows.append(
+                {"loss": r["settings"]["loss"], "seconds": r["seconds"], "train": r["sequences"]["train"],
+                 "held_out": r["sequences"]["held_out"]}
+                | {f"{m}_{lvl}": f[f"{m}/{lvl}_auc"] for m in ("kvp", "oracle", "knorm", "streaming", "recency")
+                   for lvl in ("head", "token")}
+            )  # fmt: skip
+    cols = [("loss", "loss"), ("seconds", "train s"), ("train", "train seqs"), ("held_out", "held-out seqs")]
+    cols += [(f"{m}_head", f"{m} (head)") for m in ("kvp", "oracle", "knorm", "streaming", "recency")]
+    cols += [("kvp_token", "kvp (token)"), ("oracle_token", "oracle (token)")]
+    first = json.loads((root / "train.json").read_text())
+    png = ""
+    if (root / "train.png").is_file():
+        shutil.copy(root / "train.png", docs / "kvp-train.png")
+        png = "![KVP training curve](kvp-train.png)\n\n"
+    return (
+        f"Training (`{first['command']}`; {first['sequences']['train_tokens']:,} context tokens): held-out "
+        "retained-mass AUC = future attention kept by the top-scored tokens, averaged over budgets 10..90% of the "
+        "context; *head* = each layer/KV head ranks its own tokens, *token* = one whole-token ranking for all "
+        "heads (what the runtime evicts).\n\n" + md_table(rows, cols) + "\n" + png
+    )
+
+
+def kvp_bench_part(data: dict) -> str:
+    contexts = ", ".join(f"`{c['name']}` ({c['context_tokens']} tokens)" for c in data["contexts"])
+    per_context: dict[tuple[str, float], list[str]] = {}
+    for c in data["per_context"]:
+        for r in c["runs"]:
+            if "kl" in r:
+                key = (r["policy"], round(1 - r["compression_ratio"], 6))
+                per_context.setdefault(key, []).append(f"{sum(r['kl']) / len(r['kl']):.4f}")
+    rows = [
+        r
+        | {
+            "share": f"{r['kept_share']:.0%}",
+            "per_context": " / ".join(per_context.get((r["policy"], r["kept_share"]), [])),
+        }
+        for r in data["rows"]
+        if r["policy"] in KVP_POLICIES
+    ]
+    rows.sort(key=lambda r: (r["kept_share"], KVP_POLICIES.index(r["policy"])))
+    cols = [("share", "kept"), ("policy", "policy"), ("retained", "retained future attention"),
+            ("mean_kl", "mean KL"), ("top1", "top-1"), ("per_context", "mean KL per context")]  # fmt: skip
+    cost = data["cost"]
+    return (
+        f"Held-out benchmark, measured {data['date']} with `{data['command']}` (torch threads: {data['threads']}, "
+        f"{data['seconds'] / 60:.1f} min). Contexts: {contexts} (GSM8K shots are train rows 0-9, never in KVP "
+        f"training); protocol of bench_linear (compress once, teacher-force question + {data['steps']}-token "
+        "continuation). *retained future attention*: share of the uncompressed model's question + continuation "
+        "attention to the context that falls on the kept tokens (mean over layers and KV heads); *oracle* keeps the "
+        "best whole tokens for that measure.\n\n"
+        + md_table(rows, cols)
+        + f"\nkvp's scoring cost per decode step (`{cost['context']}`, budget {cost['budget_tokens']} tokens, greedy): "
+        f"{cost['kvp_scoring_ms_per_step']:.2f} ms of {cost['kvp_ms_per_step']:.1f} ms per step "
+        f"({cost['kvp_tokens_scored_per_step']:.1f} tokens scored per step; a step under streaming: "
+        f"{cost['streaming_ms_per_step']:.1f} ms, under h2o: {cost.get('h2o_ms_per_step', float('nan')):.1f} ms).\n\n"
+    )
+
+
+def kvp_replay_part(path: Path) -> str:
+    """arbor with and without kvp choosing tokens inside blocks, replaying a recorded search."""
+    if not path.is_file():
+        return ""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in rows:
+        r["share"] = f"{r['budget_fraction']:.0%}"
+        r["trace"] = f"{r['task']}-{r['problem']}"
+    cols = [("trace", "trace"), ("share", "budget"), ("policy", "policy"), ("top1_agreement", "top-1"),
+            ("mean_kl", "mean KL"), ("peak_device_tokens", "peak KV tok"), ("rehydrated_tokens", "rehydrated tok"),
+            ("oom", "OOM")]  # fmt: skip
+    return (
+        "arbor's in-block token selector, replaying a recorded `full` search teacher-forced "
+        "(`python scripts/bench_kvp_replay.py bench/kvp/traces/*.json`; budgets are shares of the full replay "
+        "peak; fidelity against the unbounded replay):\n\n" + md_table(rows, cols) + "\n"
+    )
+
+
 #: sections ``--only`` can rewrite on their own: name (= folder under --bench) -> (title, renderer)
 SECTIONS = {
     "linear": (LINEAR_TITLE, lambda root: linear_section(root)),
@@ -518,6 +627,7 @@ SECTIONS = {
     "concurrency": (CONCURRENCY_TITLE, lambda root: concurrency_section(root)),
     "sparse": (SPARSE_TITLE, lambda root: sparse_section(root)),
     "accuracy": (ACCURACY_TITLE, lambda root: accuracy_section(root)),
+    "kvp": (KVP_TITLE, lambda root: kvp_section(root, DOCS)),
 }
 
 
@@ -530,6 +640,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     bench, out = Path(args.bench), Path(args.out)
+    global DOCS  # images a section shows are copied next to the page
+    DOCS = out.parent
     if args.only:
         page = out.read_text() if out.is_file() else "# Results\n"
         for name in args.only.split(","):
@@ -577,6 +689,7 @@ def main() -> None:
         ctrl_section(bench / "ctrl"),
         linear_section(bench / "linear"),
         accuracy_section(bench / "accuracy"),
+        kvp_section(bench / "kvp", out.parent),
     ]
     notes = NOTES_DIR / "summary.md"
     text = "".join(parts).replace("NOTES\n\n", notes.read_text() + "\n\n" if notes.is_file() else "")

@@ -16,8 +16,9 @@ LONG_PROMPT = "Use numbers and basic arithmetic operations (+ - * /) to obtain 2
 def walked_kv_bytes(*roots) -> int:
     """Bytes of every KV-shaped tensor (…, head_dim last, 3+ dims) reachable from ``roots``.
 
-    Walks the runtime's own objects (not the model's weights, not the host tier) and counts each
-    tensor's whole storage once: what is allocated, not what the counters say.
+    Walks the runtime's own objects (not the weights of any module, the model's or a policy's
+    scorer; not the host tier) and counts each tensor's whole storage once: what is allocated,
+    not what the counters say.
     """
     rt = roots[0]
     head_dim = rt.backend.shape.head_dim
@@ -25,7 +26,7 @@ def walked_kv_bytes(*roots) -> int:
     seen, storages, stack = set(), {}, list(roots)
     while stack:
         obj = stack.pop()
-        if id(obj) in seen or id(obj) in skip:
+        if id(obj) in seen or id(obj) in skip or isinstance(obj, torch.nn.Module):
             continue
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
@@ -54,7 +55,7 @@ def watch_forwards(rt: Runtime, seen: list[int]) -> None:
     rt.backend.forward = watched
 
 
-@pytest.mark.parametrize("policy", ["full", "h2o", "streaming", "thinkv", "snapkv", "arbor"])
+@pytest.mark.parametrize("policy", ["full", "h2o", "streaming", "thinkv", "snapkv", "arbor", "kvp"])
 def test_walked_device_kv_never_exceeds_the_budget(tiny, policy):
     budget = 60
     rt = Runtime(tiny, policy=policy, budget_tokens=budget, seed=1)
@@ -126,7 +127,7 @@ def test_full_runs_rows_one_after_another_then_runs_out(tiny):
     assert rt.store.pool.used == rt.store.resident_tokens  # and no slots in flight
 
 
-@pytest.mark.parametrize("policy", ["h2o", "streaming", "thinkv", "snapkv"])
+@pytest.mark.parametrize("policy", ["h2o", "streaming", "thinkv", "snapkv", "kvp"])
 def test_prompt_larger_than_the_budget_is_prefilled_in_chunks(tiny, policy):
     budget = 48
     rt = Runtime(tiny, policy=policy, budget_tokens=budget)

@@ -33,7 +33,7 @@ def grow(rt: Runtime, params: SamplingParams = GREEDY):
 
 
 @pytest.mark.parametrize("name", sorted(SPARSE))
-@pytest.mark.parametrize("memory", ["full", "h2o", "snapkv"])  # h2o: statistics from the sparse path
+@pytest.mark.parametrize("memory", ["full", "h2o", "snapkv", "kvp"])  # h2o: statistics from the sparse path
 def test_reading_every_chunk_equals_dense_attention(tiny, name, memory):
     dense = grow(Runtime(tiny, policy=memory))
     policy = SPARSE[name](memory=memory, token_budget=10**6, min_block_tokens=4)  # children indexed too

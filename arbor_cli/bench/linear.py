@@ -158,11 +158,13 @@ def reference_continuation(full: Prefilled, ctx: Context, steps: int) -> None:
 
 @dataclass(slots=True)
 class ProjectRun:
-    """One policy at one kept share on one context: continuation log-probs (T, V), tokens kept."""
+    """One policy at one kept share on one context: continuation log-probs (T, V), tokens kept,
+    and which context tokens (block-local indices of the root, sorted) stayed."""
 
     logp: torch.Tensor
     kept_tokens: int
     seconds: float
+    kept: torch.Tensor | None = None
 
 
 def project_run(pre: Prefilled, ctx: Context, ratio: float | None) -> ProjectRun:
@@ -173,9 +175,10 @@ def project_run(pre: Prefilled, ctx: Context, ratio: float | None) -> ProjectRun
     blocks: dict[int, torch.Tensor] = {}
     rt.logits_hook = lambda node, logp: blocks.__setitem__(node.id, logp)
     kept = rt.compress(kept_tokens(root.length, ratio)) if ratio is not None else root.length
+    kept_idx = rt.store.get(root.id).kept.clone()
     node = rt.append_ids(root, ctx.question_ids + ctx.continuation_ids)
     logp = blocks[node.id][len(ctx.question_ids) :].float()
-    return ProjectRun(logp, kept, time.perf_counter() - start)
+    return ProjectRun(logp, kept, time.perf_counter() - start, kept_idx)
 
 
 def run_project(

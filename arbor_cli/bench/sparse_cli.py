@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
 
 
 def save(rows: list[dict[str, Any]], out: Path) -> Path:
-    """Write ``rows`` to ``out``/sparse.jsonl and sparse.csv (after every context: long runs keep what they measured)."""
+    """Write ``rows`` to ``out``/sparse.jsonl and sparse.csv (after every context: long runs keep what they did)."""
     write_jsonl(out / "sparse.jsonl", rows)
     write_csv(out / "sparse.csv", rows, [c.key for c in COLUMNS])
     return out
@@ -122,9 +122,8 @@ def bench(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
     methods = _names(args.methods, METHODS, "--methods")
     sources = _names(args.sources, list(SOURCES), "--sources")
     if args.decode < 2 or args.fidelity_steps < 1 or args.repeats < 1:
-        raise ValueError(
-            f"--decode={args.decode} must be >= 2, --fidelity-steps={args.fidelity_steps} and --repeats={args.repeats} >= 1"
-        )
+        steps = f"--fidelity-steps={args.fidelity_steps} and --repeats={args.repeats}"
+        raise ValueError(f"--decode={args.decode} must be >= 2, {steps} >= 1")
     settings = SparseSettings(token_budget=args.token_budget)
     meta = {
         "date": dt.date.today().isoformat(),

@@ -12,6 +12,7 @@ from arbor_runtime.policies.arbor import ArborPolicy
 from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.full import FullPolicy
 from arbor_runtime.policies.h2o import H2OPolicy
+from arbor_runtime.policies.kvp import KVPPolicy
 from arbor_runtime.policies.lychee import LycheePolicy
 from arbor_runtime.policies.quest import QuestPolicy
 from arbor_runtime.policies.registry import MEMORY_POLICIES
@@ -40,6 +41,7 @@ __all__ = [
     "ArborPolicy",
     "FullPolicy",
     "H2OPolicy",
+    "KVPPolicy",
     "LycheePolicy",
     "MemoryView",
     "Policy",

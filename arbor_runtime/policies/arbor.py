@@ -20,7 +20,10 @@ import torch
 from arbor_runtime.events import BranchSwitch, Event
 from arbor_runtime.policies.allocation import fit_floors, top_tokens, water_fill
 from arbor_runtime.policies.base import BlockView, MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.kvp import KVPScores
 from arbor_runtime.policies.msve import MSVEWeights, block_values
+
+TOKEN_SCORERS = ("attention", "kvp")
 
 
 @dataclass(slots=True)
@@ -35,6 +38,9 @@ class ArborPolicy(Policy):
         calibration: MSVE calibration JSON path (None = the file shipped with the package, else
             the defaults of :class:`MSVEWeights`).
         host_budget_tokens: cap on host-tier tokens (None = unbounded).
+        token_scorer: how tokens are chosen inside a block: ``attention`` (accumulated attention,
+            the paper's choice) or ``kvp`` (the learned KVP scorers, :mod:`~arbor_runtime.policies.kvp`).
+        kvp_weights: KVP weights file for ``token_scorer=kvp`` (None = the file shipped for the model).
         vocab_size: for entropy normalization (set by the runtime).
         weights: the MSVE weights read from ``calibration`` (not a constructor argument).
     """
@@ -51,13 +57,24 @@ class ArborPolicy(Policy):
     calibration: str | None = None
     host_budget_tokens: int | None = None
     vocab_size: int = 32000
+    token_scorer: str = "attention"
+    kvp_weights: str | None = None
     weights: MSVEWeights = field(init=False, repr=False)
+    kvp: KVPScores | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         Policy.__post_init__(self)
         if not 0.0 < self.distance_decay <= 1.0:
             raise ValueError(f"distance_decay={self.distance_decay} must be in (0, 1]")
+        if self.token_scorer not in TOKEN_SCORERS:
+            raise ValueError(f"arbor token_scorer={self.token_scorer!r}; valid: {', '.join(TOKEN_SCORERS)}")
         self.weights = MSVEWeights.load(self.calibration)
+        self.kvp = KVPScores(self.kvp_weights) if self.token_scorer == "kvp" else None
+
+    def bind(self, model) -> None:
+        """Called by the runtime with its model: loads the KVP weights when tokens are chosen by KVP."""
+        if self.kvp is not None:
+            self.kvp.bind(model)
 
     def on_event(self, event: Event, view: MemoryView) -> RetentionPlan | None:
         if isinstance(event, BranchSwitch):
@@ -81,9 +98,10 @@ class ArborPolicy(Policy):
         floors = fit_floors(floors, weights, capacity)
         alloc = water_fill(sizes, floors, weights, capacity)
         plan = RetentionPlan()
+        scores = self.kvp.block_token_scores(view) if self.kvp is not None else {}
         for b, n, size, must in zip(inactive, alloc, sizes, protected, strict=True):
             if n < size:
-                plan.keep[b.node.id] = top_tokens(b.kv.kept, b.kv.attention, must, n)
+                plan.keep[b.node.id] = top_tokens(b.kv.kept, scores.get(b.node.id, b.kv.attention), must, n)
         plan.drop_host = self._host_overflow(view, values, plan)
         return plan
 

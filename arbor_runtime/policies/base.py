@@ -9,6 +9,7 @@ policy never moves tensors itself. Policies read the tree and per-block statisti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -36,12 +37,15 @@ class MemoryView:
         blocks: live blocks in creation order (oldest first).
         active: node ids on the active paths (the nodes about to be / just expanded and ancestors).
         budget: ``budget_tokens``; target: resident block tokens the plan should get down to.
+        read: ``read(block_id, tokens)`` -> copies of the K/V of a block's device ``tokens`` (N,),
+            (L, H_kv, N, D) each, for policies that score tokens by their K/V (None: unavailable).
     """
 
     blocks: list[BlockView]
     active: frozenset[int]
     budget: int | None
     target: int
+    read: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def resident(self) -> int:

@@ -30,7 +30,7 @@ class SparsePolicy(Policy):
     """Decode attention over retrieved chunks of a memory policy's resident KV (prefill stays dense).
 
     Attributes:
-        memory: the memory policy, a name (``full``, ``h2o``, ``streaming``, ``thinkv``, ``arbor``)
+        memory: the memory policy, a name (``full``, ``h2o``, ``streaming``, ``snapkv``, ``thinkv``, ``arbor``, ``kvp``)
             or a built policy (its budget is replaced by ``kv_budget_tokens``).
         memory_args: the named memory policy's own knobs (e.g. ``{"distance_decay": 0.5}``).
         token_budget: resident context tokens each decode query reads per KV head (sinks and
@@ -124,6 +124,12 @@ class SparsePolicy(Policy):
     def vocab_size(self, value: int) -> None:
         if hasattr(self.inner, "vocab_size"):
             self.inner.vocab_size = value
+
+    def bind(self, model) -> None:
+        """Hand the model to a memory policy that reads it (kvp: its weights by model fingerprint)."""
+        bind = getattr(self.inner, "bind", None)
+        if bind is not None:
+            bind(model)
 
     def chunk_tokens(self) -> int:
         return self.inner.chunk_tokens()

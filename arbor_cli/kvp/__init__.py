@@ -1,0 +1,1 @@
+"""KVP: learned eviction scorers (collection of training data, training, benchmark)."""

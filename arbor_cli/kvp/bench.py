@@ -1,0 +1,152 @@
+"""KVP against the heuristics on held-out text: retained future attention, KL and top-1.
+
+The protocol is ``bench_linear.py``'s (project side): a few-shot context (GSM8K *train* rows 0-9
+as shots, which KVP training never sees, and a GSM8K *test* question; or MATH500 test rows) is
+prefilled whole, compressed once to a kept share, then question + the uncompressed model's greedy
+continuation are teacher-forced; per continuation step KL(full || compressed) and top-1 agreement.
+Added here, for each kept token set: the *retained future attention*, the share of the attention
+the uncompressed model's question and continuation queries pay to the context that falls on the
+kept tokens (per layer and KV head, averaged; the quantity KVP is trained to keep), with the
+oracle (the best whole-token set for that quantity) as the ceiling. The scoring cost of kvp per
+decode step is measured on the same contexts (:func:`scoring_cost`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from arbor_cli.bench.linear import (
+    Context,
+    compare,
+    kept_tokens,
+    prefill,
+    project_run,
+    reference_continuation,
+)
+from arbor_cli.kvp.collect import future_attention
+from arbor_runtime import Runtime, SamplingParams
+from arbor_runtime.loading import LoadedModel
+
+log = logging.getLogger(__name__)
+DEFAULT_POLICIES = ("kvp", "h2o", "snapkv", "streaming")
+
+
+def context_attention(loaded: LoadedModel, ctx: Context) -> torch.Tensor:
+    """(L, H_kv, C) attention the question + continuation queries pay each context token, per head
+    normalised to sum 1 over the context (the full, uncompressed model)."""
+    ids = ctx.context_ids + ctx.question_ids + ctx.continuation_ids
+    att = torch.stack(future_attention(loaded.model, ids, len(ctx.context_ids)).attention)
+    return att / att.sum(-1, keepdim=True).clamp_min(1e-12)
+
+
+def retained(att: torch.Tensor, kept: torch.Tensor) -> float:
+    """Share of future attention on the ``kept`` context tokens, averaged over layers and heads."""
+    return float(att[..., kept].sum(-1).mean())
+
+
+def oracle_retained(att: torch.Tensor, count: int) -> float:
+    """The most any whole-token set of ``count`` tokens can retain (top tokens by mean share)."""
+    return retained(att, att.mean(dim=(0, 1)).topk(count).indices)
+
+
+def run_context(
+    loaded: LoadedModel,
+    ctx: Context,
+    policies: list[str],
+    ratios: list[float],
+    steps: int,
+    variants: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Every policy x ratio on one context: KL / top-1 per step and retained future attention.
+
+    ``variants`` adds kvp runs under other names: name -> weights file.
+    """
+    base = prefill(loaded, ctx, "full")
+    reference_continuation(base, ctx, steps)
+    full = project_run(base, ctx, None)
+    att = context_attention(loaded, ctx)
+    runs = [
+        {
+            "policy": "oracle",
+            "compression_ratio": r,
+            "retained": oracle_retained(att, kept_tokens(len(ctx.context_ids), r)),
+        }
+        for r in ratios
+    ]
+    named = {p: (p, {}) for p in policies} | {n: ("kvp", {"weights": w}) for n, w in (variants or {}).items()}
+    for policy, (kind, kwargs) in named.items():
+        pre = prefill(loaded, ctx, kind, **kwargs)
+        for ratio in ratios:
+            run = project_run(pre, ctx, ratio)
+            kl, top1 = compare(full.logp, run.logp)
+            runs.append(
+                {"policy": policy, "compression_ratio": ratio, "kept_tokens": run.kept_tokens, "kl": kl,
+                 "top1": top1, "retained": retained(att, run.kept), "prefill_seconds": pre.seconds}
+            )  # fmt: skip
+            log.info(
+                "%s %s %.2f: KL %.4f retained %.3f", ctx.name, policy, ratio, sum(kl) / len(kl), runs[-1]["retained"]
+            )
+    return {"name": ctx.name, "context_tokens": len(ctx.context_ids), "runs": runs}
+
+
+def summarize(contexts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (policy, kept share): mean KL and top-1 over every step of every context, mean
+    retained future attention over contexts."""
+    cells: dict[tuple[str, float], list[dict]] = {}
+    for c in contexts:
+        for r in c["runs"]:
+            cells.setdefault((r["policy"], r["compression_ratio"]), []).append(r)
+    rows = []
+    for (policy, ratio), runs in cells.items():
+        row = {
+            "policy": policy,
+            "kept_share": round(1 - ratio, 6),
+            "retained": sum(r["retained"] for r in runs) / len(runs),
+        }
+        if "kl" in runs[0]:
+            kl = [x for r in runs for x in r["kl"]]
+            top1 = [float(x) for r in runs for x in r["top1"]]
+            row |= {"mean_kl": sum(kl) / len(kl), "top1": sum(top1) / len(top1)}
+        rows.append(row)
+    return sorted(rows, key=lambda r: (r["kept_share"], r["policy"]))
+
+
+def scoring_cost(loaded: LoadedModel, ctx: Context, budget_share: float = 0.5, steps: int = 24) -> dict[str, float]:
+    """kvp's scoring cost per decode step at a budget of ``budget_share`` of the context: a greedy
+    decode under ``kvp`` with its scorer timed, next to the same decode under ``streaming`` and ``h2o``."""
+    budget = max(16, int(len(ctx.context_ids) * budget_share))
+    out: dict[str, float] = {"budget_tokens": budget}
+    for policy in ("streaming", "h2o", "kvp"):
+        seconds, scoring, scored = _timed_decode(loaded, ctx, policy, budget, steps)
+        out[f"{policy}_ms_per_step"] = 1000 * seconds / steps
+        if policy == "kvp":
+            out |= {"kvp_scoring_ms_per_step": 1000 * scoring / steps, "kvp_tokens_scored_per_step": scored / steps}
+    return out
+
+
+def _timed_decode(loaded: LoadedModel, ctx: Context, policy: str, budget: int, steps: int) -> tuple[float, float, int]:
+    """Prefill ``ctx`` under ``policy`` and ``budget``, then time a ``steps``-token greedy decode:
+    (decode seconds, seconds inside kvp's scoring, tokens kvp scored during the decode)."""
+    rt = Runtime(loaded, policy=policy, budget_tokens=budget)
+    root = rt.new_tree_ids(ctx.context_ids)
+    scores = getattr(rt.policy, "scores", None)
+    spent, before = [0.0], scores.scored_tokens if scores is not None else 0
+    if scores is not None:
+        inner = scores.token_scores
+
+        def timed(view):
+            t0 = time.perf_counter()
+            try:
+                return inner(view)
+            finally:
+                spent[0] += time.perf_counter() - t0
+
+        scores.token_scores = timed
+    start = time.perf_counter()
+    rt.expand(root, 1, SamplingParams(max_new_tokens=steps, temperature=0.0, stop_at_eos=False))
+    scored = scores.scored_tokens - before if scores is not None else 0
+    return time.perf_counter() - start, spent[0], scored

@@ -1,0 +1,133 @@
+"""KVP (Learning to Evict, arXiv 2602.10238): learned per-head scorers rank tokens; tree-blind, dropped.
+
+Every device token is scored once by the per-layer, per-KV-head scorers of
+:mod:`arbor_runtime.policies.kvp_scorer` from its own K, V and position; the scores are cached
+per block (on the host, (G,) floats per token), so a plan scores only the tokens it has not seen
+(after a decode step: the new token). This runtime keeps or evicts a token in every head at
+once, so the per-head scores become a whole-token score (each head's softmax share, averaged over
+heads: :func:`pooled_token_scores`). ``policy=kvp`` keeps the top tokens of the flattened pool
+within the target; ``policy=arbor policy.token_scorer=kvp`` uses the same scores to choose tokens
+inside each block. The weights are found by model fingerprint among the files shipped with the
+package, or read from ``weights``; weights of another model are refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from arbor_runtime.policies.allocation import flat_pool, plan_from_mask
+from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.kvp_scorer import KVPScorer, pooled_token_scores
+from arbor_runtime.policies.kvp_weights import load_weights, model_fingerprint, shipped_weights
+
+log = logging.getLogger(__name__)
+
+
+class KVPScores:
+    """Cached KVP head scores of every block's device tokens, and their whole-token pooling.
+
+    Args:
+        weights: a weights file path, or None for the file shipped for the bound model.
+    """
+
+    def __init__(self, weights: str | None = None) -> None:
+        self.weights = weights
+        self.scorer: KVPScorer | None = None
+        self.scored_tokens = 0  # tokens run through the scorer so far (cost accounting)
+        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (G, length) scores, (length,) seen
+
+    def bind(self, model: torch.nn.Module) -> None:
+        """Load the weights for ``model`` (by fingerprint) onto its device; a mismatch raises."""
+        fingerprint = model_fingerprint(model)
+        path = self.weights if self.weights is not None else shipped_weights(fingerprint)
+        loaded = load_weights(path, fingerprint)
+        self.scorer = loaded.scorer.to(next(model.parameters()).device)
+        log.info("kvp weights %s for model %s", loaded.path, fingerprint)
+
+    def head_scores(self, view: MemoryView) -> list[torch.Tensor]:
+        """Per block of ``view``, the (G, T_kept) head scores of its device tokens (in ``kv.kept`` order)."""
+        if self.scorer is None:
+            raise RuntimeError("the KVP scorer is not bound to a model: build the policy through Runtime")
+        if view.read is None:
+            raise RuntimeError("KVP scores need the K/V of the tokens: the MemoryView has no read function")
+        live = {b.node.id for b in view.blocks}
+        self._cache = {i: c for i, c in self._cache.items() if i in live}
+        return [self._block_scores(view, b.node.id, b.kv) for b in view.blocks]
+
+    def token_scores(self, view: MemoryView) -> torch.Tensor:
+        """(N,) whole-token scores of the flattened pool (blocks in order, ``kv.kept`` within each)."""
+        per_block = self.head_scores(view)
+        if not per_block:
+            return torch.zeros(0)
+        return pooled_token_scores(torch.cat(per_block, dim=1))
+
+    def block_token_scores(self, view: MemoryView) -> dict[int, torch.Tensor]:
+        """Per block id, (length,) whole-token scores indexed by block-local token (evicted: -inf)."""
+        pooled = self.token_scores(view)
+        out, offset = {}, 0
+        for b in view.blocks:
+            kept = b.kv.kept.cpu()
+            scores = torch.full((b.kv.length,), float("-inf"))
+            scores[kept] = pooled[offset : offset + kept.numel()]
+            out[b.node.id], offset = scores, offset + kept.numel()
+        return out
+
+    def _block_scores(self, view: MemoryView, block_id: int, kv) -> torch.Tensor:
+        g = self.scorer.shape.heads
+        scores, seen = self._cache.get(block_id, (torch.zeros(g, 0), torch.zeros(0, dtype=torch.bool)))
+        if seen.numel() < kv.length:  # the block grew (chunked prefill, decode): room for new tokens
+            grow = kv.length - seen.numel()
+            scores = torch.cat([scores, torch.zeros(g, grow)], dim=1)
+            seen = torch.cat([seen, torch.zeros(grow, dtype=torch.bool)])
+        kept = kv.kept.cpu()
+        new = kept[~seen[kept]]
+        if new.numel():
+            keys, values = view.read(block_id, new)
+            with torch.no_grad():
+                scores[:, new] = self.scorer.score_layers(keys, values, new + kv.start_pos).cpu()
+            seen[new] = True
+            self.scored_tokens += int(new.numel())
+        self._cache[block_id] = (scores, seen)
+        return scores[:, kept]
+
+
+@dataclass(slots=True)
+class KVPPolicy(Policy):
+    """Keep the tokens with the highest learned KVP scores, flattened over blocks (tree-blind).
+
+    Attributes:
+        weights: KVP weights file (None = the file shipped for the model in use, by fingerprint).
+        sink_tokens: first tokens of the pool always kept (0 = pure KVP ranking, the default).
+        scores: the cached scorer (built from ``weights``; not a constructor argument).
+    """
+
+    name = "kvp"
+    weights: str | None = None
+    sink_tokens: int = 0
+    scores: KVPScores = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        Policy.__post_init__(self)
+        if not isinstance(self.sink_tokens, int) or self.sink_tokens < 0:
+            raise ValueError(f"kvp sink_tokens={self.sink_tokens!r} must be a number of tokens >= 0")
+        self.scores = KVPScores(self.weights)
+
+    def bind(self, model: torch.nn.Module) -> None:
+        """Called by the runtime with its model: loads the matching weights."""
+        self.scores.bind(model)
+
+    def plan(self, view: MemoryView) -> RetentionPlan | None:
+        pos, tok, _ = flat_pool(view.blocks)
+        cap = max(view.target, 0)
+        if tok.numel() <= cap:
+            return None
+        scores = self.scores.token_scores(view)
+        keep = torch.zeros(tok.numel(), dtype=torch.bool)
+        keep[: min(self.sink_tokens, cap)] = True
+        n_more = cap - int(keep.sum())
+        if n_more > 0:
+            keep[torch.topk(scores.masked_fill(keep, float("-inf")), n_more).indices] = True
+        return RetentionPlan(keep=plan_from_mask(view.blocks, pos, tok, keep))

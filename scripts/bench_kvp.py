@@ -1,0 +1,16 @@
+"""kvp vs h2o / snapkv / streaming on held-out few-shot contexts (the protocol of bench_linear.py).
+
+    python scripts/bench_kvp.py --out bench/kvp/bench.json --threads 2 --shares 0.1,0.2,0.5
+
+Per kept share: retained future attention (the share of the uncompressed model's question and
+continuation attention to the context that falls on the kept tokens; the oracle is the ceiling),
+KL(full || compressed) and top-1 over the teacher-forced continuation; and kvp's scoring cost per
+decode step. Contexts use GSM8K train rows 0-9 as shots (never in KVP training) and test questions.
+"""
+
+import sys
+
+from arbor_cli.kvp.cli import bench_main
+
+if __name__ == "__main__":
+    sys.exit(bench_main())
