@@ -60,6 +60,19 @@ python scripts/bench_kvp.py --out bench/kvp/bench.json --threads 2 --shares 0.1,
     --variants kvp-budgets=bench/kvp/kvp-budgets.safetensors
 python scripts/record_trace.py --out bench/kvp/traces experiment=e2e_gsm8k paths.data_dir=../shared/data task.end=1
 python scripts/bench_kvp_replay.py bench/kvp/traces/*.json --out bench/kvp/replay.jsonl --threads 1
+# 4e. wide expansions: profiler peak allocation and decode tokens/s (run the same script in a checkout of
+#     a7d4a38, the commit before issue 8, with --label before --out bench/memory/before.json)
+OMP_WAIT_POLICY=PASSIVE python scripts/bench_memory.py --repeats 3 --threads 1 --out bench/memory/after.json
+# 4f. live searches at shrinking budgets (ToT setup: 5-shot, BFS breadth 5, pruned kept, legal proposals)
+OMP_WAIT_POLICY=PASSIVE python scripts/bench_budgets.py --policies arbor --fractions 0.5,0.35 --threads 1 \
+    --out bench/budgets/game24-legal-bfs5 model=smollm2 task=game24 task.propose=legal task.start=901 \
+    task.end=902 controller=bfs controller.breadth=5 controller.n_generate=5 controller.release_pruned=false \
+    paths.data_dir=../shared/data
+# 4g. problems/hour by concurrency, and naive ToT on the same problems
+OMP_WAIT_POLICY=PASSIVE python scripts/bench_concurrency.py --levels 1,2,4,8 --naive \
+    --policies "policy=full;policy=arbor policy.budget_tokens=1000" --out bench/concurrency/game24-bfs \
+    model=smollm2 task=game24 task.start=900 task.end=908 task.n_shots=1 controller=bfs controller.n_generate=3 \
+    controller.breadth=2 paths.data_dir=../shared/data
 # 5. Game of 24 accuracy per propose mode and policy (the rows of the ToT test slice that fit an hour)
 bash scripts/bench_accuracy.sh bench/accuracy ../shared/data 900 906
 # 6. this page
@@ -228,7 +241,11 @@ def budgets_section(root: Path) -> str:
         "extended plus one thought of `max_thought_tokens` (below it one row cannot run). Every row samples "
         "from its own stream, so a search whose context stays exact rebuilds full's tree token for token "
         "however its rows were batched (`same tree`); time / full is the cost of waiting rows, "
-        "preemptions and rehydration.\n\n" + md_table(rows, cols) + "\n"
+        "preemptions and rehydration. Searches: Game of 24 with the ToT paper's BFS (5-shot propose prompt, "
+        "breadth 5, 5 thoughts per state, pruned branches kept, `llm_value`); `game24-bfs5` samples thoughts "
+        "(SmolLM2 writes few valid steps, so the tree stays small and mostly prompt), `game24-legal-bfs5` "
+        "ranks the legal steps with `rt.choose` (`task.propose=legal`: every step valid, a tree of 77 "
+        "blocks and ~2K tokens). Command: step 4f above.\n\n" + md_table(rows, cols) + "\n"
     )
 
 
