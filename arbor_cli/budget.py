@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -60,20 +61,31 @@ def check_budget(factory: PolicyFactory, task: Task, problems: list[Problem], to
     infeasible = {}
     for problem in problems:
         policy = factory.build(problem.index)
-        budget = policy.budget_tokens
+        budget = policy.kv_budget_tokens  # less a sparse index's reserve (lychee, quest)
         if budget is None:
             continue
         prompt = 1 if policy.shrinks_active_path else len(tokenizer(task.prompt(problem))["input_ids"])
         need = prompt + task.max_thought_tokens
         if budget < need:
             what = "one prompt token (it is prefilled in chunks)" if policy.shrinks_active_path else f"prompt {prompt}"
+            reserve = policy.budget_tokens - budget
+            kv = f" ({budget} for KV after the index reserve)" if reserve else ""
             infeasible[problem.index] = (
-                f"policy.budget_tokens={budget} is smaller than the active path of problem {problem.index} needs: "
-                f"{what} + one thought of {task.max_thought_tokens} tokens = {need}; use a budget >= {need}"
+                f"policy.budget_tokens={policy.budget_tokens}{kv} is smaller than the active path of problem "
+                f"{problem.index} needs: {what} + one thought of {task.max_thought_tokens} tokens = {need}; "
+                f"use a budget >= {_with_reserve(need, getattr(policy, 'index_reserve', 0.0))}"
             )
     if infeasible and factory.ratio is None:
         raise BudgetError(next(iter(infeasible.values())))
     return infeasible
+
+
+def _with_reserve(need: int, share: float) -> int:
+    """The least budget that leaves ``need`` KV tokens after reserving ``ceil(share * budget)``."""
+    budget = need
+    while budget - math.ceil(share * budget) < need:
+        budget += 1
+    return budget
 
 
 def _reference_peaks(ratio: float, reference: str | None, problems: list[Problem]) -> dict[int, int]:

@@ -14,12 +14,16 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from arbor_runtime.attention import Kernel, attention_mass, merge_partials, tree_attention
 from arbor_runtime.kv.pool import DevicePool, Extent
 from arbor_runtime.kv.store import KVShape, KVStore
+
+if TYPE_CHECKING:
+    from arbor_runtime.sparse import SparseAttention, SparseStep
 
 
 @dataclass(slots=True)
@@ -92,6 +96,8 @@ class TreeBatch:
         self.own_valid = None if own_valid is None else own_valid.to(device)
         self.stats = stats
         self.own_mass: torch.Tensor | None = None
+        #: a decode step's sparse layout (arbor_runtime/sparse); None = dense attention
+        self.sparse: SparseStep | None = None
         if stats:
             for g in groups:
                 g.mass = [torch.zeros(p.length, dtype=torch.float32, device=device) for p in g.pieces]
@@ -109,6 +115,8 @@ class TreeBatch:
     # ---- attention ------------------------------------------------------------------------------
     def attend(self, layer: int, query, key, value, scale: float) -> torch.Tensor:
         """query (R, Hq, q, D); key/value (R, H_kv, q, D). Returns (R, q, Hq, D) in the query dtype."""
+        if self.sparse is not None:
+            return self._attend_sparse(layer, query, key, value, scale)
         r, hq, q, d = query.shape
         hkv = key.shape[1]
         g = hq // hkv
@@ -125,6 +133,18 @@ class TreeBatch:
                 out, lse = _merge_rows(out, lse, grp.rows, grp.n_rows, o, s)
         if self.stats:
             self._collect(layer, qg, gathered, own, lse, scale)
+        return out.to(query.dtype).view(r, hq, q, d).transpose(1, 2)
+
+    def _attend_sparse(self, layer: int, query, key, value, scale: float) -> torch.Tensor:
+        """Decode attention over the context chunks ``self.sparse`` picks, plus the own tokens."""
+        r, hq, q, d = query.shape
+        hkv = key.shape[1]
+        qg = query.reshape(r, hkv, (hq // hkv) * q, d)
+        own_out, own_lse, own_scores = self._attend_own(layer, qg, query, key, value, scale)
+        out, lse = self.sparse.attend(layer, qg, own_out, own_lse, scale)
+        if self.stats:  # the own tokens' mass under the final log-sum-exp
+            mass = torch.exp(own_scores - lse.unsqueeze(-1)).sum(dim=(1, 2))  # (R, n)
+            self.own_mass = mass if self.own_mass is None else self.own_mass + mass
         return out.to(query.dtype).view(r, hq, q, d).transpose(1, 2)
 
     def _attend_own(self, layer, qg, query, key, value, scale):
@@ -239,6 +259,8 @@ class ModelBackend:
         self.kernel = Kernel(self.shape.device, use_fast=fast_kernel)
         self.forward_calls = 0
         self.model_seconds = 0.0
+        #: sparse decode attention (a sparse policy's); None = every step attends densely
+        self.sparse: SparseAttention | None = None
 
     @property
     def device(self) -> torch.device:
@@ -257,6 +279,8 @@ class ModelBackend:
             (R, k, V) logits, k = q when logits_to_keep is 0 else logits_to_keep.
         """
         start = time.perf_counter()
+        if self.sparse is not None and batch.own_slots is not None:  # decode steps only; prefill stays dense
+            batch.sparse = self.sparse.prepare(batch, position_ids[:, -1])
         with tree_attention(self.model, batch):
             out = self.model(
                 input_ids=input_ids.to(self.device),

@@ -58,7 +58,8 @@ class MemoryManager:
 
     @property
     def budget(self) -> int | None:
-        return self.policy.budget_tokens
+        """Device pool slots (the budget less a sparse index's reserve)."""
+        return self.policy.kv_budget_tokens
 
     @property
     def used(self) -> int:

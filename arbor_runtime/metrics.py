@@ -71,6 +71,15 @@ class RuntimeMetrics:
     branch_switch_events: int = 0
     node_end_events: int = 0
     memory_threshold_events: int = 0
+    #: sparse decode attention (policy=lychee / quest): index bytes at peak and over the KV they
+    #: index, seconds in retrieval, in attention over the chosen chunks, building indexes, and
+    #: the share of resident context tokens decode steps read
+    peak_index_bytes: int = 0
+    index_kv_ratio: float = 0.0
+    index_seconds: float = 0.0
+    sparse_attention_seconds: float = 0.0
+    index_build_seconds: float = 0.0
+    sparse_read_fraction: float = 1.0
     trace: list[TracePoint] = field(default_factory=list)
 
     @property
@@ -98,6 +107,12 @@ class RuntimeMetrics:
             host.transfer_seconds,
         )
         self.sync_events(events)
+
+    def sync_sparse(self, stats) -> None:
+        """Copy a runtime's :class:`~arbor_runtime.sparse.SparseStats` totals."""
+        self.peak_index_bytes, self.index_kv_ratio = stats.peak_index_bytes, stats.index_ratio
+        self.index_seconds, self.index_build_seconds = stats.index_seconds, stats.build_seconds
+        self.sparse_attention_seconds, self.sparse_read_fraction = stats.attention_seconds, stats.read_fraction
 
     def add_store_delta(self, before: dict[str, float], after: dict[str, float]) -> None:
         """Add what the store moved between two :func:`store_totals` snapshots (an account's share)."""

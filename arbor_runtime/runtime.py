@@ -68,7 +68,7 @@ class Runtime:
             self.policy.bind(self.model)
         self.backend = ModelBackend(self.model, fast_kernel=fast_kernel)
         host_cap = getattr(self.policy, "host_budget_tokens", None)
-        self.store = KVStore(self.backend.shape, capacity=self.policy.budget_tokens, host_capacity=host_cap)
+        self.store = KVStore(self.backend.shape, capacity=self.policy.kv_budget_tokens, host_capacity=host_cap)
         self.metrics = RuntimeMetrics()
         self.nodes: dict[int, Node] = {}  # live nodes
         self.all_nodes: dict[int, Node] = {}  # every node ever created, released ones too
@@ -77,6 +77,8 @@ class Runtime:
         #: called with (node, (T, V) log-probs) for every forced block; used by trace replay
         self.logits_hook: Callable[[Node, torch.Tensor], None] | None = None
         self.memory = MemoryManager(self.store, self.policy, self.nodes)
+        decode = getattr(self.tokenizer, "decode", None)
+        self.backend.sparse = self.policy.sparse_attention(self.store, self.block_token_ids, decode)
         self.engine = Engine(self)
         self.seed = seed
         self._tree_seeds: dict[int, int] = {}
@@ -287,6 +289,10 @@ class Runtime:
     def path_token_ids(self, node: Node) -> list[int]:
         """Token ids from the root to ``node`` inclusive (the flattened text's ids)."""
         return [t for n in node.path() for t in n.token_ids]
+
+    def block_token_ids(self, block_id: int) -> list[int]:
+        """A live block's token ids (what a sparse index cuts chunks from)."""
+        return self.nodes[block_id].token_ids
 
     def next_token_logprobs(self, node: Node) -> torch.Tensor:
         """(V,) log-probabilities of the token after ``node``'s path."""
@@ -540,6 +546,8 @@ class Runtime:
         m.pool_bytes = pool.nbytes
         m.forward_calls, m.model_seconds = self.backend.forward_calls, self.backend.model_seconds
         m.sync_store(self.store, self.memory.events)
+        if self.backend.sparse is not None:
+            m.sync_sparse(self.backend.sparse.stats)
         if work.account is not None:
             work.account.metrics.sync_events(work.account.events)
         point = TracePoint(

@@ -6,6 +6,7 @@
 Expects under --bench: e2e/{game24,gsm8k}-{full,budget}/merged.md, e2e/scaling/merged.md,
 replay/replay.csv, speed/speed.json, memory.png (+ memory.json), ctrl/*/results.jsonl,
 linear/{linear.json,stats_cost.json}, memory/, budgets/, concurrency/,
+sparse/sparse.jsonl,
 accuracy/<mode>/<policy>[-<ratio>]/results.jsonl (scripts/bench_accuracy.sh); hand-written notes come from
 docs/notes/*.md. ``--only linear,memory`` rewrites those sections of an existing page (or appends
 them) and keeps the rest as it is.
@@ -47,7 +48,10 @@ bash scripts/bench_controllers.sh bench/ctrl ../shared/data
 # 4b. linear baselines next to kvpress (its own venv), and what attention statistics cost
 python scripts/bench_linear.py --out bench/linear/linear.json --threads 2 --kvpress-venv ../venvs/kvpress --create-venv
 python scripts/bench_stats_cost.py --out bench/linear/stats_cost.json --threads 2
-# 4c. KVP: collect, train (weights shipped in arbor_runtime/policies/weights/), benchmark, arbor's selector
+# 4c. sparse decode attention (lychee, quest) vs dense by context length
+OMP_WAIT_POLICY=PASSIVE python scripts/bench_sparse.py --threads 1 --data-dir ../shared/data \\
+    --contexts 2048,4096,8192 --random-contexts 16384,32768 --out bench/sparse
+# 4d. KVP: collect, train (weights shipped in arbor_runtime/policies/weights/), benchmark, arbor's selector
 python scripts/kvp_collect.py --out bench/kvp/data --sequences 200 --threads 2
 python scripts/kvp_train.py --data bench/kvp/data --threads 2  # -> policies/weights/kvp-smollm2.safetensors
 python scripts/kvp_train.py --data bench/kvp/data --threads 2 --loss budgets --out bench/kvp/kvp-budgets.safetensors \\
@@ -56,6 +60,19 @@ python scripts/bench_kvp.py --out bench/kvp/bench.json --threads 2 --shares 0.1,
     --variants kvp-budgets=bench/kvp/kvp-budgets.safetensors
 python scripts/record_trace.py --out bench/kvp/traces experiment=e2e_gsm8k paths.data_dir=../shared/data task.end=1
 python scripts/bench_kvp_replay.py bench/kvp/traces/*.json --out bench/kvp/replay.jsonl --threads 1
+# 4e. wide expansions: profiler peak allocation and decode tokens/s (run the same script in a checkout of
+#     a7d4a38, the commit before issue 8, with --label before --out bench/memory/before.json)
+OMP_WAIT_POLICY=PASSIVE python scripts/bench_memory.py --repeats 3 --threads 1 --out bench/memory/after.json
+# 4f. live searches at shrinking budgets (ToT setup: 5-shot, BFS breadth 5, pruned kept, legal proposals)
+OMP_WAIT_POLICY=PASSIVE python scripts/bench_budgets.py --policies arbor --fractions 0.5,0.35 --threads 1 \
+    --out bench/budgets/game24-legal-bfs5 model=smollm2 task=game24 task.propose=legal task.start=901 \
+    task.end=902 controller=bfs controller.breadth=5 controller.n_generate=5 controller.release_pruned=false \
+    paths.data_dir=../shared/data
+# 4g. problems/hour by concurrency, and naive ToT on the same problems
+OMP_WAIT_POLICY=PASSIVE python scripts/bench_concurrency.py --levels 1,2,4,8 --naive \
+    --policies "policy=full;policy=arbor policy.budget_tokens=1000" --out bench/concurrency/game24-bfs \
+    model=smollm2 task=game24 task.start=900 task.end=908 task.n_shots=1 controller=bfs controller.n_generate=3 \
+    controller.breadth=2 paths.data_dir=../shared/data
 # 5. Game of 24 accuracy per propose mode and policy (the rows of the ToT test slice that fit an hour)
 bash scripts/bench_accuracy.sh bench/accuracy ../shared/data 900 906
 # 6. this page
@@ -224,7 +241,11 @@ def budgets_section(root: Path) -> str:
         "extended plus one thought of `max_thought_tokens` (below it one row cannot run). Every row samples "
         "from its own stream, so a search whose context stays exact rebuilds full's tree token for token "
         "however its rows were batched (`same tree`); time / full is the cost of waiting rows, "
-        "preemptions and rehydration.\n\n" + md_table(rows, cols) + "\n"
+        "preemptions and rehydration. Searches: Game of 24 with the ToT paper's BFS (5-shot propose prompt, "
+        "breadth 5, 5 thoughts per state, pruned branches kept, `llm_value`); `game24-bfs5` samples thoughts "
+        "(SmolLM2 writes few valid steps, so the tree stays small and mostly prompt), `game24-legal-bfs5` "
+        "ranks the legal steps with `rt.choose` (`task.propose=legal`: every step valid, a tree of 77 "
+        "blocks and ~2K tokens). Command: step 4f above.\n\n" + md_table(rows, cols) + "\n"
     )
 
 
@@ -376,6 +397,57 @@ def stats_cost_part(path: Path) -> str:
         f"medians of {data['repeats']} interleaved runs, torch threads: {data['threads']}, no budget; CPU time of the "
         "process, wall-time ratios next to it):\n\n" + md_table(rows, cols) + "\n"
     )
+
+
+SPARSE_TITLE = "## Sparse decode attention: LycheeCluster and Quest vs dense, by context length"
+
+
+def sparse_section(root: Path) -> str:
+    """The bench_sparse table: decode speed and attention time per step vs dense, index share of the KV,
+    top-1 agreement and KL per decode step, and the notes written next to it."""
+    path = root / "sparse.jsonl"
+    if not path.is_file():
+        return f"{SPARSE_TITLE}\n\n(not run: {path} missing)\n\n"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    first = rows[0]
+    command = first.get("command", "python scripts/bench_sparse.py (see the commands above)")
+    head = (
+        f"{SPARSE_TITLE}\n\nMeasured {first['date']} with `{command}` (torch threads: {first['threads']}). Each "
+        f"sparse query reads {first['token_budget']} context tokens per KV head (16 sinks and a 64-token window "
+        "included) plus its own generated tokens; prefill stays dense. SmolLM2 rows: few-shot GSM8K contexts of "
+        "that many tokens (speed), fidelity on GSM8K and MATH-500 contexts; `random` rows: a random-weight model "
+        "of SmolLM2's shape (30 layers, 9 query / 3 KV heads of 64) whose context K/V are synthetic (speed only). "
+        "Decode tok/s: greedy, batch 1, tokens per CPU second of the process (the machine is shared; wall-clock "
+        "figures are in the JSON), after a warm-up expansion that builds the index (build s, timed apart); each "
+        "figure is the median of interleaved rounds (dense, lychee, quest, repeated). Attention ms/step: CPU time "
+        "of all 30 attention layers of one decode step (for sparse: the step layout, retrieval "
+        "and selection = *index ms*, plus gather + attention + merge = *sparse attn ms*). Read: share of the "
+        "context's K/V a step reads. Index % KV: index bytes (fp16 centroids / page ranges, radii, child lists) "
+        "over the fp32 K/V they index. Top-1 / KL: along dense greedy decoding, each step is also run sparse on "
+        "the same state; agreement of the argmax and KL(dense || sparse), mean over the steps.\n\n"
+    )
+    cols = [
+        ("model", "model"),
+        ("context", "context"),
+        ("method", "method"),
+        ("decode_tok_s", "decode tok/s"),
+        ("speedup", "× dense"),
+        ("attn_ms_step", "attn ms/step"),
+        ("attn_speedup", "attn × dense"),
+        ("index_ms_step", "index ms"),
+        ("sparse_attn_ms_step", "sparse attn ms"),
+        ("build_s", "build s"),
+        ("read_fraction", "read"),
+        ("index_pct", "index % KV"),
+        ("top1_gsm8k", "top-1 GSM8K"),
+        ("kl_gsm8k", "KL GSM8K"),
+        ("top1_math500", "top-1 MATH"),
+        ("kl_math500", "KL MATH"),
+    ]
+    shown = [r | {"read_fraction": f"{r['read_fraction']:.1%}", "index_pct": f"{r['index_pct']:.2f}%"} for r in rows]
+    notes = NOTES_DIR / "sparse.md"
+    text = head + md_table(shown, cols) + "\n"
+    return text + (notes.read_text().strip() + "\n\n" if notes.is_file() else "")
 
 
 #: accuracy modes in table order: (run folder, label)
@@ -570,6 +642,7 @@ SECTIONS = {
     "memory": (MEMORY_TITLE, lambda root: memory_section(root)),
     "budgets": (BUDGETS_TITLE, lambda root: budgets_section(root)),
     "concurrency": (CONCURRENCY_TITLE, lambda root: concurrency_section(root)),
+    "sparse": (SPARSE_TITLE, lambda root: sparse_section(root)),
     "accuracy": (ACCURACY_TITLE, lambda root: accuracy_section(root)),
     "kvp": (KVP_TITLE, lambda root: kvp_section(root, DOCS)),
 }
@@ -629,6 +702,7 @@ def main() -> None:
         memory_section(bench / "memory"),
         budgets_section(bench / "budgets"),
         concurrency_section(bench / "concurrency"),
+        sparse_section(bench / "sparse"),
         ctrl_section(bench / "ctrl"),
         linear_section(bench / "linear"),
         accuracy_section(bench / "accuracy"),

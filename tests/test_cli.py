@@ -174,3 +174,14 @@ def test_ratio_budgets_too_small_for_a_problem_are_recorded_as_oom(data_dir, tmp
     assert run(compose_cfg(*tiny_overrides(data_dir, out, *common, *over)), console=Console(width=200)) == 0
     row = read_rows(out)[0]
     assert row["oom"] is True and "smaller than the active path of problem 901 needs" in row["error"]
+
+
+def test_sparse_policy_over_arbor_runs_and_reports_its_index(data_dir, tmp_path):
+    over = ["policy=lychee", "policy.memory=arbor", "policy.budget_tokens=900", "policy.min_block_tokens=8"]
+    over += ["policy.token_budget=24", "task.start=901", "task.end=902"]
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, *over))
+    assert run(cfg, console=Console(width=200)) == 0
+    row = read_rows(tmp_path)[0]
+    assert row["policy"] == "lychee" and not row["oom"]
+    assert row["peak_index_bytes"] > 0 and 0 < row["index_kv_ratio"] < 0.03 and row["sparse_read_fraction"] < 1
+    assert row["peak_device_tokens"] <= 900 - 27  # the pool is the budget less the index reserve

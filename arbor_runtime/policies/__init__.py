@@ -1,4 +1,8 @@
-"""Memory policies, one file each, built by name or from Hydra (``_target_``)."""
+"""Memory policies, one file each, built by name or from Hydra (``_target_``).
+
+``lychee`` and ``quest`` are sparse attention policies: they wrap a memory policy (``memory=``)
+and decide what decode steps read of what it keeps resident (see ``sparse.py``).
+"""
 
 from __future__ import annotations
 
@@ -9,19 +13,15 @@ from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.full import FullPolicy
 from arbor_runtime.policies.h2o import H2OPolicy
 from arbor_runtime.policies.kvp import KVPPolicy
+from arbor_runtime.policies.lychee import LycheePolicy
+from arbor_runtime.policies.quest import QuestPolicy
+from arbor_runtime.policies.registry import MEMORY_POLICIES
 from arbor_runtime.policies.snapkv import SnapKVPolicy
+from arbor_runtime.policies.sparse import SparsePolicy
 from arbor_runtime.policies.streaming import StreamingPolicy
 from arbor_runtime.policies.thinkv import ThinKVPolicy
 
-POLICIES: dict[str, type[Policy]] = {
-    "full": FullPolicy,
-    "h2o": H2OPolicy,
-    "streaming": StreamingPolicy,
-    "snapkv": SnapKVPolicy,
-    "thinkv": ThinKVPolicy,
-    "arbor": ArborPolicy,
-    "kvp": KVPPolicy,
-}
+POLICIES: dict[str, type[Policy]] = {**MEMORY_POLICIES, "lychee": LycheePolicy, "quest": QuestPolicy}
 
 
 def build_policy(policy: str | Policy, **kwargs: Any) -> Policy:
@@ -36,15 +36,19 @@ def build_policy(policy: str | Policy, **kwargs: Any) -> Policy:
 
 
 __all__ = [
+    "MEMORY_POLICIES",
     "POLICIES",
     "ArborPolicy",
     "FullPolicy",
     "H2OPolicy",
     "KVPPolicy",
+    "LycheePolicy",
     "MemoryView",
     "Policy",
+    "QuestPolicy",
     "RetentionPlan",
     "SnapKVPolicy",
+    "SparsePolicy",
     "StreamingPolicy",
     "ThinKVPolicy",
     "build_policy",

@@ -111,6 +111,21 @@ class Policy:
         than the budget is then prefilled in chunks, evicting between them."""
         return self.frees_memory and not self.keep_active_whole
 
+    @property
+    def kv_budget_tokens(self) -> int | None:
+        """Device pool slots for K/V: the budget, less what the policy reserves for itself (a
+        sparse attention index, counted in pool-equivalent tokens)."""
+        return self.budget_tokens
+
+    def sparse_attention(self, store, token_ids, decode):
+        """The sparse decode attention this policy reads with (``arbor_runtime.sparse``); None = dense.
+
+        Args:
+            store: the runtime's block store; token_ids: block id -> its token ids;
+            decode: token ids -> text (a tokenizer's ``decode``), None without text.
+        """
+        return None
+
     def chunk_tokens(self) -> int:
         """Tokens per prefill chunk when a block must be prefilled in chunks."""
         if self.prefill_chunk is not None:

@@ -1,0 +1,54 @@
+"""LycheeCluster (Li et al. 2026, arXiv 2603.08453): boundary-aware chunks, a centroid + radius
+hierarchy per layer and KV head, decode queries read the chunks the triangle-inequality bound
+ranks highest (plus sinks and a recent window). Wraps a memory policy (see ``sparse.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from arbor_runtime.policies.sparse import SparsePolicy
+from arbor_runtime.sparse import ChunkTree, TreeConfig
+
+
+@dataclass(slots=True)
+class LycheePolicy(SparsePolicy):
+    """LycheeCluster sparse decode attention.
+
+    Attributes:
+        min_chunk_tokens / max_chunk_tokens: chunk length bounds inside long blocks.
+        drift_threshold: key drift (1 - cosine to the preceding keys) that starts a chunk; inf = off.
+        fanout: children per index node; top_nodes: most nodes at the top of a block's hierarchy.
+        oversample: subtrees kept per level, as a multiple of the chunks asked for.
+    """
+
+    name = "lychee"
+
+    min_chunk_tokens: int = 8
+    max_chunk_tokens: int = 16
+    drift_threshold: float = float("inf")
+    fanout: int = 8
+    top_nodes: int = 64
+    oversample: float = 2.0
+
+    def __post_init__(self) -> None:
+        SparsePolicy.__post_init__(self)
+        self.tree_config()  # validates the index knobs now
+
+    def tree_config(self) -> TreeConfig:
+        """The index shape these knobs give."""
+        return TreeConfig(
+            min_len=self.min_chunk_tokens,
+            max_len=self.max_chunk_tokens,
+            drift_threshold=float(self.drift_threshold),
+            fanout=self.fanout,
+            top_nodes=self.top_nodes,
+            oversample=float(self.oversample),
+            dtype=torch.float16,
+        )
+
+    def index_builder(self):
+        config = self.tree_config()
+        return partial(ChunkTree.build, config), config.max_len

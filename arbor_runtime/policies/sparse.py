@@ -1,0 +1,164 @@
+"""Sparse decode attention over a memory policy: the base of ``lychee`` and ``quest``.
+
+Two questions, two objects. A memory policy (full, h2o, streaming, thinkv, arbor) decides what
+is resident on the device; a sparse policy decides what a decode query *reads* of what is
+resident. A sparse policy wraps a memory policy: every memory event, plan and knob goes to the
+wrapped policy, and the wrapper adds the attention index. So ``policy=lychee policy.memory=arbor``
+is arbor's residency (active path whole, evicted spans on the host) with LycheeCluster reads;
+``policy=lychee`` alone is lychee over ``full``.
+
+The index's memory counts in ``budget_tokens``: the wrapper reserves ``index_reserve`` of the
+budget for it, in pool-equivalent tokens (``reserve_tokens``); the device pool, and the memory
+policy's budget, get the rest (``kv_budget_tokens``), so pool plus index never pass the budget.
+A block whose index would not fit the reserve is read whole.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from arbor_runtime.events import Event
+from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.registry import MEMORY_POLICIES
+from arbor_runtime.sparse import SelectConfig, SparseAttention
+
+
+@dataclass(slots=True)
+class SparsePolicy(Policy):
+    """Decode attention over retrieved chunks of a memory policy's resident KV (prefill stays dense).
+
+    Attributes:
+        memory: the memory policy, a name (``full``, ``h2o``, ``streaming``, ``snapkv``, ``thinkv``, ``arbor``, ``kvp``)
+            or a built policy (its budget is replaced by ``kv_budget_tokens``).
+        memory_args: the named memory policy's own knobs (e.g. ``{"distance_decay": 0.5}``).
+        token_budget: resident context tokens each decode query reads per KV head (sinks and
+            window included; the row's own tokens come on top).
+        sink_tokens / window_tokens: first and last positions always read.
+        min_block_tokens: blocks shorter than this are read whole (not indexed).
+        exact: exact top-k retrieval by bound (slower; lychee only, quest's flat scan is exact).
+        index_reserve: share of ``budget_tokens`` reserved for the index (with a budget).
+        inner: the built memory policy (not a constructor argument).
+    """
+
+    name = "sparse"
+
+    memory: Any = "full"
+    memory_args: dict[str, Any] = field(default_factory=dict)
+    token_budget: int = 1024
+    sink_tokens: int = 16
+    window_tokens: int = 64
+    min_block_tokens: int = 64
+    exact: bool = False
+    index_reserve: float = 0.03
+    inner: Policy = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.memory, Policy) and self.budget_tokens is None:
+            self.budget_tokens = self.memory.budget_tokens
+        Policy.__post_init__(self)
+        for knob, least in (("token_budget", 1), ("sink_tokens", 0), ("window_tokens", 0), ("min_block_tokens", 0)):
+            value = getattr(self, knob)
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"{knob}={value!r} must be an integer >= {least}")
+        if not 0.0 <= self.index_reserve < 0.5:
+            raise ValueError(f"index_reserve={self.index_reserve} must be in [0, 0.5)")
+        if self.budget_tokens is not None and self.kv_budget_tokens < 1:
+            raise ValueError(f"budget_tokens={self.budget_tokens} leaves no pool slot after the index reserve")
+        self.inner = self._build_memory()
+
+    def _build_memory(self) -> Policy:
+        if isinstance(self.memory, SparsePolicy):
+            raise ValueError(f"memory={self.memory.name!r} is a sparse policy; valid: {', '.join(MEMORY_POLICIES)}")
+        if isinstance(self.memory, Policy):
+            return replace(self.memory, budget_tokens=self.kv_budget_tokens)
+        cls = MEMORY_POLICIES.get(str(self.memory))
+        if cls is None:
+            raise ValueError(f"memory={self.memory!r} is not a memory policy; valid: {', '.join(MEMORY_POLICIES)}")
+        args = {"threshold": self.threshold, "prefill_chunk": self.prefill_chunk} | dict(self.memory_args)
+        return cls(budget_tokens=self.kv_budget_tokens, **args)
+
+    # ---- budget --------------------------------------------------------------------------------
+    @property
+    def reserve_tokens(self) -> int:
+        """Pool-equivalent tokens of the budget reserved for the index (0 without a budget)."""
+        if self.budget_tokens is None:
+            return 0
+        return math.ceil(self.index_reserve * self.budget_tokens)
+
+    @property
+    def kv_budget_tokens(self) -> int | None:
+        return None if self.budget_tokens is None else self.budget_tokens - self.reserve_tokens
+
+    # ---- the memory policy decides residency ---------------------------------------------------
+    @property
+    def offload(self) -> bool:
+        return self.inner.offload
+
+    @property
+    def keep_active_whole(self) -> bool:
+        return self.inner.keep_active_whole
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.inner.needs_attention
+
+    @property
+    def frees_memory(self) -> bool:
+        return self.inner.frees_memory
+
+    @property
+    def observation_window(self) -> int | None:
+        return self.inner.observation_window
+
+    @property
+    def host_budget_tokens(self) -> int | None:
+        return getattr(self.inner, "host_budget_tokens", None)
+
+    @property
+    def vocab_size(self) -> int | None:
+        return getattr(self.inner, "vocab_size", None)
+
+    @vocab_size.setter
+    def vocab_size(self, value: int) -> None:
+        if hasattr(self.inner, "vocab_size"):
+            self.inner.vocab_size = value
+
+    def bind(self, model) -> None:
+        """Hand the model to a memory policy that reads it (kvp: its weights by model fingerprint)."""
+        bind = getattr(self.inner, "bind", None)
+        if bind is not None:
+            bind(model)
+
+    def chunk_tokens(self) -> int:
+        return self.inner.chunk_tokens()
+
+    def on_event(self, event: Event, view: MemoryView) -> RetentionPlan | None:
+        return self.inner.on_event(event, view)
+
+    def plan(self, view: MemoryView) -> RetentionPlan | None:
+        return self.inner.plan(view)
+
+    # ---- the wrapper decides reads ---------------------------------------------------------------
+    def index_builder(self):
+        """(builder, chunk width) of this method's block index; subclasses implement it."""
+        raise NotImplementedError
+
+    def sparse_attention(self, store, token_ids, decode):
+        device = store.shape.device
+        if device.type != "cpu":  # the index tensors are built on the host (README: sparse decode attention)
+            valid = ", ".join(MEMORY_POLICIES)
+            msg = f"policy={self.name}: sparse indexes need a CPU model, not {device}; valid: {valid}"
+            raise NotImplementedError(msg)
+        builder, width = self.index_builder()
+        select = SelectConfig(
+            token_budget=self.token_budget,
+            sink_tokens=self.sink_tokens,
+            window_tokens=self.window_tokens,
+            min_block_tokens=self.min_block_tokens,
+            exact=self.exact,
+            width=width,
+        )
+        reserve = None if self.budget_tokens is None else self.reserve_tokens * store.shape.bytes_per_token
+        return SparseAttention(builder, select, store, token_ids, decode, reserve)

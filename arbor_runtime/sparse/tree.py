@@ -1,0 +1,400 @@
+"""LycheeCluster's index over one block: chunk centroids and radii in a hierarchy.
+
+For every layer and KV head, each chunk of the block is summarized by the centroid ``c`` of its
+keys and a radius ``r`` (no key of the chunk is farther than ``r`` from ``c``), so for any query
+
+    q . k  <=  q . c + |q| r        for every key k of the chunk      (triangle inequality)
+
+Chunks are grouped by balanced k-means into fine clusters, clusters into coarse units, until the
+top level has at most ``top_nodes`` nodes. A node's radius covers its children's balls
+(``R = max_child |c_child - C| + r_child``), so a node's bound is at least each child's bound: a
+subtree whose bound is below what was already found holds nothing better.
+
+Retrieval descends level by level as batched tensor ops: score every top-level node of every
+KV head for every query at once, keep the best subtrees, gather their children, repeat; the
+leaves found are the candidate chunks. ``exact=True`` adds a second, threshold pass (every
+node whose bound reaches the k-th best leaf found so far is opened), which returns exactly the
+top-k chunks by bound.
+
+Centroids are stored in ``dtype`` (float16 by default); radii are measured against the stored
+centroid, so the bound holds for what is stored. A block that grows (or gets back tokens the
+index never saw) is updated lazily: the touched chunks are recomputed, new chunks join the
+nearest existing cluster and the radii above them grow to cover them; once more than
+``rebuild_fraction`` of the chunks joined that way, the levels above the chunks are rebuilt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from arbor_runtime.sparse.chunking import chunk_starts, key_drift
+from arbor_runtime.sparse.clustering import balanced_kmeans, member_lists, n_groups
+
+#: keys(layer, tokens) -> (H, n, D): one layer's keys of the given block-local tokens
+KeyReader = Callable[[int, torch.Tensor], torch.Tensor]
+#: relative slack added to upper-level radii, so float rounding never makes a parent's bound
+#: fall below its child's
+SLACK = 1e-5
+
+
+@dataclass(frozen=True, slots=True)
+class TreeConfig:
+    """How a block is chunked and its hierarchy shaped.
+
+    Attributes:
+        min_len / max_len: chunk length bounds (tokens).
+        drift_threshold: key drift (1 - cosine to the preceding keys, averaged over heads, at
+            layer ``drift_layer``, -1 = the middle layer) that starts a new chunk; inf = off.
+        fanout: children per node (about; at most ``ceil(1.25 fanout)``).
+        top_nodes: levels are added until the top has at most this many nodes.
+        oversample: at each level, keep subtrees holding about this many times the leaves asked.
+        rebuild_fraction: rebuild the upper levels once this share of the chunks joined lazily.
+        dtype: storage dtype of centroids.
+    """
+
+    min_len: int = 8
+    max_len: int = 16
+    drift_threshold: float = float("inf")
+    drift_layer: int = -1
+    fanout: int = 8
+    top_nodes: int = 64
+    oversample: float = 2.0
+    rebuild_fraction: float = 0.25
+    dtype: torch.dtype = torch.float16
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_len <= self.max_len:
+            raise ValueError(f"chunk lengths must satisfy 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
+        if self.fanout < 2 or self.top_nodes < 1:
+            raise ValueError(f"fanout={self.fanout} must be >= 2 and top_nodes={self.top_nodes} >= 1")
+        if self.oversample < 1.0:
+            raise ValueError(f"oversample={self.oversample} must be >= 1")
+
+    @property
+    def cap(self) -> int:
+        return -(-5 * self.fanout // 4)
+
+
+@dataclass(slots=True)
+class Level:
+    """One level of the hierarchy, for every layer L and KV head H.
+
+    Attributes:
+        centroids: (L, H, N, D) in the storage dtype.
+        radii: (L, H, N) float32, measured against the stored centroids.
+        children: (L, H, N, M) int32 ids into the level below, -1 padded; None for the chunks.
+    """
+
+    centroids: torch.Tensor
+    radii: torch.Tensor
+    children: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return int(self.radii.shape[-1])
+
+    @property
+    def nbytes(self) -> int:
+        kids = 0 if self.children is None else self.children.numel() * self.children.element_size()
+        return self.centroids.numel() * self.centroids.element_size() + self.radii.numel() * 4 + kids
+
+
+class ChunkTree:
+    """The index of one block (see module docstring).
+
+    Attributes:
+        starts: (C + 1,) long chunk boundaries in block-local tokens.
+        levels: bottom-up; ``levels[0]`` are the chunks.
+        covered: (T,) bool, tokens whose keys the chunk statistics include.
+        grafted: chunks that joined lazily since the upper levels were built.
+    """
+
+    def __init__(self, config: TreeConfig, starts: torch.Tensor, levels: list[Level], covered: torch.Tensor) -> None:
+        self.config, self.starts, self.levels, self.covered = config, starts, levels, covered
+        self.grafted = 0
+
+    # ---- building ----------------------------------------------------------------------------
+    @classmethod
+    def build(
+        cls, config: TreeConfig, keys: KeyReader, layers: int, resident: torch.Tensor, ends: torch.Tensor
+    ) -> ChunkTree:
+        """Index a block from the keys of its resident tokens.
+
+        Args:
+            keys: reads one layer's keys of block-local tokens.
+            layers: L.
+            resident: (T_res,) sorted block-local tokens on the device.
+            ends: (T,) bool, token closes a sentence or line (T = block length).
+        """
+        starts = chunk_starts(ends, config.min_len, config.max_len, *cls._drift(config, keys, layers, resident, ends))
+        leaves = _leaf_stats(config, keys, layers, resident, starts, torch.arange(starts.numel() - 1))
+        covered = torch.zeros(int(ends.numel()), dtype=torch.bool)
+        covered[resident] = True
+        tree = cls(config, starts, [leaves], covered)
+        tree._build_upper()
+        return tree
+
+    @staticmethod
+    def _drift(config: TreeConfig, keys: KeyReader, layers: int, resident: torch.Tensor, ends: torch.Tensor):
+        """(drift (T,), threshold) for chunk_starts; (None, inf) when drift cuts are off."""
+        if config.drift_threshold == float("inf") or resident.numel() < 2:
+            return None, float("inf")
+        layer = config.drift_layer if config.drift_layer >= 0 else layers // 2
+        drift = torch.zeros(int(ends.numel()))
+        drift[resident] = key_drift(keys(layer, resident))
+        return drift, config.drift_threshold
+
+    def _build_upper(self) -> None:
+        """(Re)build every level above the chunks."""
+        cfg = self.config
+        self.levels = self.levels[:1]
+        while self.levels[-1].size > cfg.top_nodes:
+            below = self.levels[-1]
+            nl, h, n, d = below.centroids.shape
+            k = max(n_groups(n, cfg.fanout), -(-n // cfg.cap))
+            flat = below.centroids.float().reshape(nl * h, n, d)
+            assign = balanced_kmeans(flat, k, cfg.cap)
+            children = member_lists(assign, k, None).view(nl, h, k, -1).to(torch.int32)
+            self.levels.append(_parent_level(below, children, cfg.dtype))
+        self.grafted = 0
+
+    # ---- lazy update ---------------------------------------------------------------------------
+    def update(self, keys: KeyReader, layers: int, resident: torch.Tensor, ends: torch.Tensor) -> bool:
+        """Take in tokens the index has not seen (a grown block, or tokens back on the device).
+
+        Chunks holding new tokens are recomputed (a grown block's last chunk is re-cut, as a
+        rebuild would cut it); new chunks join their nearest cluster; radii above grow to cover
+        them. Returns True when anything changed.
+        """
+        length = int(ends.numel())
+        old = int(self.covered.numel())
+        covered = torch.cat([self.covered, torch.zeros(length - old, dtype=torch.bool)])
+        fresh = resident[~covered[resident]]
+        if not fresh.numel() and length == old:
+            return False
+        n_old = self.starts.numel() - 1
+        starts, touched = self.starts, torch.zeros(0, dtype=torch.long)
+        if length > old:  # re-cut from the start of the last chunk, as a rebuild would (prefix-stable)
+            tail = int(starts[-2]) if n_old else 0
+            drift, thr = self._drift(self.config, keys, layers, resident, ends)
+            cut = chunk_starts(ends, self.config.min_len, self.config.max_len, drift, thr, start=tail)
+            starts = torch.cat([starts[:-2], cut])
+            touched = torch.arange(max(n_old - 1, 0), starts.numel() - 1)
+        touched = torch.unique(torch.cat([touched, torch.searchsorted(starts, fresh, right=True) - 1]))
+        self.starts, self.covered = starts, covered
+        for c in touched.tolist():  # a recomputed chunk covers exactly its resident tokens
+            covered[int(starts[c]) : int(starts[c + 1])] = False
+        covered[resident[torch.isin(torch.searchsorted(starts, resident, right=True) - 1, touched)]] = True
+        self._set_leaves(touched, _leaf_stats(self.config, keys, layers, resident, starts, touched))
+        if len(self.levels) == 1 and self.n_chunks > self.config.top_nodes:
+            self._build_upper()
+        elif self.grafted > self.config.rebuild_fraction * self.n_chunks:
+            self._build_upper()
+        return True
+
+    def _set_leaves(self, ids: torch.Tensor, stats: Level) -> None:
+        """Write recomputed / new chunk statistics; graft new chunks; grow radii above them."""
+        leaves = self.levels[0]
+        n_new = int(ids.max()) + 1 - leaves.size if ids.numel() else 0
+        if n_new > 0:
+            leaves.centroids = _grow(leaves.centroids, n_new, 0.0)
+            leaves.radii = _grow(leaves.radii, n_new, 0.0)
+        leaves.centroids[:, :, ids] = stats.centroids
+        leaves.radii[:, :, ids] = stats.radii
+        if len(self.levels) > 1 and n_new > 0:
+            self._graft(torch.arange(leaves.size - n_new, leaves.size))
+            self.grafted += n_new
+        changed = ids
+        for depth in range(1, len(self.levels)):
+            changed = self._cover(depth, changed)
+
+    def _graft(self, new: torch.Tensor) -> None:
+        """New chunks (ids) join the nearest level-1 cluster, per layer and head."""
+        parent, leaves = self.levels[1], self.levels[0]
+        nl, h, k, m = parent.children.shape
+        c = leaves.centroids[:, :, new].float()  # (L, H, n, D)
+        dist = torch.cdist(c, parent.centroids.float())  # (L, H, n, K)
+        near = dist.argmin(-1).reshape(nl * h, -1)  # (LH, n)
+        kids = parent.children.reshape(nl * h, k, m).long()
+        count = (kids >= 0).sum(-1)  # (LH, K)
+        joins = member_lists(near, k)  # (LH, K, J): positions in ``new`` joining each cluster
+        width = int((count + (joins >= 0).sum(-1)).max())
+        kids = torch.cat([kids, torch.full((nl * h, k, max(width - m, 0)), -1, dtype=torch.long)], dim=-1)
+        pos = count.unsqueeze(-1) + torch.arange(joins.shape[-1])  # where each joiner goes
+        bk = joins >= 0
+        rows = torch.arange(nl * h).view(-1, 1, 1).expand_as(joins)
+        cols = torch.arange(k).view(1, -1, 1).expand_as(joins)
+        kids[rows[bk], cols[bk], pos[bk]] = new[joins[bk]]
+        parent.children = kids.view(nl, h, k, -1).to(torch.int32)
+
+    def _cover(self, depth: int, changed: torch.Tensor) -> torch.Tensor:
+        """Grow radii of level ``depth`` so each node covers its children; returns the nodes that
+        contain a ``changed`` child (the next level's changed set)."""
+        lvl, below = self.levels[depth], self.levels[depth - 1]
+        kids = lvl.children  # (L, H, N, M)
+        hit = torch.isin(kids, changed) & (kids >= 0)
+        nodes = torch.nonzero(hit.any(-1).any(0).any(0)).squeeze(1)
+        if not nodes.numel():
+            return nodes
+        sub = kids[:, :, nodes]  # (L, H, n, M)
+        lvl.radii[:, :, nodes] = torch.maximum(lvl.radii[:, :, nodes], _cover_radius(lvl, below, nodes, sub))
+        return nodes
+
+    # ---- retrieval -----------------------------------------------------------------------------
+    @property
+    def n_chunks(self) -> int:
+        return self.levels[0].size
+
+    def leaf_bounds(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """(r, H, C) bound of every chunk for queries q (r, H, g, D): max over the g heads of a group."""
+        return bound(self.levels[0], layer, q, None)
+
+    def retrieve(self, layer: int, q: torch.Tensor, n: int, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """About the ``n`` chunks with the highest bound, per query row and KV head.
+
+        Args:
+            q: (r, H, g, D) float32 queries, the g query heads of each KV head.
+            n: chunks wanted.
+            exact: return exactly the top-n chunks by bound (a second, threshold pass).
+        Returns:
+            ids (r, H, m) long chunk ids and their bounds (r, H, m) float32, m = min(n, candidates);
+            entries with bound -inf are padding.
+        """
+        ids, scores = self._descend(layer, q, n, None)
+        if exact and len(self.levels) > 1:
+            found = scores.topk(min(n, scores.shape[-1]), dim=-1).values[..., -1:]  # n-th best leaf so far
+            slack = SLACK * found.abs() + 1e-6
+            ids, scores = self._descend(layer, q, n, torch.where(torch.isfinite(found), found - slack, found))
+        m = min(n, scores.shape[-1])
+        best, pick = scores.topk(m, dim=-1)
+        return (pick if ids is None else ids.gather(-1, pick)), best
+
+    def _descend(self, layer: int, q: torch.Tensor, n: int, floor: torch.Tensor | None):
+        """Level by level from the top: keep the best subtrees (beam) or every subtree whose bound
+        reaches ``floor`` (r, H, 1); returns the leaves reached (ids, or None = all) and bounds."""
+        ids, scores = None, bound(self.levels[-1], layer, q, None)
+        for depth in range(len(self.levels) - 1, 0, -1):
+            lvl = self.levels[depth]
+            if floor is None:
+                keep = min(lvl.size, max(1, -(-int(self.config.oversample * n * lvl.size) // self.n_chunks)))
+                top, pos = scores.topk(min(keep, scores.shape[-1]), dim=-1)
+                alive = torch.isfinite(top)
+            else:
+                reach = (scores >= floor) & torch.isfinite(scores)
+                width = max(int(reach.sum(-1).max()), 1)
+                alive, pos = reach.float().topk(width, dim=-1)
+                alive = alive > 0
+            nodes = pos if ids is None else ids.gather(-1, pos)  # (r, H, b)
+            kids = _children(lvl, layer, nodes)  # (r, H, b * M)
+            valid = (kids >= 0) & alive.repeat_interleave(lvl.children.shape[-1], dim=-1)
+            ids = kids.clamp(min=0)
+            scores = bound(self.levels[depth - 1], layer, q, ids).masked_fill(~valid, float("-inf"))
+        return ids, scores
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the index tensors the accelerator holds (centroids, radii, child lists)."""
+        return sum(lvl.nbytes for lvl in self.levels)
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of the host-side bookkeeping (chunk boundaries, coverage mask)."""
+        return self.starts.numel() * self.starts.element_size() + self.covered.numel()
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+def bound(level: Level, layer: int, q: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+    """Upper bound of q . k over each node's keys: max over the g query heads of q.c + |q| r.
+
+    Args:
+        q: (r, H, g, D) float32; ids: (r, H, m) node ids, or None for every node of the level.
+    Returns:
+        (r, H, m) float32 (m = the level's size when ids is None).
+    """
+    cent, rad = level.centroids[layer], level.radii[layer]  # (H, N, D), (H, N)
+    norm = q.norm(dim=-1, keepdim=True)  # (r, H, g, 1)
+    if ids is None:
+        dots = torch.matmul(q, cent.float().transpose(-1, -2))  # (r, H, g, N)
+        return (dots + norm * rad.unsqueeze(1)).amax(2)
+    h, n = cent.shape[0], cent.shape[1]
+    flat = (ids + torch.arange(h).view(1, h, 1) * n).reshape(-1)
+    c = cent.reshape(h * n, -1).index_select(0, flat).view(*ids.shape, -1).float()  # (r, H, m, D)
+    r = rad.reshape(-1).index_select(0, flat).view(ids.shape)
+    dots = torch.matmul(q, c.transpose(-1, -2))  # (r, H, g, m)
+    return (dots + norm * r.unsqueeze(2)).amax(2)
+
+
+def _children(lvl: Level, layer: int, nodes: torch.Tensor) -> torch.Tensor:
+    """(r, H, b) node ids -> (r, H, b * M) child ids (-1 padded)."""
+    kids = lvl.children[layer]  # (H, N, M)
+    h, n, m = kids.shape
+    flat = (nodes + torch.arange(h).view(1, h, 1) * n).reshape(-1)
+    return kids.reshape(h * n, m).index_select(0, flat).view(*nodes.shape[:2], -1).long()
+
+
+def _leaf_stats(
+    config: TreeConfig, keys: KeyReader, layers: int, resident: torch.Tensor, starts: torch.Tensor, ids: torch.Tensor
+) -> Level:
+    """Centroid and radius of chunks ``ids`` over their resident tokens, every layer.
+
+    Returns a Level of (L, H, len(ids), D) centroids and (L, H, len(ids)) radii; a chunk with no
+    resident token gets a zero centroid and radius.
+    """
+    chunk_of = torch.searchsorted(starts, resident, right=True) - 1
+    slot = torch.full((starts.numel(),), -1, dtype=torch.long)
+    slot[ids] = torch.arange(ids.numel())
+    local = slot[chunk_of]
+    mine = local >= 0
+    tokens, local = resident[mine], local[mine]
+    cents, rads = [], []
+    for layer in range(layers):
+        k = keys(layer, tokens).float()  # (H, n, D)
+        h, _, d = k.shape
+        sums = torch.zeros(h, ids.numel(), d).index_add_(1, local, k)
+        count = torch.bincount(local, minlength=ids.numel()).clamp(min=1)
+        cent = (sums / count.view(1, -1, 1)).to(config.dtype)
+        dist = (k - cent.float()[:, local]).norm(dim=-1)  # against the stored centroid
+        rad = torch.zeros(h, ids.numel()).scatter_reduce_(1, local.expand(h, -1), dist, "amax", include_self=True)
+        cents.append(cent)
+        rads.append(rad)
+    return Level(torch.stack(cents), torch.stack(rads))
+
+
+def _parent_level(below: Level, children: torch.Tensor, dtype: torch.dtype) -> Level:
+    """Parents over ``children`` (L, H, K, M): centroid = mean of child centroids, radius covers them."""
+    nl, h, k, m = children.shape
+    valid = children >= 0
+    idx = children.long().clamp(min=0)
+    c = below.centroids.float()  # (L, H, N, D)
+    d = c.shape[-1]
+    gathered = torch.gather(c.unsqueeze(2).expand(nl, h, k, -1, -1), 3, idx.unsqueeze(-1).expand(-1, -1, -1, -1, d))
+    w = valid.unsqueeze(-1).float()
+    cent = ((gathered * w).sum(3) / w.sum(3).clamp(min=1)).to(dtype)  # (L, H, K, D)
+    lvl = Level(cent, torch.zeros(nl, h, k), children)
+    lvl.radii = _cover_radius(lvl, below, torch.arange(k), children)
+    return lvl
+
+
+def _cover_radius(lvl: Level, below: Level, nodes: torch.Tensor, kids: torch.Tensor) -> torch.Tensor:
+    """(L, H, n) radius that covers the children ``kids`` (L, H, n, M) of ``nodes`` (n,):
+    max over children of |c_child - C| + r_child, plus float slack."""
+    nl, h, n, m = kids.shape
+    valid = kids >= 0
+    idx = kids.long().clamp(min=0)
+    d = below.centroids.shape[-1]
+    flat = idx.reshape(nl, h, -1)
+    child_c = torch.gather(below.centroids.float(), 2, flat.unsqueeze(-1).expand(-1, -1, -1, d)).view(nl, h, n, m, d)
+    child_r = torch.gather(below.radii, 2, flat).view(nl, h, n, m)
+    center = lvl.centroids[:, :, nodes].float().unsqueeze(3)  # (L, H, n, 1, D)
+    reach = ((child_c - center).norm(dim=-1) + child_r).masked_fill(~valid, 0.0)
+    r = reach.amax(-1)
+    return r * (1 + SLACK) + 1e-6
+
+
+def _grow(t: torch.Tensor, n: int, value: float) -> torch.Tensor:
+    """``t`` with n more entries along dim 2, filled with ``value``."""
+    pad = torch.full((*t.shape[:2], n, *t.shape[3:]), value, dtype=t.dtype)
+    return torch.cat([t, pad], dim=2)

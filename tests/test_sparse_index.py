@@ -1,0 +1,178 @@
+"""Chunk indexes on random data: chunking, bounds, exact retrieval, lazy updates, Quest pages."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from arbor_runtime.sparse import ChunkTree, PageIndex, TreeConfig, chunk_starts, key_drift, page_starts
+from arbor_runtime.sparse.clustering import balanced_kmeans
+from arbor_runtime.sparse.tree import bound
+
+L, H, G, D = 2, 3, 2, 16
+
+
+def clustered_keys(tokens: int, seed: int) -> torch.Tensor:
+    """(L, H, T, D) keys with structure: runs of ~10 tokens share an offset, plus noise."""
+    gen = torch.Generator().manual_seed(seed)
+    runs = torch.randn(L, H, tokens // 10 + 1, D, generator=gen).repeat_interleave(10, dim=2)[:, :, :tokens]
+    return 2 * runs + torch.randn(L, H, tokens, D, generator=gen)
+
+
+def reader(keys: torch.Tensor):
+    return lambda layer, tokens: keys[layer][:, tokens]
+
+
+def random_ends(tokens: int, seed: int) -> torch.Tensor:
+    return torch.rand(tokens, generator=torch.Generator().manual_seed(seed)) < 0.12
+
+
+def chunk_max_scores(keys: torch.Tensor, starts: torch.Tensor, layer: int, q: torch.Tensor) -> torch.Tensor:
+    """(r, H, C) the true max over each chunk's keys and a group's heads of q . k."""
+    tokens = keys.shape[2]
+    chunk = torch.searchsorted(starts, torch.arange(tokens), right=True) - 1
+    qk = torch.einsum("rhgd,htd->rhgt", q, keys[layer]).amax(2)  # (r, H, T)
+    out = torch.full((*qk.shape[:2], starts.numel() - 1), float("-inf"))
+    return out.scatter_reduce(2, chunk.expand_as(qk), qk, "amax")
+
+
+def test_chunks_cut_at_sentence_ends_within_length_bounds():
+    ends = torch.zeros(100, dtype=torch.bool)
+    ends[[3, 12, 20, 22, 60]] = True  # 3: too soon; 12 and 20 close 13 and 8 tokens; 22: too soon
+    starts = chunk_starts(ends, min_len=8, max_len=16)
+    assert starts.tolist() == [0, 13, 21, 37, 53, 61, 77, 93, 100]  # 37, 53, 77, 93: max_len cuts
+    lengths = starts.diff()
+    assert int(lengths.max()) <= 16 and int(lengths[:-1].min()) >= 8
+    assert chunk_starts(ends[:10], 8, 16).tolist() == [0, 10]  # a short block is one chunk
+
+
+def test_chunking_is_prefix_stable_and_drift_cuts():
+    ends = random_ends(400, 0)
+    whole = chunk_starts(ends, 8, 16)
+    for cut in (57, 200, 333):
+        prefix = chunk_starts(ends[:cut], 8, 16)
+        assert torch.equal(prefix[:-2], whole[: prefix.numel() - 2])  # all but the prefix's last chunk
+    drift = torch.zeros(400)
+    drift[[58, 150, 153]] = 1.5  # 153: 3 tokens after a cut, below min_len: no cut
+    cut = chunk_starts(torch.zeros(400, dtype=torch.bool), 8, 16, drift, drift_threshold=1.0).tolist()
+    assert 58 in cut and 150 in cut and 153 not in cut
+    assert 58 not in chunk_starts(torch.zeros(400, dtype=torch.bool), 8, 16).tolist()
+
+
+def test_key_drift_is_high_where_the_keys_change_direction():
+    keys = torch.cat([torch.ones(2, 10, 4), -torch.ones(2, 10, 4)], dim=1) + 0.01 * torch.randn(2, 20, 4)
+    drift = key_drift(keys, window=4)
+    assert float(drift[10]) > 1.5 and float(drift[1:10].max()) < 0.1
+    assert float(drift[13:].max()) < 0.1  # once the window holds only the new direction
+
+
+def test_balanced_kmeans_respects_the_cap():
+    x = torch.randn(5, 103, 8)
+    x[:, :60] += 10  # a big lump that plain k-means would put in few clusters
+    assign = balanced_kmeans(x, k=13, cap=10)
+    counts = torch.stack([torch.bincount(a, minlength=13) for a in assign])
+    assert int(counts.max()) <= 10 and int(counts.sum()) == 5 * 103
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_bound_holds_and_parents_bound_their_children(seed):
+    keys = clustered_keys(1500, seed)
+    tree = ChunkTree.build(TreeConfig(top_nodes=8), reader(keys), L, torch.arange(1500), random_ends(1500, seed))
+    assert len(tree.levels) == 3  # chunks, clusters, coarse units
+    q = torch.randn(4, H, G, D, generator=torch.Generator().manual_seed(seed + 10))
+    for layer in range(L):
+        leaf = tree.leaf_bounds(layer, q)
+        assert bool((leaf >= chunk_max_scores(keys, tree.starts, layer, q) - 1e-4).all())
+        for depth in (1, 2):
+            lvl, below = tree.levels[depth], tree.levels[depth - 1]
+            parent = bound(lvl, layer, q, None)  # (r, H, N)
+            child = bound(below, layer, q, None)
+            kids = lvl.children[layer].long()  # (H, N, M)
+            for h in range(H):
+                for n in range(lvl.size):
+                    members = kids[h, n][kids[h, n] >= 0]
+                    assert bool((parent[:, h, n : n + 1] >= child[:, h, members]).all())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_exact_retrieval_returns_the_brute_force_top_k(seed):
+    keys = clustered_keys(2000, seed)
+    tree = ChunkTree.build(TreeConfig(top_nodes=8), reader(keys), L, torch.arange(2000), random_ends(2000, seed))
+    q = torch.randn(3, H, G, D, generator=torch.Generator().manual_seed(seed + 20))
+    for layer in range(L):
+        brute = tree.leaf_bounds(layer, q)
+        for n in (1, 7, 30, 90):
+            ids, scores = tree.retrieve(layer, q, n, exact=True)
+            want = brute.topk(n, dim=-1)
+            assert torch.equal(ids.sort(-1).values, want.indices.sort(-1).values), (layer, n)
+            assert torch.allclose(scores, want.values, atol=1e-4)
+
+
+def test_beam_descent_prunes_and_opens_everything_when_asked_for_everything():
+    keys = clustered_keys(2000, 5)
+    tree = ChunkTree.build(TreeConfig(top_nodes=8), reader(keys), L, torch.arange(2000), random_ends(2000, 5))
+    q = torch.randn(2, H, G, D)
+    ids, scores = tree.retrieve(0, q, tree.n_chunks)
+    assert ids.shape[-1] == tree.n_chunks and bool(torch.isfinite(scores).all())
+    assert bool((ids.sort(-1).values == torch.arange(tree.n_chunks)).all())
+    few, _ = tree.retrieve(0, q, 10)  # the beam reaches 10 leaves without scoring them all
+    assert few.shape[-1] == 10 and few.unique().numel() > 0
+
+
+def test_lazy_growth_keeps_the_index_equivalent_to_a_rebuilt_one():
+    keys, ends = clustered_keys(2400, 7), random_ends(2400, 7)
+    cfg = TreeConfig(top_nodes=8, rebuild_fraction=0.5)
+    lazy = ChunkTree.build(cfg, reader(keys), L, torch.arange(2000), ends[:2000])
+    upper = [lvl.size for lvl in lazy.levels[1:]]
+    lazy.update(reader(keys), L, torch.arange(2400), ends)
+    assert lazy.grafted > 0 and [lvl.size for lvl in lazy.levels[1:]] == upper  # grafted, not rebuilt
+    rebuilt = ChunkTree.build(cfg, reader(keys), L, torch.arange(2400), ends)
+    assert torch.equal(lazy.starts, rebuilt.starts)
+    assert torch.equal(lazy.levels[0].centroids, rebuilt.levels[0].centroids)
+    assert torch.equal(lazy.levels[0].radii, rebuilt.levels[0].radii)
+    q = torch.randn(3, H, G, D, generator=torch.Generator().manual_seed(8))
+    for layer in range(L):
+        assert bool((lazy.leaf_bounds(layer, q) >= chunk_max_scores(keys, lazy.starts, layer, q) - 1e-4).all())
+        for n in (5, 40):
+            a, _ = lazy.retrieve(layer, q, n, exact=True)
+            b, _ = rebuilt.retrieve(layer, q, n, exact=True)
+            assert torch.equal(a.sort(-1).values, b.sort(-1).values)
+
+
+def test_tokens_back_on_the_device_are_taken_in_lazily():
+    keys, ends = clustered_keys(1200, 9), random_ends(1200, 9)
+    resident = torch.arange(1200)[torch.arange(1200) % 3 != 0]  # a third evicted when indexed
+    tree = ChunkTree.build(TreeConfig(top_nodes=8), reader(keys), L, resident, ends)
+    assert not bool(tree.covered.all())
+    assert tree.update(reader(keys), L, torch.arange(1200), ends)
+    assert bool(tree.covered.all()) and not tree.update(reader(keys), L, torch.arange(1200), ends)
+    rebuilt = ChunkTree.build(TreeConfig(top_nodes=8), reader(keys), L, torch.arange(1200), ends)
+    assert torch.equal(tree.levels[0].centroids, rebuilt.levels[0].centroids)
+    q = torch.randn(2, H, G, D)
+    assert bool((tree.leaf_bounds(1, q) >= chunk_max_scores(keys, tree.starts, 1, q) - 1e-4).all())
+
+
+def test_quest_page_bound_holds_for_the_stored_half_precision_ranges():
+    keys = clustered_keys(500, 3)
+    index = PageIndex.build(16, torch.float16, reader(keys), L, torch.arange(500), 500)
+    assert index.starts.tolist() == page_starts(500, 16).tolist() and index.n_chunks == 32
+    pages = torch.searchsorted(index.starts, torch.arange(500), right=True) - 1
+    for layer in range(L):
+        for p in range(index.n_chunks):
+            true = keys[layer][:, pages == p]  # (H, n, D)
+            assert bool((index.low[layer, :, p].float() <= true.amin(1)).all())
+            assert bool((index.high[layer, :, p].float() >= true.amax(1)).all())
+        q = torch.randn(4, H, G, D)
+        assert bool((index.bounds(layer, q) >= chunk_max_scores(keys, index.starts, layer, q) - 1e-4).all())
+        ids, _ = index.retrieve(layer, q, 5)
+        assert torch.equal(ids.sort(-1).values, index.bounds(layer, q).topk(5).indices.sort(-1).values)
+
+
+def test_index_memory_is_a_small_share_of_the_kv_it_indexes():
+    """SmolLM2's head size (64): float16 centroids + float32 radii + the levels above, against fp32 K and V."""
+    gen = torch.Generator().manual_seed(0)
+    keys = torch.randn(1, 1, 4000, 64, generator=gen)
+    ends = torch.zeros(4000, dtype=torch.bool)
+    tree = ChunkTree.build(TreeConfig(min_len=12, max_len=16), reader(keys), 1, torch.arange(4000), ends)
+    kv_bytes = 4000 * 2 * 64 * 4
+    assert tree.nbytes / kv_bytes < 0.02
