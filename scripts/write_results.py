@@ -263,11 +263,17 @@ def concurrency_section(root: Path) -> str:
         ("seconds", "seconds"),
         ("problems_per_hour", "problems/hour"),
         ("peak_device_mb", "peak KV MB"),
+        ("decode_tokens", "decode tokens"),
         ("oom", "OOM"),
         ("same_results_as_concurrency_1", "same results as 1"),
     ]
     return (
         f"{CONCURRENCY_TITLE}\n\n"
+        "Same results: each problem's outcome (solved, answer, best path, nodes expanded, decode tokens) equals "
+        "its concurrency-1 run. Naive ToT samples from torch's global generator, so its searches draw other "
+        "thoughts (compare decode tokens): the same problems, not the same trees; bench_speed above builds "
+        "one tree three ways. Each folder ran in its own time window on a shared 2-core machine. Command: "
+        "step 4g above.\n\n"
         "`arbor-solve concurrency=N`: N searches in one runtime, their rows batched into shared model steps; "
         "`naive ToT` runs the same controller with every node's prompt re-sent to `generate` (the reference "
         "ToT code's way). Peak KV in a shared runtime is the pool while the searches ran.\n\n"
