@@ -68,6 +68,10 @@ OMP_WAIT_POLICY=PASSIVE python scripts/bench_budgets.py --policies arbor --fract
     --out bench/budgets/game24-legal-bfs5 model=smollm2 task=game24 task.propose=legal task.start=901 \
     task.end=902 controller=bfs controller.breadth=5 controller.n_generate=5 controller.release_pruned=false \
     paths.data_dir=../shared/data
+OMP_WAIT_POLICY=PASSIVE python scripts/bench_budgets.py --policies arbor --fractions 0.5 --threads 2 \
+    --out bench/budgets/gsm8k-best-first50 model=smollm2 task=gsm8k task.start=0 task.end=1 \
+    task.max_thought_tokens=32 controller=best_first controller.n_generate=2 controller.max_expansions=50 \
+    controller.vote_quorum=0 controller.release_pruned=false paths.data_dir=../shared/data
 # 4g. problems/hour by concurrency, and naive ToT on the same problems
 OMP_WAIT_POLICY=PASSIVE python scripts/bench_concurrency.py --levels 1,2,4,8 --naive \
     --policies "policy=full;policy=arbor policy.budget_tokens=1000" --out bench/concurrency/game24-bfs \
@@ -245,7 +249,10 @@ def budgets_section(root: Path) -> str:
         "breadth 5, 5 thoughts per state, pruned branches kept, `llm_value`); `game24-bfs5` samples thoughts "
         "(SmolLM2 writes few valid steps, so the tree stays small and mostly prompt), `game24-legal-bfs5` "
         "ranks the legal steps with `rt.choose` (`task.propose=legal`: every step valid, a tree of 77 "
-        "blocks and ~2K tokens). Command: step 4f above.\n\n" + md_table(rows, cols) + "\n"
+        "blocks and ~2K tokens); `gsm8k-best-first50`: GSM8K test row 0, best-first for 50 expansions (2 lines of "
+        "up to 32 tokens each, no early stop, pruned kept: 101 blocks). Commands: step 4f above.\n\n"
+        + md_table(rows, cols)
+        + "\n"
     )
 
 
