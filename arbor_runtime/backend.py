@@ -98,6 +98,8 @@ class TreeBatch:
         self.own_mass: torch.Tensor | None = None
         #: a decode step's sparse layout (arbor_runtime/sparse); None = dense attention
         self.sparse: SparseStep | None = None
+        #: decode steps: each row's context block ids in path order (blocks with no device token too)
+        self.context_ids: list[list[int]] | None = None
         if stats:
             for g in groups:
                 g.mass = [torch.zeros(p.length, dtype=torch.float32, device=device) for p in g.pieces]

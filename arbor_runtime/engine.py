@@ -195,6 +195,7 @@ class Engine:
         self._grow()
         if not self.running:
             return
+        self._rehydrate_wanted()
         stats = rt.policy.needs_attention and not rt.policy.observation_window  # a window scores prefills only
         batch, ids, pos = decode_batch(rt.store, self.running, stats, rt.backend.kernel)
         start = time.perf_counter()
@@ -266,6 +267,21 @@ class Engine:
             if got < page:
                 row.add_slots(rt.store.pool.alloc(page - got))
         self.note_peak()
+
+    def _rehydrate_wanted(self) -> None:
+        """On-demand rehydration (a sparse policy's ``rehydrate=ranked``): the evicted chunks of the
+        running paths that the last step's retrieval wanted come back, most wanted first, into room
+        the running rows will not need: what they may still decode stays free (restored chunks of an
+        active path cannot be evicted again, so taking that room could stop a row)."""
+        rt, sparse = self.rt, self.rt.backend.sparse
+        if sparse is None or not sparse.on_demand:
+            return
+        paths = {n.id for r in self.running for n in r.owner.path()}
+        wants = [(block_id, idx) for block_id, idx in sparse.wanted() if block_id in paths]
+        if wants:
+            with rt.accounting(self.running[0].job):
+                ahead = sum(max(r.stop.params.max_new_tokens - r.capacity, 0) for r in self.running)
+                rt.memory.restore_ranked(wants, reserve=ahead)
 
     def _preempt(self, row: Row) -> None:
         self.running.remove(row)

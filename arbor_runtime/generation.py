@@ -161,6 +161,7 @@ def decode_batch(
         valid[i, : slots.numel()] = True
     write = own.gather(1, torch.tensor([[r.fed] for r in rows]))  # (R, 1): this step's token
     batch = TreeBatch(store.pool, context_groups(store, contexts), len(rows), 1, write, own, valid, stats, kernel)
+    batch.context_ids = contexts
     ids = torch.tensor([[r.tokens[r.fed]] for r in rows])
     pos = torch.tensor([[r.start_pos + r.fed] for r in rows])
     return batch, ids, pos

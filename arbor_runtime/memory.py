@@ -4,7 +4,7 @@ Device KV is one pool of slots (kv/pool.py); with a budget the pool *is* the bud
 manager promises is what the process allocates. Before anything moves, the runtime asks it:
 
 - ``admit(queue, running)``: how many queued rows (each needing its context path, whole under
-  ``keep_active_whole`` policies, plus its first slots) can start now. It makes one plan: the
+  ``restores_active_path`` policies, plus its first slots) can start now. It makes one plan: the
   policy's retention plan for the room needed (evictions), the host spans to restore, the dropped
   blocks to recompute; it checks the plan against the budget, carries out the evictions and
   restores on the store, and returns the admission (how many rows, what to recompute) for the
@@ -82,7 +82,7 @@ class MemoryManager:
         """How many of ``queue`` (path end, slots needed) can start next to the ``running`` paths.
 
         Rows are taken in queue order while the room they need (slots, plus the evicted tokens of
-        their paths under ``keep_active_whole``) fits the budget once everything the policy may
+        their paths under ``restores_active_path``) fits the budget once everything the policy may
         evict is gone: inactive blocks, and, for a lone row under a policy that may shrink the
         active path, that path too (unless ``shrink_active`` is False). Then the policy is asked
         for that room, the admitted paths' host spans come back, and the blocks that were dropped
@@ -117,6 +117,27 @@ class MemoryManager:
         if self.free >= need:
             return True
         return self._ensure(need, ahead)
+
+    def restore_ranked(self, wants: Sequence[tuple[int, torch.Tensor]], reserve: int = 0) -> int:
+        """Bring host spans of the active paths back in the order given, keeping ``reserve`` slots
+        free for the rows' growth. Room comes from free slots, else from the policy's plan over the
+        inactive blocks (as making the path whole would); a span that cannot fit even so is
+        skipped for the next ones. ``wants``: (block id, block-local tokens on the host tier).
+        Returns the tokens restored (the copies start before the next forward)."""
+        restored = 0
+        for block_id, idx in wants:
+            n = int(idx.numel())
+            if n == 0 or block_id not in self.store:
+                continue
+            if self.budget is not None and self.free - reserve < n:
+                if not self._fits(set(self.active), n + reserve, lone=False) or not self._ensure(n + reserve, 0):
+                    continue
+            blk = self.store.get(block_id)
+            self.store.apply(block_id, torch.cat([blk.kept.cpu(), idx.cpu()]), offload=self.policy.offload)
+            restored += n
+        if restored:
+            self.store.prefetch()
+        return restored
 
     def compress(self, target: int) -> None:
         """One MemoryThreshold asking the policy to bring resident blocks down to ``target`` now."""
@@ -232,7 +253,7 @@ class MemoryManager:
 
     def _missing(self, block_ids: Iterable[int]) -> int:
         """Tokens of these blocks not on the device (what making them whole costs)."""
-        if not self.policy.keep_active_whole:
+        if not self.policy.restores_active_path:
             return 0
         total = 0
         for i in block_ids:
@@ -244,7 +265,7 @@ class MemoryManager:
     def _make_whole(self, ends: Sequence[Node]) -> list[Node]:
         """Restore the paths to ``ends`` from the host tier, top-down; returns blocks still missing
         tokens (dropped from every tier), parents first, for the runtime to recompute."""
-        if not self.policy.keep_active_whole:
+        if not self.policy.restores_active_path:
             return []
         recompute = []
         for node in _ordered_path_nodes(ends, self.active):

@@ -106,6 +106,14 @@ class Policy:
             raise ValueError(f"prefill_chunk={self.prefill_chunk} must be a positive number of tokens or None")
 
     @property
+    def restores_active_path(self) -> bool:
+        """The runtime makes the active path whole (rehydrate / recompute) before each expansion.
+
+        True for ``keep_active_whole`` policies, unless a sparse wrapper brings the path's evicted
+        spans back on demand, in the order its index ranks them (``rehydrate=ranked``)."""
+        return self.keep_active_whole
+
+    @property
     def shrinks_active_path(self) -> bool:
         """The policy may evict from the active path itself (tree-blind policies): a prompt larger
         than the budget is then prefilled in chunks, evicting between them."""

@@ -11,6 +11,14 @@ The index's memory counts in ``budget_tokens``: the wrapper reserves ``index_res
 budget for it, in pool-equivalent tokens (``reserve_tokens``); the device pool, and the memory
 policy's budget, get the rest (``kv_budget_tokens``), so pool plus index never pass the budget.
 A block whose index would not fit the reserve is read whole.
+
+Rehydration (``rehydrate``) under a memory policy that keeps the active path whole and offloads
+evicted spans to the host (arbor): ``whole`` makes the path whole before each expansion, as the
+memory policy does alone; ``ranked`` does not: a row starts with what is resident, and after each
+decode step the evicted chunks its queries' retrieval would have read come back first (the chunks
+ranked by how many layers, heads and rows wanted them), into free room, leaving room for the rows'
+growth. The path still is never evicted from while active; the device then holds what decoding
+reads rather than the whole path, so a search runs at budgets below its longest path.
 """
 
 from __future__ import annotations
@@ -23,6 +31,9 @@ from arbor_runtime.events import Event
 from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.registry import MEMORY_POLICIES
 from arbor_runtime.sparse import SelectConfig, SparseAttention
+
+#: how the active path's evicted spans come back (see the module docstring)
+REHYDRATE = ("whole", "ranked")
 
 
 @dataclass(slots=True)
@@ -39,6 +50,9 @@ class SparsePolicy(Policy):
         min_block_tokens: blocks shorter than this are read whole (not indexed).
         exact: exact top-k retrieval by bound (slower; lychee only, quest's flat scan is exact).
         index_reserve: share of ``budget_tokens`` reserved for the index (with a budget).
+        rehydrate: ``whole`` (the memory policy makes the active path whole before expanding it) or
+            ``ranked`` (evicted spans of the active path come back on demand, in index order;
+            needs a memory policy with a host tier that keeps the active path: arbor).
         inner: the built memory policy (not a constructor argument).
     """
 
@@ -52,6 +66,7 @@ class SparsePolicy(Policy):
     min_block_tokens: int = 64
     exact: bool = False
     index_reserve: float = 0.03
+    rehydrate: str = "whole"
     inner: Policy = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -67,6 +82,14 @@ class SparsePolicy(Policy):
         if self.budget_tokens is not None and self.kv_budget_tokens < 1:
             raise ValueError(f"budget_tokens={self.budget_tokens} leaves no pool slot after the index reserve")
         self.inner = self._build_memory()
+        if self.rehydrate not in REHYDRATE:
+            raise ValueError(f"rehydrate={self.rehydrate!r}; valid: {', '.join(REHYDRATE)}")
+        if self.rehydrate == "ranked" and not (self.inner.offload and self.inner.keep_active_whole):
+            msg = (
+                f"rehydrate=ranked needs a memory policy that offloads evicted spans and keeps the active"
+                f" path (arbor), not memory={self.inner.name!r}"
+            )
+            raise ValueError(msg)
 
     def _build_memory(self) -> Policy:
         if isinstance(self.memory, SparsePolicy):
@@ -99,6 +122,10 @@ class SparsePolicy(Policy):
     @property
     def keep_active_whole(self) -> bool:
         return self.inner.keep_active_whole
+
+    @property
+    def restores_active_path(self) -> bool:
+        return self.inner.restores_active_path and self.rehydrate == "whole"
 
     @property
     def needs_attention(self) -> bool:
@@ -161,4 +188,5 @@ class SparsePolicy(Policy):
             width=width,
         )
         reserve = None if self.budget_tokens is None else self.reserve_tokens * store.shape.bytes_per_token
-        return SparseAttention(builder, select, store, token_ids, decode, reserve)
+        on_demand = self.rehydrate == "ranked"
+        return SparseAttention(builder, select, store, token_ids, decode, reserve, on_demand)

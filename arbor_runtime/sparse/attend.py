@@ -22,6 +22,13 @@ as many token slots); a block whose index would not fit is read whole.
 
 Times are recorded apart: index (retrieval and selection), attention (gather, attention,
 merge), build (index construction and updates).
+
+On demand (``on_demand``, a sparse policy's ``rehydrate=ranked``), the index also decides which
+evicted spans come back first: indexes then cover the host-tier tokens of a block too (their keys
+are read from the host), every decode step counts, per chunk on the host, the (layer, row, KV
+head) selections it would have entered had it been resident, and :meth:`SparseAttention.wanted`
+lists those chunks' host tokens most wanted first (blocks read whole before any), for the memory
+manager to restore into free room before the next step.
 """
 
 from __future__ import annotations
@@ -138,6 +145,7 @@ class SparseAttention:
         token_ids: block id -> its token ids (sentence ends come from their text).
         decode: token ids -> text (a tokenizer's ``decode``), None when there is no text.
         reserve_bytes: most bytes the indexes may hold (None: no cap).
+        on_demand: rank the active path's evicted chunks for rehydration (module docstring).
     """
 
     def __init__(
@@ -148,9 +156,11 @@ class SparseAttention:
         token_ids: Callable[[int], Sequence[int]],
         decode: Callable[[list[int]], str] | None = None,
         reserve_bytes: int | None = None,
+        on_demand: bool = False,
     ) -> None:
         self.builder, self.select, self.store = builder, select, store
-        self.token_ids, self.reserve_bytes = token_ids, reserve_bytes
+        self.token_ids, self.reserve_bytes, self.on_demand = token_ids, reserve_bytes, on_demand
+        self.last_step: SparseStep | None = None
         self.boundaries = BoundaryTable(decode)
         self.entries: dict[int, _Entry] = {}
         self.stats = SparseStats()
@@ -166,12 +176,29 @@ class SparseAttention:
         for grp in batch.groups:
             entry = self._entry(grp.block_id)
             step.add_group(grp, entry, self.store.get(grp.block_id).start_pos)
+        for block_id, rows in self._away(batch):
+            step.add_away(block_id, rows, self._entry(block_id))
         step.finish(positions)
+        self.last_step = step if self.on_demand else None
         self.stats.steps += 1
         layout = self.clock() - start - (self.stats.build_seconds - built)  # builds are timed apart
         self.stats.layout_seconds += layout
         self.stats.index_seconds += layout
         return step
+
+    def _away(self, batch: TreeBatch) -> list[tuple[int, torch.Tensor | None]]:
+        """On demand: context blocks with every token on the host (no group in the batch), with the
+        rows holding them (None = every row); their chunks are ranked for rehydration, not read."""
+        if not self.on_demand or batch.context_ids is None:
+            return []
+        present = {g.block_id for g in batch.groups}
+        holders: dict[int, list[int]] = {}
+        for row, ids in enumerate(batch.context_ids):
+            for block_id in ids:
+                if block_id not in present and block_id in self.store.host:
+                    holders.setdefault(block_id, []).append(row)
+        every = len(batch.context_ids)
+        return [(b, None if len(r) == every else torch.tensor(r)) for b, r in sorted(holders.items())]
 
     # ---- indexes -------------------------------------------------------------------------------
     def _entry(self, block_id: int) -> _Entry:
@@ -184,7 +211,7 @@ class SparseAttention:
             entry = self.entries[block_id] = _Entry(None, blk.length)
             return entry
         start = self.clock()
-        resident = blk.kept
+        resident = self._known(block_id)
         if entry is None or entry.index is None:
             index = self._build(block_id, resident, blk.length)
             entry = self.entries[block_id] = _Entry(index, blk.length)
@@ -197,10 +224,17 @@ class SparseAttention:
         self.stats.build_seconds += self.clock() - start
         return entry
 
+    def _known(self, block_id: int) -> torch.Tensor:
+        """(T_known,) sorted block-local tokens an index covers: the resident ones, and on demand
+        also those on the host tier (their keys are read from there)."""
+        kept = self.store.get(block_id).kept
+        host = self.store.host.indices(block_id) if self.on_demand else None
+        return kept if host is None else torch.sort(torch.cat([kept.cpu(), host])).values
+
     def _build(self, block_id: int, resident: torch.Tensor, length: int) -> BlockIndex | None:
         settle = getattr(self.store.pool, "settle", None)
         if settle is not None:  # restores into these slots finish before the keys are read
-            settle(self.store.get(block_id).slots_of(resident))
+            settle(self.store.get(block_id).slots_of(self.store.get(block_id).kept))
         index = self.builder(self._keys(block_id), self.store.shape.layers, resident, self._ends(block_id))
         size = index.nbytes
         if self.reserve_bytes is not None and self.stats.index_bytes + size > self.reserve_bytes:
@@ -224,12 +258,50 @@ class SparseAttention:
                 self._account(-entry.index.nbytes, -entry.length)
 
     def _keys(self, block_id: int):
+        """A key reader over the block's device tokens, and on demand its host-tier tokens too."""
         blk, pool = self.store.get(block_id), self.store.pool
 
         def read(layer: int, tokens: torch.Tensor) -> torch.Tensor:
             return pool.gather_layer(layer, blk.slots_of(tokens))[0]  # (H, n, D)
 
-        return read
+        if not self.on_demand or block_id not in self.store.host:
+            return read
+        host_idx, host_keys, _ = self.store.host.read(block_id)  # (E,), (L, H, E, D)
+
+        def read_both(layer: int, tokens: torch.Tensor) -> torch.Tensor:
+            away = torch.isin(tokens, host_idx)
+            out = torch.empty(host_keys.shape[1], int(tokens.numel()), host_keys.shape[-1], dtype=host_keys.dtype)
+            if bool((~away).any()):
+                out[:, ~away] = read(layer, tokens[~away]).to(out.dtype)
+            out[:, away] = host_keys[layer][:, torch.searchsorted(host_idx, tokens[away])]
+            return out
+
+        return read_both
+
+    def wanted(self) -> list[tuple[int, torch.Tensor]]:
+        """The last step's demand for evicted spans, most wanted first: (block id, its block-local
+        tokens on the host). Blocks read whole come first (all their tokens are read), then the
+        chunks by how many (layer, row, KV head) selections they would have entered (ties: block
+        order, then position). Empty unless on demand; each step's demand is handed out once."""
+        step, self.last_step = self.last_step, None
+        if step is None:
+            return []
+        out: list[tuple[float, int, int, int, torch.Tensor]] = []
+        for order, block_id in enumerate(step.whole_blocks):
+            idx = self.store.host.indices(block_id) if block_id in self.store else None
+            if idx is not None:
+                out.append((float("inf"), order, 0, block_id, idx))
+        demand = step.demand.cpu() if step.demand is not None else None
+        for order, plan in enumerate(step.plans):
+            idx = self.store.host.indices(plan.block_id) if plan.block_id in self.store else None
+            if idx is None or demand is None:
+                continue
+            mine = demand[plan.offset : plan.offset + plan.index.n_chunks]
+            chunk = torch.searchsorted(plan.index.starts, idx, right=True) - 1
+            for c in torch.nonzero(mine > 0).squeeze(1).tolist():
+                out.append((float(mine[c]), len(step.whole_blocks) + order, c, plan.block_id, idx[chunk == c]))
+        out.sort(key=lambda w: (-w[0], w[1], w[2]))
+        return [(block_id, idx) for _, _, _, block_id, idx in out if idx.numel()]
 
     def _ends(self, block_id: int) -> torch.Tensor:
         return self.boundaries.ends(self.token_ids(block_id))
@@ -248,6 +320,7 @@ class _GroupPlan:
     rows: torch.Tensor | None
     offset: int
     n: int
+    block_id: int = -1
 
 
 @dataclass(slots=True)
@@ -273,6 +346,10 @@ class SparseStep:
     forced: torch.Tensor | None = None
     forced_ids: torch.Tensor | None = None
     context: torch.Tensor | None = None
+    hosted_ids: list[torch.Tensor] = field(default_factory=list)
+    hosted: torch.Tensor | None = None  # (C,) bool: chunk has host-tier tokens its index covers (on demand)
+    demand: torch.Tensor | None = None  # (C,) float: selections each hosted chunk would have entered
+    whole_blocks: list[int] = field(default_factory=list)  # context blocks read whole (not indexed)
 
     def add_group(self, grp: Group, entry: _Entry, start_pos: int) -> None:
         """Lay out one context block's chunks (cached per block while its segments stay)."""
@@ -288,14 +365,43 @@ class SparseStep:
             off += p.length
         self.piece_offsets.append(offsets)
         whole = entry.index is None
+        if whole:
+            self.whole_blocks.append(grp.block_id)
+        elif self.owner.on_demand:
+            self._note_hosted(grp.block_id, entry.index)
         self.parts.append((grp.rows, slots, target + self.n_tokens, lo + start_pos, hi + start_pos, whole))
         if not whole:
             sel = self.owner.select
             mean = max(entry.length / max(entry.index.n_chunks, 1), 1.0)
             n = min(entry.index.n_chunks, math.ceil(sel.token_budget / mean) + 1)
-            self.plans.append(_GroupPlan(entry.index, grp.rows, self.n_chunks, n))
+            self.plans.append(_GroupPlan(entry.index, grp.rows, self.n_chunks, n, grp.block_id))
         self.n_chunks += int(slots.shape[0])
         self.n_tokens = off
+
+    def add_away(self, block_id: int, rows: torch.Tensor | None, entry: _Entry) -> None:
+        """A context block with no token on the device: its chunks join the step unread (length 0),
+        so retrieval ranks them for rehydration; a block too short to index is wanted whole."""
+        if entry.index is None:
+            self.whole_blocks.append(block_id)
+            return
+        self._note_hosted(block_id, entry.index)
+        c, w = entry.index.n_chunks, self.owner.select.width
+        empty = torch.full((c, w), -1, dtype=torch.long)
+        lo, hi = torch.full((c,), 1 << 40), torch.full((c,), -(1 << 40))  # never a sink nor in the window
+        self.parts.append((rows, empty, empty, lo, hi, False))
+        mean = max(entry.length / max(c, 1), 1.0)
+        n = min(c, math.ceil(self.owner.select.token_budget / mean) + 1)
+        self.plans.append(_GroupPlan(entry.index, rows, self.n_chunks, n, block_id))
+        self.n_chunks += c
+
+    def _note_hosted(self, block_id: int, index: BlockIndex) -> None:
+        """Step chunk ids of the block's chunks that have host-tier tokens the index covers."""
+        idx = self.owner.store.host.indices(block_id)
+        if idx is None:
+            return
+        idx = idx[index.covered[idx]] if int(index.covered.numel()) else idx[:0]
+        chunk = torch.searchsorted(index.starts, idx, right=True) - 1
+        self.hosted_ids.append(torch.unique(chunk) + self.n_chunks)
 
     def finish(self, positions: torch.Tensor) -> None:
         """Step-wide tables and, per row, the chunks it must read (sinks, window, blocks read whole)."""
@@ -324,6 +430,11 @@ class SparseStep:
         order = torch.sort(self.forced.int(), dim=1, descending=True, stable=True).indices[:, :width]
         self.forced_ids = torch.where(self.forced.gather(1, order), order, -1)
         device = self.batch.pool.device
+        if self.owner.on_demand:
+            self.hosted = torch.zeros(self.n_chunks, dtype=torch.bool, device=device)
+            if self.hosted_ids:
+                self.hosted[torch.cat(self.hosted_ids).to(device)] = True
+            self.demand = torch.zeros(self.n_chunks, dtype=torch.float32, device=device)
         self.slots, self.target = self.slots.to(device), self.target.to(device)
         self.length, self.forced = self.length.to(device), self.forced.to(device)
         self.forced_ids = self.forced_ids.to(device)
@@ -374,6 +485,7 @@ class SparseStep:
         forced = self.forced_ids.unsqueeze(1).expand(r, h, -1)
         ids = [forced.clamp(min=0)]
         scores = [torch.where(forced >= 0, float("inf"), float("-inf"))]
+        retrieved = []  # (ids, bounds) before resident-only masking, for the rehydration demand
         for plan in self.plans:
             sub = q if plan.rows is None else q.index_select(0, plan.rows)
             got, best = plan.index.retrieve(layer, sub, plan.n, sel.exact)  # (r', H, m)
@@ -382,6 +494,7 @@ class SparseStep:
                 got = torch.zeros(r, h, got.shape[-1], dtype=got.dtype).index_copy_(0, plan.rows, got)
                 best = torch.full((r, h, best.shape[-1]), float("-inf")).index_copy_(0, plan.rows, best)
             again = self.forced.gather(1, got.view(r, -1)).view_as(got) | (self.length[got] == 0)
+            retrieved.append((got, best))
             ids.append(got)
             scores.append(best.masked_fill(again, float("-inf")))
         ids, scores = torch.cat(ids, -1), torch.cat(scores, -1)
@@ -390,8 +503,27 @@ class SparseStep:
         size = self.length[ids]
         before = size.cumsum(-1) - size
         take = torch.isfinite(scores) & (before < sel.token_budget) | (scores == float("inf"))
+        if self.demand is not None and retrieved:
+            self._count_demand(retrieved, scores, take, size)
         k = max(int(take.sum(-1).max()), 1)
         return ids[..., :k], take[..., :k]
+
+    def _count_demand(self, retrieved, scores: torch.Tensor, take: torch.Tensor, size: torch.Tensor) -> None:
+        """Count, per hosted chunk, the (row, KV head) selections of this layer it would have entered
+        if resident: its bound reaches the lowest bound taken, or the selection did not fill the budget.
+
+        Args:
+            retrieved: per indexed block, (ids (R, H, m) step chunk ids, bounds (R, H, m)).
+            scores / take / size: (R, H, K) the sorted selection, what was taken, resident tokens.
+        """
+        finite = torch.isfinite(scores)
+        lowest = torch.where(take & finite, scores, float("inf")).amin(-1, keepdim=True)  # (R, H, 1)
+        filled = (size * take).sum(-1, keepdim=True) >= self.owner.select.token_budget
+        lowest = torch.where(filled, lowest, float("-inf"))
+        for got, best in retrieved:
+            want = self.hosted[got] & torch.isfinite(best) & (best >= lowest)
+            if bool(want.any()):
+                self.demand.index_add_(0, got[want], torch.ones(int(want.sum()), device=got.device))
 
     def _collect(self, scores: torch.Tensor, lse: torch.Tensor, chosen: torch.Tensor, valid: torch.Tensor) -> None:
         """Attention mass of the gathered keys into their blocks' pieces (``Group.mass``)."""

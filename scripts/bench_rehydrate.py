@@ -1,0 +1,16 @@
+"""Return to a compressed branch under lychee over arbor: made whole first, or its evicted chunks
+back on demand in the order decode retrieval wants them (vs position order, vs nothing back).
+
+    OMP_WAIT_POLICY=PASSIVE python scripts/bench_rehydrate.py --threads 1 --data-dir ../shared/data \
+        --problems 4 --out bench/rehydrate
+
+Prints the table; rows go to rehydrate.jsonl (appended per tree and configuration: a rerun
+resumes) and rehydrate.csv under --out.
+"""
+
+import sys
+
+from arbor_cli.bench.rehydrate import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""On-demand rehydration under a sparse policy over arbor (``rehydrate=ranked``).
+
+arbor alone makes the active path whole before each expansion; with ``rehydrate=ranked`` a row
+starts with what is resident and, after each decode step, the evicted chunks its retrieval wanted
+come back, the most wanted first, into room the policy can make, never past the budget.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from arbor_runtime import Runtime, SamplingParams
+from arbor_runtime.errors import KVBudgetExceeded
+from arbor_runtime.policies import LycheePolicy, QuestPolicy
+from arbor_runtime.sparse.attend import SelectConfig, SparseStep
+
+PROMPT = " ".join(f"Line {i} says the value is {i * 7 % 13}." for i in range(40)) + "\nAnswer:"
+SAMPLED = SamplingParams(max_new_tokens=40, temperature=1.0)
+SHORT = SamplingParams(max_new_tokens=8, temperature=1.0)
+GREEDY = SamplingParams(max_new_tokens=40, temperature=0.0)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_torch_thread):
+    yield
+
+
+def policy(rehydrate: str, budget: int | None, cls=LycheePolicy, **knobs) -> LycheePolicy:
+    args = dict(memory="arbor", budget_tokens=budget, token_budget=128, min_block_tokens=8, threshold=1.0)
+    return cls(**(args | knobs), rehydrate=rehydrate)
+
+
+def branch_away(rt: Runtime):
+    """A prompt, children A and B; B's (short) children sampled, so A (inactive) is compressed to the host."""
+    root = rt.new_tree(PROMPT, seed=3)
+    a, b = rt.expand(root, 2, SAMPLED)
+    rt.expand(b, 2, SHORT)
+    return root, a
+
+
+def host_at_first_decode(rt: Runtime, block_id: int) -> list[int]:
+    """Wraps the backend so each decode forward records the block's host-tier tokens at its start."""
+    seen, real = [], rt.backend.forward
+
+    def forward(batch, input_ids, position_ids, logits_to_keep: int = 1):
+        if batch.own_slots is not None:
+            seen.append(rt.store.host_count(block_id))
+        return real(batch, input_ids, position_ids, logits_to_keep)
+
+    rt.backend.forward = forward
+    return seen
+
+
+@pytest.mark.parametrize("cls", [LycheePolicy, QuestPolicy])
+def test_ranked_starts_from_what_is_resident_and_brings_wanted_chunks_back(tiny, cls):
+    got = {}
+    for mode in ("whole", "ranked"):
+        rt = Runtime(tiny, policy=policy(mode, 540, cls))
+        _, a = branch_away(rt)
+        hosted = rt.store.host_count(a.id)
+        assert hosted > 0  # A was compressed while B was searched
+        seen = host_at_first_decode(rt, a.id)
+        before = rt.store.counters.rehydrated_tokens
+        rt.expand(a, 1, GREEDY)
+        got[mode] = (hosted, seen, rt.store.counters.rehydrated_tokens - before, rt)
+    hosted, seen, restored, _ = got["whole"]
+    assert seen[0] == 0 and restored == hosted  # made whole before the first step
+    hosted, seen, restored, rt = got["ranked"]
+    assert seen[0] == hosted  # the first step reads what is resident
+    assert 0 < restored <= hosted and min(seen) < hosted  # then the wanted chunks come back
+    assert rt.metrics.peak_device_tokens <= rt.policy.kv_budget_tokens
+
+
+def test_ranked_runs_a_search_at_a_budget_below_the_whole_active_path(tiny):
+    """At a budget where making A's path whole cannot fit, whole fails and ranked decodes, never
+    over the budget (the pool is the budget)."""
+    for budget in range(600, 440, -10):
+        rt = Runtime(tiny, policy=policy("whole", budget))
+        try:
+            _, a = branch_away(rt)
+        except KVBudgetExceeded:
+            pytest.fail(f"budget {budget}: the tree before the return to A must fit")
+        try:
+            rt.expand(a, 1, GREEDY)
+        except KVBudgetExceeded:
+            break
+    else:
+        pytest.fail("no budget made whole rehydration fail")
+    rt = Runtime(tiny, policy=policy("ranked", budget))
+    _, a = branch_away(rt)
+    (child,) = rt.expand(a, 1, GREEDY)
+    assert len(child.token_ids) == GREEDY.max_new_tokens
+    assert rt.store.pool.capacity == rt.policy.kv_budget_tokens
+    assert rt.metrics.peak_device_tokens <= rt.policy.kv_budget_tokens
+
+
+def test_wanted_chunks_come_most_demanded_first_and_stop_at_the_room(tiny):
+    rt = Runtime(tiny, policy=policy("ranked", 540, token_budget=96))
+    _, a = branch_away(rt)
+    sparse, lists = rt.backend.sparse, []
+    real = sparse.wanted
+
+    def wanted():
+        step = sparse.last_step
+        out = real()
+        if step is not None and out:
+            demand = {}
+            for plan in step.plans:
+                chunk = torch.searchsorted(plan.index.starts, torch.stack([idx[0] for _, idx in out]), right=True) - 1
+                for (block_id, _), c in zip(out, chunk.tolist(), strict=True):
+                    if block_id == plan.block_id:
+                        demand[len(demand)] = float(step.demand[plan.offset + c])
+            lists.append([demand[i] for i in range(len(out))])
+        return out
+
+    sparse.wanted = wanted
+    rt.expand(a, 1, GREEDY)
+    assert lists, "no step wanted an evicted chunk"
+    for demands in lists:
+        assert all(d > 0 for d in demands)
+        assert demands == sorted(demands, reverse=True)
+
+
+def test_demand_counts_the_selections_a_hosted_chunk_would_enter():
+    """One row, one KV head, budget 8 tokens: chunks of 4 tokens. Resident chunks 0-2 with bounds
+    5, 3, 1; hosted chunks 3 and 4 (length 0) with bounds 4 and 2. Taken: 0 and 1 (8 tokens), so
+    the lowest taken bound is 3: chunk 3 (4 >= 3) would have entered, chunk 4 (2 < 3) would not."""
+    owner = type("Owner", (), {"select": SelectConfig(token_budget=8)})()
+    step = SparseStep(owner, batch=None)
+    step.hosted = torch.tensor([False, False, False, True, True])
+    step.demand = torch.zeros(5)
+    ids = torch.tensor([[[0, 3, 1, 4, 2]]])
+    bounds = torch.tensor([[[5.0, 4.0, 3.0, 2.0, 1.0]]])
+    size = torch.tensor([[[4, 0, 4, 0, 4]]])
+    scores = torch.tensor([[[5.0, 3.0, 1.0]]])  # the resident ones, sorted, as _select sees them
+    take = torch.tensor([[[True, True, False]]])
+    step._count_demand([(ids, bounds)], scores, take, torch.tensor([[[4, 4, 4]]]))
+    assert step.demand.tolist() == [0.0, 0.0, 0.0, 1.0, 0.0]
+    # a selection that does not fill the budget wants every hosted chunk it retrieved
+    step._count_demand([(ids, bounds)], scores[..., :1], take[..., :1], size[..., :1])
+    assert step.demand.tolist() == [0.0, 0.0, 0.0, 2.0, 1.0]
+
+
+def test_ranked_rehydration_errors_name_the_bad_value():
+    with pytest.raises(ValueError, match=r"rehydrate='lazy'; valid: whole, ranked"):
+        LycheePolicy(memory="arbor", rehydrate="lazy")
+    with pytest.raises(ValueError, match=r"rehydrate=ranked needs .* not memory='h2o'"):
+        LycheePolicy(memory="h2o", rehydrate="ranked")
