@@ -37,8 +37,8 @@ from tasks.data import DataSource, load_rows
 
 REPO = Path(__file__).resolve().parents[2]
 MODES = ("whole", "ranked", "position", "none")
-FIELDS = ("problem", "config", "pool_name", "pool", "status", "match", "prefix", "rehydrated", "host_at_return", "peak_device",
-          "return_s")  # fmt: skip
+FIELDS = ("problem", "config", "pool_name", "pool", "status", "match", "prefix", "rehydrated", "host_at_return",
+          "peak_device", "return_s")  # fmt: skip
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
