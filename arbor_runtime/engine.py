@@ -219,7 +219,8 @@ class Engine:
             head = self.waiting[0].job
             queue = [(r.owner, _first_page(r)) for r in self.waiting]
             with rt.accounting(head):
-                got = rt.memory.admit(queue, [r.owner for r in self.running])
+                finish = [r.stop.params.max_new_tokens for r in self.waiting]
+                got = rt.memory.admit(queue, [r.owner for r in self.running], finish=finish)
             if got.rows or self.running:
                 admission = got
             else:

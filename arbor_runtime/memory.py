@@ -4,7 +4,7 @@ Device KV is one pool of slots (kv/pool.py); with a budget the pool *is* the bud
 manager promises is what the process allocates. Before anything moves, the runtime asks it:
 
 - ``admit(queue, running)``: how many queued rows (each needing its context path, whole under
-  ``restores_active_path`` policies, plus its first slots) can start now. It makes one plan: the
+  ``keep_active_whole`` policies, plus its first slots) can start now. It makes one plan: the
   policy's retention plan for the room needed (evictions), the host spans to restore, the dropped
   blocks to recompute; it checks the plan against the budget, carries out the evictions and
   restores on the store, and returns the admission (how many rows, what to recompute) for the
@@ -77,34 +77,57 @@ class MemoryManager:
         self._check_switch(targets)
 
     def admit(
-        self, queue: Sequence[tuple[Node, int]], running: Iterable[Node], shrink_active: bool = True
+        self,
+        queue: Sequence[tuple[Node, int]],
+        running: Iterable[Node],
+        shrink_active: bool = True,
+        finish: Sequence[int] | None = None,
     ) -> Admission:
         """How many of ``queue`` (path end, slots needed) can start next to the ``running`` paths.
 
         Rows are taken in queue order while the room they need (slots, plus the evicted tokens of
-        their paths under ``restores_active_path``) fits the budget once everything the policy may
+        their paths under ``keep_active_whole``) fits the budget once everything the policy may
         evict is gone: inactive blocks, and, for a lone row under a policy that may shrink the
         active path, that path too (unless ``shrink_active`` is False). Then the policy is asked
         for that room, the admitted paths' host spans come back, and the blocks that were dropped
-        from every tier are listed for recompute.
+        from every tier are listed for recompute. A policy that keeps the active path but does not
+        restore it first (a sparse policy's ``rehydrate=ranked``) gets whole paths when that admits
+        as many rows, each able to grow to ``finish`` slots (default: its first slots), as leaving
+        the paths' evicted spans on the host would, else the latter (those spans then come back on
+        demand, :meth:`restore_ranked`).
         """
         base = _path_ids(running)
-        active, need, rows = set(base), 0, 0
-        for i, (node, slots) in enumerate(queue):
-            path = _path_ids([node])
-            extra = slots + self._missing(path - active)
-            if not self._fits(active | path, need + extra, lone=shrink_active and not base and i == 0):
-                break
-            active |= path
-            need += extra
-            rows += 1
+        lone = shrink_active and not base
+        whole = self.policy.keep_active_whole
+        rows, need, active = self._count(queue, base, lone, count_missing=whole)
+        if whole and not self.policy.restores_active_path:
+            grown = queue if finish is None else [(n, max(s, f)) for (n, s), f in zip(queue, finish, strict=True)]
+            partial = self._count(queue, base, lone, count_missing=False)
+            if partial[0] > self._count(grown, base, lone, count_missing=True)[0]:
+                (rows, need, active), whole = partial, False
         if rows == 0:
             return Admission()
         self.active = frozenset(i for i in active if i in self.store)
         self._ensure(need, ahead=0)
-        admission = Admission(rows, self._make_whole([n for n, _ in queue[:rows]]))
+        recompute = self._make_whole([n for n, _ in queue[:rows]]) if whole else []
         self.store.prefetch()  # the plan's restores start copying now, before the step's forward
-        return admission
+        return Admission(rows, recompute)
+
+    def _count(
+        self, queue: Sequence[tuple[Node, int]], base: set[int], lone: bool, count_missing: bool
+    ) -> tuple[int, int, set[int]]:
+        """(rows, slots needed, active block ids) of the queue's head that fit, in order; with
+        ``count_missing`` each new path's evicted tokens count too (it is made whole)."""
+        active, need, rows = set(base), 0, 0
+        for i, (node, slots) in enumerate(queue):
+            path = _path_ids([node])
+            extra = slots + (self._missing(path - active) if count_missing else 0)
+            if not self._fits(active | path, need + extra, lone=lone and i == 0):
+                break
+            active |= path
+            need += extra
+            rows += 1
+        return rows, need, active
 
     def make_room(self, need: int, ahead: int = 0, active: Iterable[Node] = ()) -> bool:
         """Room for ``need`` more slots next to the ``active`` paths; ask the policy once if short.
@@ -253,7 +276,7 @@ class MemoryManager:
 
     def _missing(self, block_ids: Iterable[int]) -> int:
         """Tokens of these blocks not on the device (what making them whole costs)."""
-        if not self.policy.restores_active_path:
+        if not self.policy.keep_active_whole:
             return 0
         total = 0
         for i in block_ids:
@@ -265,7 +288,7 @@ class MemoryManager:
     def _make_whole(self, ends: Sequence[Node]) -> list[Node]:
         """Restore the paths to ``ends`` from the host tier, top-down; returns blocks still missing
         tokens (dropped from every tier), parents first, for the runtime to recompute."""
-        if not self.policy.restores_active_path:
+        if not self.policy.keep_active_whole:
             return []
         recompute = []
         for node in _ordered_path_nodes(ends, self.active):

@@ -52,23 +52,36 @@ def host_at_first_decode(rt: Runtime, block_id: int) -> list[int]:
     return seen
 
 
+def return_to_a(tiny, mode: str, budget: int, cls=LycheePolicy, **knobs):
+    """Build the tree, return to A; (A's host tokens before, host tokens at each decode step,
+    tokens rehydrated during the return, the answer, the runtime)."""
+    rt = Runtime(tiny, policy=policy(mode, budget, cls, **knobs))
+    _, a = branch_away(rt)
+    hosted = rt.store.host_count(a.id)
+    seen = host_at_first_decode(rt, a.id)
+    before = rt.store.counters.rehydrated_tokens
+    (answer,) = rt.expand(a, 1, GREEDY)
+    return hosted, seen, rt.store.counters.rehydrated_tokens - before, answer, rt
+
+
+@pytest.mark.parametrize("cls", [LycheePolicy, QuestPolicy])
+def test_ranked_makes_the_path_whole_when_that_fits_as_whole_does(tiny, cls):
+    hosted, seen, restored, answer, _ = return_to_a(tiny, "whole", 540, cls)
+    assert hosted > 0  # A was compressed while B was searched
+    assert seen[0] == 0 and restored == hosted  # made whole before the first step
+    got = return_to_a(tiny, "ranked", 540, cls)
+    assert got[:3] == (hosted, seen, restored) and got[3].token_ids == answer.token_ids
+
+
 @pytest.mark.parametrize("cls", [LycheePolicy, QuestPolicy])
 def test_ranked_starts_from_what_is_resident_and_brings_wanted_chunks_back(tiny, cls):
-    got = {}
-    for mode in ("whole", "ranked"):
-        rt = Runtime(tiny, policy=policy(mode, 540, cls))
-        _, a = branch_away(rt)
-        hosted = rt.store.host_count(a.id)
-        assert hosted > 0  # A was compressed while B was searched
-        seen = host_at_first_decode(rt, a.id)
-        before = rt.store.counters.rehydrated_tokens
-        rt.expand(a, 1, GREEDY)
-        got[mode] = (hosted, seen, rt.store.counters.rehydrated_tokens - before, rt)
-    hosted, seen, restored, _ = got["whole"]
-    assert seen[0] == 0 and restored == hosted  # made whole before the first step
-    hosted, seen, restored, rt = got["ranked"]
-    assert seen[0] == hosted  # the first step reads what is resident
+    """At a budget where A's path cannot be made whole for the row, ranked starts it anyway."""
+    with pytest.raises(KVBudgetExceeded):
+        return_to_a(tiny, "whole", 530, cls)
+    hosted, seen, restored, answer, rt = return_to_a(tiny, "ranked", 530, cls)
+    assert hosted > 0 and seen[0] == hosted  # the first step reads what is resident
     assert 0 < restored <= hosted and min(seen) < hosted  # then the wanted chunks come back
+    assert len(answer.token_ids) == GREEDY.max_new_tokens
     assert rt.metrics.peak_device_tokens <= rt.policy.kv_budget_tokens
 
 
@@ -96,7 +109,7 @@ def test_ranked_runs_a_search_at_a_budget_below_the_whole_active_path(tiny):
 
 
 def test_wanted_chunks_come_most_demanded_first_and_stop_at_the_room(tiny):
-    rt = Runtime(tiny, policy=policy("ranked", 540, token_budget=96))
+    rt = Runtime(tiny, policy=policy("ranked", 520, token_budget=96))
     _, a = branch_away(rt)
     sparse, lists = rt.backend.sparse, []
     real = sparse.wanted

@@ -5,10 +5,13 @@ index (``position``: the host tokens front to back; ``none``: nothing comes back
 
 The tree (SmolLM2, real text): a few-shot GSM8K root; branch A = worked GSM8K examples ending in
 a new question; branch B = other examples and question. B is searched (two sampled answers), so
-arbor compresses the inactive A to the host; then the search returns to A and answers greedily.
-The reference is the same tree under ``full`` (dense, no budget); ``lychee`` (over full, no
-budget) isolates what sparse reads alone change. Two pool sizes: ``hi`` holds A's path whole (every
-mode runs), ``lo`` holds B's phase with A mostly evicted (making A whole cannot fit).
+arbor compresses the inactive A to the host; then the search returns to A and samples ``--rows``
+answers (content-seeded: the same logits give the same tokens). The reference is the same tree
+under ``full`` (dense, no budget); ``lychee`` (over full, no budget) isolates what sparse reads
+alone change. Three pool sizes: ``hi`` holds A's path whole with every row (ranked then makes it
+whole too: only ``whole`` runs), ``mid`` holds it whole with one row (whole runs the rows in turn,
+ranked starts them all on a partial path), ``lo`` holds A's prefill but not A with a row (whole
+cannot run; ranked can).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--root", type=int, default=1024, help="root tokens (few-shot GSM8K)")
     ap.add_argument("--branch-a", type=int, default=448, help="tokens of branch A")
     ap.add_argument("--branch-b", type=int, default=192, help="tokens of branch B")
-    ap.add_argument("--answer", type=int, default=48, help="greedy tokens decoded on the return to A")
+    ap.add_argument("--answer", type=int, default=32, help="tokens per answer on the return to A")
+    ap.add_argument("--rows", type=int, default=4, help="answers sampled on the return to A")
     ap.add_argument("--token-budget", type=int, default=1024, help="context tokens a lychee query reads")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     return ap.parse_args(argv)
@@ -113,8 +117,8 @@ def run_tree(loaded, ids: dict[str, list[int]], config: str, pool: int | None, a
     b = rt.append_ids(root, ids["b"])
     rt.expand(b, 2, SamplingParams(max_new_tokens=32, temperature=0.7, stop_at_eos=False))
     host, before, start = rt.store.host_count(a.id), rt.store.counters.rehydrated_tokens, time.perf_counter()
-    (answer,) = rt.expand(a, 1, SamplingParams(max_new_tokens=args.answer, temperature=0.0, stop_at_eos=False))
-    return {"ids": answer.token_ids, "rehydrated": rt.store.counters.rehydrated_tokens - before,
+    answers = rt.expand(a, args.rows, SamplingParams(max_new_tokens=args.answer, temperature=0.7, stop_at_eos=False))
+    return {"ids": [n.token_ids for n in answers], "rehydrated": rt.store.counters.rehydrated_tokens - before,
             "host_at_return": host, "peak_device": rt.metrics.peak_device_tokens,
             "return_s": time.perf_counter() - start}  # fmt: skip
 
@@ -130,10 +134,10 @@ def bench(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
     for p in range(args.problems):
         ids = {"root": root, "a": branch_ids(tok, args.data_dir, 100 + 40 * p, args.branch_a, 1 + 2 * p),
                "b": branch_ids(tok, args.data_dir, 2000 + 40 * p, args.branch_b, 2 + 2 * p)}  # fmt: skip
-        hi = len(root) + args.branch_a + args.answer + 24
-        lo = len(root) + args.branch_b + 64 + 48
-        plan = [("full", None, "-"), ("lychee", None, "-")]
-        plan += [(m, pool, name) for pool, name in ((hi, "hi"), (lo, "lo")) for m in MODES]
+        path = len(root) + args.branch_a
+        hi, mid, lo = path + args.rows * args.answer + 16, path + args.answer + 16, path + 8
+        plan = [("full", None, "-"), ("lychee", None, "-"), ("whole", hi, "hi")]
+        plan += [(m, pool, name) for pool, name in ((mid, "mid"), (lo, "lo")) for m in MODES]
         reference = None
         for config, pool, name in plan:
             key = (p, config, pool)
@@ -157,18 +161,23 @@ def bench(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
 
 
 def score(got: dict[str, Any], reference: list[int] | None) -> dict[str, Any]:
-    """Share of the answer equal to the reference, position by position, and tokens before the first difference."""
+    """Over the answers: share of tokens equal to the reference's at the same place, and the mean
+    number of tokens before an answer's first difference."""
     if not got or reference is None:
         return {"match": None, "prefix": None}
-    same = [x == y for x, y in zip(got["ids"], reference, strict=False)]
-    prefix = same.index(False) if False in same else len(same)
-    return {"match": sum(same) / max(len(reference), 1), "prefix": prefix}
+    same, prefixes, total = 0, [], 0
+    for mine, ref in zip(got["ids"], reference, strict=True):
+        eq = [x == y for x, y in zip(mine, ref, strict=False)]
+        same += sum(eq)
+        total += len(ref)
+        prefixes.append(eq.index(False) if False in eq else len(eq))
+    return {"match": same / max(total, 1), "prefix": statistics.mean(prefixes)}
 
 
 def summary_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="Return to a compressed branch: lychee over arbor, by rehydration order")
-    for col in ("config", "pool", "ran", "match vs full", "prefix", "restored tokens", "A on host", "peak device",
-                "return s"):  # fmt: skip
+    for col in ("config", "pool", "ran", "tokens = full", "tokens before 1st diff", "restored tokens", "A on host",
+                "peak device", "return s"):  # fmt: skip
         table.add_column(col)
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:

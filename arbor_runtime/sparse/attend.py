@@ -27,8 +27,9 @@ On demand (``on_demand``, a sparse policy's ``rehydrate=ranked``), the index als
 evicted spans come back first: indexes then cover the host-tier tokens of a block too (their keys
 are read from the host), every decode step counts, per chunk on the host, the (layer, row, KV
 head) selections it would have entered had it been resident, and :meth:`SparseAttention.wanted`
-lists those chunks' host tokens most wanted first (blocks read whole before any), for the memory
-manager to restore into free room before the next step.
+lists those chunks' host tokens most wanted first (blocks read whole before any, their tokens by
+accumulated attention, in pieces of a chunk's width), for the memory manager to restore before
+the next step.
 """
 
 from __future__ import annotations
@@ -280,17 +281,20 @@ class SparseAttention:
 
     def wanted(self) -> list[tuple[int, torch.Tensor]]:
         """The last step's demand for evicted spans, most wanted first: (block id, its block-local
-        tokens on the host). Blocks read whole come first (all their tokens are read), then the
-        chunks by how many (layer, row, KV head) selections they would have entered (ties: block
+        tokens on the host). Blocks read whole come first (all their tokens are read; the most
+        attended first, in pieces of a chunk's width), then the chunks by how many (layer, row, KV head) selections they would have entered (ties: block
         order, then position). Empty unless on demand; each step's demand is handed out once."""
         step, self.last_step = self.last_step, None
         if step is None:
             return []
         out: list[tuple[float, int, int, int, torch.Tensor]] = []
+        width = self.select.width
         for order, block_id in enumerate(step.whole_blocks):
             idx = self.store.host.indices(block_id) if block_id in self.store else None
-            if idx is not None:
-                out.append((float("inf"), order, 0, block_id, idx))
+            if idx is not None:  # no index to rank them: the most attended tokens first, in pieces
+                idx = idx[torch.argsort(self.store.get(block_id).attention[idx], descending=True, stable=True)]
+                for i in range(0, int(idx.numel()), width):
+                    out.append((float("inf"), order, i, block_id, idx[i : i + width].sort().values))
         demand = step.demand.cpu() if step.demand is not None else None
         for order, plan in enumerate(step.plans):
             idx = self.store.host.indices(plan.block_id) if plan.block_id in self.store else None
