@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from arbor_runtime.policies.lychee import LycheePolicy
 from arbor_runtime.sparse import ChunkTree, PageIndex, TreeConfig, chunk_starts, key_drift, page_starts
 from arbor_runtime.sparse.clustering import balanced_kmeans
 from arbor_runtime.sparse.tree import QMAX, bound, child_dtype, quantize, round_up
 
 L, H, G, D = 2, 3, 2, 16
-#: every centroid storage: int8 (+ a float16 scale per node), float16, float32
+#: every centroid storage: int8 (+ a float16 scale per node, the default), float16, float32
 DTYPES = [torch.int8, torch.float16, torch.float32]
 
 
@@ -196,8 +197,8 @@ def test_index_memory_is_under_2_percent_of_the_kv_it_indexes(end_rate):
     gen = torch.Generator().manual_seed(0)
     keys = 3 * torch.randn(layers, heads, tokens, d, generator=gen)
     ends = torch.rand(tokens, generator=gen) < end_rate
-    cfg = TreeConfig(dtype=torch.int8)
-    assert (cfg.min_len, cfg.max_len) == (8, 16)
+    cfg = LycheePolicy().tree_config()
+    assert (cfg.min_len, cfg.max_len, cfg.dtype) == (8, 16, torch.int8)
     tree = ChunkTree.build(cfg, reader(keys), layers, torch.arange(tokens), ends)
     lengths = tree.starts.diff()
     assert int(lengths.max()) <= 16 and int(lengths[:-1].min()) >= 8

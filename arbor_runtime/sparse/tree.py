@@ -17,7 +17,7 @@ node whose bound reaches the k-th best leaf found so far is opened), which retur
 top-k chunks by bound.
 
 Centroids are stored in ``dtype``: int8 codes with one float16 scale per node (symmetric,
-``c = code * scale``, ``scale = max|c| / 127``), float16 (the default) or float32. Radii are
+``c = code * scale``, ``scale = max|c| / 127``; the default), float16 or float32. Radii are
 measured against the stored (dequantized) centroid and stored rounded up (float16 unless ``dtype``
 is float32), so the bound holds for what is stored; parents cover their children's stored balls.
 Child lists are int16 while the level below has fewer than 32768 nodes, int32 beyond.
@@ -73,7 +73,7 @@ class TreeConfig:
     top_nodes: int = 64
     oversample: float = 2.0
     rebuild_fraction: float = 0.25
-    dtype: torch.dtype = torch.float16
+    dtype: torch.dtype = torch.int8
 
     def __post_init__(self) -> None:
         if self.dtype not in CENTROID_DTYPES:
