@@ -435,9 +435,10 @@ def sparse_section(root: Path) -> str:
         "figure is the median of interleaved rounds (dense, lychee, quest, repeated). Attention ms/step: CPU time "
         "of all 30 attention layers of one decode step (for sparse: the step layout, retrieval "
         "and selection = *index ms*, plus gather + attention + merge = *sparse attn ms*). Read: share of the "
-        "context's K/V a step reads. Index % KV: index bytes (fp16 centroids / page ranges, radii, child lists) "
-        "over the fp32 K/V they index. Top-1 / KL: along dense greedy decoding, each step is also run sparse on "
-        "the same state; agreement of the argmax and KL(dense || sparse), mean over the steps.\n\n"
+        "context's K/V a step reads. Index % KV: index bytes (lychee: centroids, their scales, radii, child lists; "
+        "quest: fp16 page ranges) over the fp32 K/V they index. Top-1 / KL: along dense greedy decoding, each "
+        "step is also run sparse on the same state; agreement of the argmax and KL(dense || sparse), mean over the "
+        "steps.\n\n"
     )
     cols = [
         ("model", "model"),

@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from arbor_runtime.policies.lychee import LycheePolicy
 from arbor_runtime.sparse import ChunkTree, PageIndex, TreeConfig, chunk_starts, key_drift, page_starts
 from arbor_runtime.sparse.clustering import balanced_kmeans
-from arbor_runtime.sparse.tree import bound
+from arbor_runtime.sparse.tree import QMAX, bound, child_dtype, quantize, round_up
 
 L, H, G, D = 2, 3, 2, 16
+#: every centroid storage: int8 (+ a float16 scale per node, the default), float16, float32
+DTYPES = [torch.int8, torch.float16, torch.float32]
 
 
 def clustered_keys(tokens: int, seed: int) -> torch.Tensor:
@@ -74,10 +77,12 @@ def test_balanced_kmeans_respects_the_cap():
     assert int(counts.max()) <= 10 and int(counts.sum()) == 5 * 103
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_every_bound_holds_and_parents_bound_their_children(seed):
+def test_every_bound_holds_and_parents_bound_their_children(seed, dtype):
     keys = clustered_keys(1500, seed)
-    tree = ChunkTree.build(TreeConfig(top_nodes=8), reader(keys), L, torch.arange(1500), random_ends(1500, seed))
+    cfg = TreeConfig(top_nodes=8, dtype=dtype)
+    tree = ChunkTree.build(cfg, reader(keys), L, torch.arange(1500), random_ends(1500, seed))
     assert len(tree.levels) == 3  # chunks, clusters, coarse units
     q = torch.randn(4, H, G, D, generator=torch.Generator().manual_seed(seed + 10))
     for layer in range(L):
@@ -94,10 +99,12 @@ def test_every_bound_holds_and_parents_bound_their_children(seed):
                     assert bool((parent[:, h, n : n + 1] >= child[:, h, members]).all())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_exact_retrieval_returns_the_brute_force_top_k(seed):
+def test_exact_retrieval_returns_the_brute_force_top_k(seed, dtype):
     keys = clustered_keys(2000, seed)
-    tree = ChunkTree.build(TreeConfig(top_nodes=8), reader(keys), L, torch.arange(2000), random_ends(2000, seed))
+    cfg = TreeConfig(top_nodes=8, dtype=dtype)
+    tree = ChunkTree.build(cfg, reader(keys), L, torch.arange(2000), random_ends(2000, seed))
     q = torch.randn(3, H, G, D, generator=torch.Generator().manual_seed(seed + 20))
     for layer in range(L):
         brute = tree.leaf_bounds(layer, q)
@@ -119,9 +126,10 @@ def test_beam_descent_prunes_and_opens_everything_when_asked_for_everything():
     assert few.shape[-1] == 10 and few.unique().numel() > 0
 
 
-def test_lazy_growth_keeps_the_index_equivalent_to_a_rebuilt_one():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lazy_growth_keeps_the_index_equivalent_to_a_rebuilt_one(dtype):
     keys, ends = clustered_keys(2400, 7), random_ends(2400, 7)
-    cfg = TreeConfig(top_nodes=8, rebuild_fraction=0.5)
+    cfg = TreeConfig(top_nodes=8, rebuild_fraction=0.5, dtype=dtype)
     lazy = ChunkTree.build(cfg, reader(keys), L, torch.arange(2000), ends[:2000])
     upper = [lvl.size for lvl in lazy.levels[1:]]
     lazy.update(reader(keys), L, torch.arange(2400), ends)
@@ -130,6 +138,16 @@ def test_lazy_growth_keeps_the_index_equivalent_to_a_rebuilt_one():
     assert torch.equal(lazy.starts, rebuilt.starts)
     assert torch.equal(lazy.levels[0].centroids, rebuilt.levels[0].centroids)
     assert torch.equal(lazy.levels[0].radii, rebuilt.levels[0].radii)
+    if dtype == torch.int8:
+        assert torch.equal(lazy.levels[0].scales, rebuilt.levels[0].scales)
+    for depth in range(1, len(lazy.levels)):  # parents still cover their grafted children
+        lvl, below = lazy.levels[depth], lazy.levels[depth - 1]
+        kids = lvl.children.long()
+        ok = kids >= 0
+        child_c = below.centers().gather(2, kids.clamp(min=0).flatten(2).unsqueeze(-1).expand(-1, -1, -1, D))
+        dist = (child_c.view(*kids.shape, D) - lvl.centers().unsqueeze(3)).norm(dim=-1)
+        reach = dist + below.radii.float().gather(2, kids.clamp(min=0).flatten(2)).view(kids.shape)
+        assert bool((lvl.radii.float().unsqueeze(-1) >= reach)[ok].all())
     q = torch.randn(3, H, G, D, generator=torch.Generator().manual_seed(8))
     for layer in range(L):
         assert bool((lazy.leaf_bounds(layer, q) >= chunk_max_scores(keys, lazy.starts, layer, q) - 1e-4).all())
@@ -139,14 +157,16 @@ def test_lazy_growth_keeps_the_index_equivalent_to_a_rebuilt_one():
             assert torch.equal(a.sort(-1).values, b.sort(-1).values)
 
 
-def test_tokens_back_on_the_device_are_taken_in_lazily():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tokens_back_on_the_device_are_taken_in_lazily(dtype):
     keys, ends = clustered_keys(1200, 9), random_ends(1200, 9)
     resident = torch.arange(1200)[torch.arange(1200) % 3 != 0]  # a third evicted when indexed
-    tree = ChunkTree.build(TreeConfig(top_nodes=8), reader(keys), L, resident, ends)
+    cfg = TreeConfig(top_nodes=8, dtype=dtype)
+    tree = ChunkTree.build(cfg, reader(keys), L, resident, ends)
     assert not bool(tree.covered.all())
     assert tree.update(reader(keys), L, torch.arange(1200), ends)
     assert bool(tree.covered.all()) and not tree.update(reader(keys), L, torch.arange(1200), ends)
-    rebuilt = ChunkTree.build(TreeConfig(top_nodes=8), reader(keys), L, torch.arange(1200), ends)
+    rebuilt = ChunkTree.build(cfg, reader(keys), L, torch.arange(1200), ends)
     assert torch.equal(tree.levels[0].centroids, rebuilt.levels[0].centroids)
     q = torch.randn(2, H, G, D)
     assert bool((tree.leaf_bounds(1, q) >= chunk_max_scores(keys, tree.starts, 1, q) - 1e-4).all())
@@ -168,11 +188,75 @@ def test_quest_page_bound_holds_for_the_stored_half_precision_ranges():
         assert torch.equal(ids.sort(-1).values, index.bounds(layer, q).topk(5).indices.sort(-1).values)
 
 
-def test_index_memory_is_a_small_share_of_the_kv_it_indexes():
-    """SmolLM2's head size (64): float16 centroids + float32 radii + the levels above, against fp32 K and V."""
+@pytest.mark.parametrize("end_rate", [0.12, 1.0])  # ~12-token chunks as on few-shot text; every chunk 8 tokens
+def test_index_memory_is_under_2_percent_of_the_kv_it_indexes(end_rate):
+    """SmolLM2's shape (3 KV heads of 64) with the policy's index (chunks of 8-16 tokens, int8
+    centroids + float16 scales and radii + the levels above) against the fp32 K and V it indexes;
+    nbytes counts every tensor. float16 centroids on the same chunks would not fit."""
+    layers, heads, tokens, d = 2, 3, 4000, 64
     gen = torch.Generator().manual_seed(0)
-    keys = torch.randn(1, 1, 4000, 64, generator=gen)
-    ends = torch.zeros(4000, dtype=torch.bool)
-    tree = ChunkTree.build(TreeConfig(min_len=12, max_len=16), reader(keys), 1, torch.arange(4000), ends)
-    kv_bytes = 4000 * 2 * 64 * 4
+    keys = 3 * torch.randn(layers, heads, tokens, d, generator=gen)
+    ends = torch.rand(tokens, generator=gen) < end_rate
+    cfg = LycheePolicy().tree_config()
+    assert (cfg.min_len, cfg.max_len, cfg.dtype) == (8, 16, torch.int8)
+    tree = ChunkTree.build(cfg, reader(keys), layers, torch.arange(tokens), ends)
+    lengths = tree.starts.diff()
+    assert int(lengths.max()) <= 16 and int(lengths[:-1].min()) >= 8
+    kv_bytes = layers * heads * tokens * 2 * d * 4
+    counted = 0
+    for lvl in tree.levels:  # int8 codes, one float16 scale and one float16 radius per node, int16 child ids
+        assert (lvl.centroids.dtype, lvl.scales.dtype, lvl.radii.dtype) == (torch.int8, torch.float16, torch.float16)
+        counted += layers * heads * lvl.size * (d + 2 + 2)
+        if lvl.children is not None:
+            assert lvl.children.dtype == torch.int16
+            counted += lvl.children.numel() * 2
+    assert tree.nbytes == counted
     assert tree.nbytes / kv_bytes < 0.02
+    half = ChunkTree.build(TreeConfig(dtype=torch.float16), reader(keys), layers, torch.arange(tokens), ends)
+    assert half.n_chunks == tree.n_chunks and half.nbytes / kv_bytes > 0.02
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chunk_bound_holds_for_the_query_that_makes_it_tight(dtype):
+    """For each chunk's farthest key k* from its stored centroid c, the query q = k* - c meets
+    q . k* = q . c + |q| |k* - c|: the bound is tight there, so a radius measured against anything
+    but the stored centroid, or rounded down, shows. Keys with a large common offset and one outlier
+    coordinate make int8's error large."""
+    gen = torch.Generator().manual_seed(4)
+    keys = clustered_keys(1200, 11) + 40 * torch.randn(L, H, 1, D, generator=gen)
+    keys[..., 3] += 300
+    cfg = TreeConfig(top_nodes=8, dtype=dtype)
+    tree = ChunkTree.build(cfg, reader(keys), L, torch.arange(1200), random_ends(1200, 11))
+    chunk = torch.searchsorted(tree.starts, torch.arange(1200), right=True) - 1
+    c_all = tree.levels[0].centers()  # (L, H, C, D)
+    for layer in range(L):
+        c = c_all[layer][:, chunk]  # (H, T, D) each token's chunk centroid
+        far = (keys[layer] - c).norm(dim=-1)  # (H, T)
+        best = torch.full((H, tree.n_chunks), -1.0).scatter_reduce(1, chunk.expand(H, -1), far, "amax")
+        pick = torch.stack([torch.nonzero(far[h] == best[h, chunk]).squeeze(1) for h in range(H)])  # may repeat
+        first = torch.full((H, tree.n_chunks), -1, dtype=torch.long)
+        first.scatter_(1, chunk[pick], pick)  # one farthest token per chunk and head
+        kstar = keys[layer].gather(1, first.unsqueeze(-1).expand(-1, -1, D))  # (H, C, D)
+        q = (kstar - c_all[layer]).transpose(0, 1).unsqueeze(2)  # (C, H, 1, D): row = chunk
+        ids = torch.arange(tree.n_chunks).view(-1, 1, 1).expand(-1, H, 1)
+        got = bound(tree.levels[0], layer, q, ids).squeeze(-1)  # (C, H)
+        true = (q.squeeze(2) * kstar.transpose(0, 1)).sum(-1)
+        scale = q.squeeze(2).norm(dim=-1) * (c_all[layer].norm(dim=-1) + tree.levels[0].radii[layer].float()).T
+        assert bool((got >= true - 1e-6 * scale).all())
+
+
+def test_int8_storage_round_trips_within_half_a_step_and_rounds_radii_up():
+    x = torch.randn(5, 7, 64) * torch.logspace(-9, 6, 7).view(1, 7, 1)  # tiny to large nodes
+    x[0, 0] = 0.0
+    codes, scales = quantize(x, torch.int8)
+    assert codes.dtype == torch.int8 and scales.dtype == torch.float16 and scales.shape == (5, 7)
+    assert int(codes.abs().max()) <= QMAX and bool((scales.float() * QMAX >= x.abs().amax(-1)).all())
+    back = codes.float() * scales.float().unsqueeze(-1)
+    assert bool(((back - x).abs() <= scales.float().unsqueeze(-1) / 2 * (1 + 1e-6)).all())
+    assert float(scales[0, 0]) == 0.0 and not bool(codes[0, 0].any())
+    r = torch.rand(10000) * 100
+    up = round_up(r, torch.float16)
+    assert up.dtype == torch.float16 and bool((up.float() >= r).all())
+    assert bool((up.float() <= r * (1 + 2**-10)).all())  # at most one float16 step above
+    assert round_up(r, torch.float32) is r or torch.equal(round_up(r, torch.float32), r)
+    assert child_dtype(32767) == torch.int16 and child_dtype(32768) == torch.int32

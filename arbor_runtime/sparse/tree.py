@@ -16,11 +16,16 @@ leaves found are the candidate chunks. ``exact=True`` adds a second, threshold p
 node whose bound reaches the k-th best leaf found so far is opened), which returns exactly the
 top-k chunks by bound.
 
-Centroids are stored in ``dtype`` (float16 by default); radii are measured against the stored
-centroid, so the bound holds for what is stored. A block that grows (or gets back tokens the
-index never saw) is updated lazily: the touched chunks are recomputed, new chunks join the
-nearest existing cluster and the radii above them grow to cover them; once more than
-``rebuild_fraction`` of the chunks joined that way, the levels above the chunks are rebuilt.
+Centroids are stored in ``dtype``: int8 codes with one float16 scale per node (symmetric,
+``c = code * scale``, ``scale = max|c| / 127``; the default), float16 or float32. Radii are
+measured against the stored (dequantized) centroid and stored rounded up (float16 unless ``dtype``
+is float32), so the bound holds for what is stored; parents cover their children's stored balls.
+Child lists are int16 while the level below has fewer than 32768 nodes, int32 beyond.
+
+A block that grows (or gets back tokens the index never saw) is updated lazily: the touched chunks
+are recomputed, new chunks join the nearest existing cluster and the radii above them grow to cover
+them; once more than ``rebuild_fraction`` of the chunks joined that way, the levels above the
+chunks are rebuilt.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ KeyReader = Callable[[int, torch.Tensor], torch.Tensor]
 #: relative slack added to upper-level radii, so float rounding never makes a parent's bound
 #: fall below its child's
 SLACK = 1e-5
+#: centroid storage choices (int8 carries one float16 scale per node)
+CENTROID_DTYPES = (torch.int8, torch.float16, torch.float32)
+#: largest int8 code of a centroid coordinate (symmetric: -127..127)
+QMAX = 127
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +61,8 @@ class TreeConfig:
         top_nodes: levels are added until the top has at most this many nodes.
         oversample: at each level, keep subtrees holding about this many times the leaves asked.
         rebuild_fraction: rebuild the upper levels once this share of the chunks joined lazily.
-        dtype: storage dtype of centroids.
+        dtype: storage of centroids: int8 (+ one float16 scale per node), float16 or float32;
+            radii are float32 with float32 centroids, float16 (rounded up) otherwise.
     """
 
     min_len: int = 8
@@ -63,9 +73,11 @@ class TreeConfig:
     top_nodes: int = 64
     oversample: float = 2.0
     rebuild_fraction: float = 0.25
-    dtype: torch.dtype = torch.float16
+    dtype: torch.dtype = torch.int8
 
     def __post_init__(self) -> None:
+        if self.dtype not in CENTROID_DTYPES:
+            raise ValueError(f"dtype={self.dtype} must be one of {', '.join(map(str, CENTROID_DTYPES))}")
         if not 1 <= self.min_len <= self.max_len:
             raise ValueError(f"chunk lengths must satisfy 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
         if self.fanout < 2 or self.top_nodes < 1:
@@ -77,29 +89,78 @@ class TreeConfig:
     def cap(self) -> int:
         return -(-5 * self.fanout // 4)
 
+    @property
+    def radius_dtype(self) -> torch.dtype:
+        return torch.float32 if self.dtype == torch.float32 else torch.float16
+
 
 @dataclass(slots=True)
 class Level:
     """One level of the hierarchy, for every layer L and KV head H.
 
     Attributes:
-        centroids: (L, H, N, D) in the storage dtype.
-        radii: (L, H, N) float32, measured against the stored centroids.
-        children: (L, H, N, M) int32 ids into the level below, -1 padded; None for the chunks.
+        centroids: (L, H, N, D) in the storage dtype (int8 codes, float16 or float32).
+        scales: (L, H, N) float16 per-node scales of int8 codes; None for float centroids.
+        radii: (L, H, N) float16 or float32, rounded up, measured against the dequantized centroids.
+        children: (L, H, N, M) int16 / int32 ids into the level below, -1 padded; None for the chunks.
     """
 
     centroids: torch.Tensor
+    scales: torch.Tensor | None
     radii: torch.Tensor
     children: torch.Tensor | None = None
+
+    @classmethod
+    def store(cls, centers: torch.Tensor, config: TreeConfig, children: torch.Tensor | None = None) -> Level:
+        """A level holding float32 ``centers`` (..., N, D) quantized to ``config.dtype``, zero radii
+        (the caller measures them against :meth:`centers` and stores them with :func:`round_up`)."""
+        codes, scales = quantize(centers, config.dtype)
+        return cls(codes, scales, torch.zeros(centers.shape[:-1], dtype=config.radius_dtype), children)
+
+    @classmethod
+    def stack(cls, levels: list[Level]) -> Level:
+        """Per-layer levels (H, N, ...) stacked into one (L, H, N, ...) level (no child lists)."""
+        scales = None if levels[0].scales is None else torch.stack([lvl.scales for lvl in levels])
+        return cls(torch.stack([lvl.centroids for lvl in levels]), scales, torch.stack([lvl.radii for lvl in levels]))
 
     @property
     def size(self) -> int:
         return int(self.radii.shape[-1])
 
+    def centers(self, layer: int | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The stored centroids dequantized to float32 (the one place that does it).
+
+        Args:
+            layer: one layer (H, N, D), or None for every layer (L, H, N, D).
+            rows: with ``layer``: flat ids ``head * N + node`` to gather, giving (len(rows), D).
+        """
+        codes, scales = self.centroids, self.scales
+        if layer is not None:
+            codes, scales = codes[layer], None if scales is None else scales[layer]
+        if rows is not None:
+            codes = codes.reshape(-1, codes.shape[-1]).index_select(0, rows)
+            scales = None if scales is None else scales.reshape(-1).index_select(0, rows)
+        out = codes.float()
+        return out if scales is None else out * scales.float().unsqueeze(-1)  # exact: 8 x 11 bits < 24
+
+    def grow(self, n: int) -> None:
+        """Append n zero nodes (zero centroid, scale and radius) along the node dimension."""
+        self.centroids, self.radii = _grow(self.centroids, n, 0), _grow(self.radii, n, 0.0)
+        if self.scales is not None:
+            self.scales = _grow(self.scales, n, 0.0)
+
+    def put(self, ids: torch.Tensor, other: Level) -> None:
+        """Overwrite nodes ``ids`` with the nodes of ``other`` (same storage)."""
+        self.centroids[:, :, ids] = other.centroids
+        self.radii[:, :, ids] = other.radii
+        if self.scales is not None:
+            self.scales[:, :, ids] = other.scales
+
     @property
     def nbytes(self) -> int:
-        kids = 0 if self.children is None else self.children.numel() * self.children.element_size()
-        return self.centroids.numel() * self.centroids.element_size() + self.radii.numel() * 4 + kids
+        """Bytes of every tensor of the level: centroids, scales, radii, child lists."""
+        parts = (self.centroids, self.scales, self.radii, self.children)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
 
 class ChunkTree:
@@ -155,10 +216,9 @@ class ChunkTree:
             below = self.levels[-1]
             nl, h, n, d = below.centroids.shape
             k = max(n_groups(n, cfg.fanout), -(-n // cfg.cap))
-            flat = below.centroids.float().reshape(nl * h, n, d)
-            assign = balanced_kmeans(flat, k, cfg.cap)
-            children = member_lists(assign, k, None).view(nl, h, k, -1).to(torch.int32)
-            self.levels.append(_parent_level(below, children, cfg.dtype))
+            assign = balanced_kmeans(below.centers().reshape(nl * h, n, d), k, cfg.cap)
+            children = member_lists(assign, k, None).view(nl, h, k, -1).to(child_dtype(n))
+            self.levels.append(_parent_level(below, children, cfg))
         self.grafted = 0
 
     # ---- lazy update ---------------------------------------------------------------------------
@@ -200,10 +260,8 @@ class ChunkTree:
         leaves = self.levels[0]
         n_new = int(ids.max()) + 1 - leaves.size if ids.numel() else 0
         if n_new > 0:
-            leaves.centroids = _grow(leaves.centroids, n_new, 0.0)
-            leaves.radii = _grow(leaves.radii, n_new, 0.0)
-        leaves.centroids[:, :, ids] = stats.centroids
-        leaves.radii[:, :, ids] = stats.radii
+            leaves.grow(n_new)
+        leaves.put(ids, stats)
         if len(self.levels) > 1 and n_new > 0:
             self._graft(torch.arange(leaves.size - n_new, leaves.size))
             self.grafted += n_new
@@ -215,8 +273,8 @@ class ChunkTree:
         """New chunks (ids) join the nearest level-1 cluster, per layer and head."""
         parent, leaves = self.levels[1], self.levels[0]
         nl, h, k, m = parent.children.shape
-        c = leaves.centroids[:, :, new].float()  # (L, H, n, D)
-        dist = torch.cdist(c, parent.centroids.float())  # (L, H, n, K)
+        c = leaves.centers()[:, :, new]  # (L, H, n, D)
+        dist = torch.cdist(c, parent.centers())  # (L, H, n, K)
         near = dist.argmin(-1).reshape(nl * h, -1)  # (LH, n)
         kids = parent.children.reshape(nl * h, k, m).long()
         count = (kids >= 0).sum(-1)  # (LH, K)
@@ -228,7 +286,7 @@ class ChunkTree:
         rows = torch.arange(nl * h).view(-1, 1, 1).expand_as(joins)
         cols = torch.arange(k).view(1, -1, 1).expand_as(joins)
         kids[rows[bk], cols[bk], pos[bk]] = new[joins[bk]]
-        parent.children = kids.view(nl, h, k, -1).to(torch.int32)
+        parent.children = kids.view(nl, h, k, -1).to(child_dtype(leaves.size))
 
     def _cover(self, depth: int, changed: torch.Tensor) -> torch.Tensor:
         """Grow radii of level ``depth`` so each node covers its children; returns the nodes that
@@ -240,7 +298,8 @@ class ChunkTree:
         if not nodes.numel():
             return nodes
         sub = kids[:, :, nodes]  # (L, H, n, M)
-        lvl.radii[:, :, nodes] = torch.maximum(lvl.radii[:, :, nodes], _cover_radius(lvl, below, nodes, sub))
+        cover = round_up(_cover_radius(lvl, below, nodes, sub), lvl.radii.dtype)
+        lvl.radii[:, :, nodes] = torch.maximum(lvl.radii[:, :, nodes], cover)
         return nodes
 
     # ---- retrieval -----------------------------------------------------------------------------
@@ -296,7 +355,7 @@ class ChunkTree:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the index tensors the accelerator holds (centroids, radii, child lists)."""
+        """Bytes of the index tensors the accelerator holds (centroids, scales, radii, child lists)."""
         return sum(lvl.nbytes for lvl in self.levels)
 
     @property
@@ -314,15 +373,15 @@ def bound(level: Level, layer: int, q: torch.Tensor, ids: torch.Tensor | None) -
     Returns:
         (r, H, m) float32 (m = the level's size when ids is None).
     """
-    cent, rad = level.centroids[layer], level.radii[layer]  # (H, N, D), (H, N)
+    rad = level.radii[layer]  # (H, N)
     norm = q.norm(dim=-1, keepdim=True)  # (r, H, g, 1)
     if ids is None:
-        dots = torch.matmul(q, cent.float().transpose(-1, -2))  # (r, H, g, N)
-        return (dots + norm * rad.unsqueeze(1)).amax(2)
-    h, n = cent.shape[0], cent.shape[1]
+        dots = torch.matmul(q, level.centers(layer).transpose(-1, -2))  # (r, H, g, N)
+        return (dots + norm * rad.float().unsqueeze(1)).amax(2)
+    h, n = rad.shape
     flat = (ids + torch.arange(h).view(1, h, 1) * n).reshape(-1)
-    c = cent.reshape(h * n, -1).index_select(0, flat).view(*ids.shape, -1).float()  # (r, H, m, D)
-    r = rad.reshape(-1).index_select(0, flat).view(ids.shape)
+    c = level.centers(layer, flat).view(*ids.shape, -1)  # (r, H, m, D)
+    r = rad.reshape(-1).index_select(0, flat).view(ids.shape).float()
     dots = torch.matmul(q, c.transpose(-1, -2))  # (r, H, g, m)
     return (dots + norm * r.unsqueeze(2)).amax(2)
 
@@ -349,32 +408,31 @@ def _leaf_stats(
     local = slot[chunk_of]
     mine = local >= 0
     tokens, local = resident[mine], local[mine]
-    cents, rads = [], []
+    per_layer = []
     for layer in range(layers):
         k = keys(layer, tokens).float()  # (H, n, D)
         h, _, d = k.shape
         sums = torch.zeros(h, ids.numel(), d).index_add_(1, local, k)
         count = torch.bincount(local, minlength=ids.numel()).clamp(min=1)
-        cent = (sums / count.view(1, -1, 1)).to(config.dtype)
-        dist = (k - cent.float()[:, local]).norm(dim=-1)  # against the stored centroid
+        lvl = Level.store(sums / count.view(1, -1, 1), config)  # (H, C, D): this layer
+        dist = (k - lvl.centers()[:, local]).norm(dim=-1)  # against the stored centroid
         rad = torch.zeros(h, ids.numel()).scatter_reduce_(1, local.expand(h, -1), dist, "amax", include_self=True)
-        cents.append(cent)
-        rads.append(rad)
-    return Level(torch.stack(cents), torch.stack(rads))
+        lvl.radii = round_up(rad, config.radius_dtype)
+        per_layer.append(lvl)
+    return Level.stack(per_layer)
 
 
-def _parent_level(below: Level, children: torch.Tensor, dtype: torch.dtype) -> Level:
+def _parent_level(below: Level, children: torch.Tensor, config: TreeConfig) -> Level:
     """Parents over ``children`` (L, H, K, M): centroid = mean of child centroids, radius covers them."""
     nl, h, k, m = children.shape
     valid = children >= 0
     idx = children.long().clamp(min=0)
-    c = below.centroids.float()  # (L, H, N, D)
+    c = below.centers()  # (L, H, N, D)
     d = c.shape[-1]
     gathered = torch.gather(c.unsqueeze(2).expand(nl, h, k, -1, -1), 3, idx.unsqueeze(-1).expand(-1, -1, -1, -1, d))
     w = valid.unsqueeze(-1).float()
-    cent = ((gathered * w).sum(3) / w.sum(3).clamp(min=1)).to(dtype)  # (L, H, K, D)
-    lvl = Level(cent, torch.zeros(nl, h, k), children)
-    lvl.radii = _cover_radius(lvl, below, torch.arange(k), children)
+    lvl = Level.store((gathered * w).sum(3) / w.sum(3).clamp(min=1), config, children)
+    lvl.radii = round_up(_cover_radius(lvl, below, torch.arange(k), children), config.radius_dtype)
     return lvl
 
 
@@ -386,12 +444,40 @@ def _cover_radius(lvl: Level, below: Level, nodes: torch.Tensor, kids: torch.Ten
     idx = kids.long().clamp(min=0)
     d = below.centroids.shape[-1]
     flat = idx.reshape(nl, h, -1)
-    child_c = torch.gather(below.centroids.float(), 2, flat.unsqueeze(-1).expand(-1, -1, -1, d)).view(nl, h, n, m, d)
-    child_r = torch.gather(below.radii, 2, flat).view(nl, h, n, m)
-    center = lvl.centroids[:, :, nodes].float().unsqueeze(3)  # (L, H, n, 1, D)
+    child_c = torch.gather(below.centers(), 2, flat.unsqueeze(-1).expand(-1, -1, -1, d)).view(nl, h, n, m, d)
+    child_r = torch.gather(below.radii.float(), 2, flat).view(nl, h, n, m)
+    center = lvl.centers()[:, :, nodes].unsqueeze(3)  # (L, H, n, 1, D)
     reach = ((child_c - center).norm(dim=-1) + child_r).masked_fill(~valid, 0.0)
     r = reach.amax(-1)
     return r * (1 + SLACK) + 1e-6
+
+
+def quantize(centers: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """float32 centroids (..., D) -> (stored centroids, per-node scales or None): the one place
+    that quantizes. int8: symmetric codes ``round(c / s)`` with ``s = max|c| / 127`` rounded up to
+    float16 first, so the codes are fitted to the scale ``code * s`` (:meth:`Level.centers`) reads
+    back with and stay within -127..127 (the clamp only acts past float16's range, where the radius
+    measured against the dequantized centroid absorbs it). float16 / float32: a cast, no scales."""
+    if dtype != torch.int8:
+        return centers.to(dtype), None
+    scales = round_up((centers.abs().amax(-1) / QMAX).clamp(max=torch.finfo(torch.float16).max), torch.float16)
+    step = scales.float().unsqueeze(-1)
+    codes = torch.where(step > 0, centers / step.clamp(min=torch.finfo(torch.float32).tiny), 0.0)
+    return codes.round().clamp(-QMAX, QMAX).to(torch.int8), scales
+
+
+def round_up(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float32 ``x`` in ``dtype``, rounded toward +inf (never below ``x``: a radius stays a bound)."""
+    out = x.to(dtype)
+    if dtype == x.dtype:
+        return out
+    low = out.float() < x
+    return torch.where(low, torch.nextafter(out, torch.full_like(out, float("inf"))), out)
+
+
+def child_dtype(n: int) -> torch.dtype:
+    """Storage of child ids into a level of ``n`` nodes: int16 while they fit (-1 pads), else int32."""
+    return torch.int16 if n <= torch.iinfo(torch.int16).max else torch.int32
 
 
 def _grow(t: torch.Tensor, n: int, value: float) -> torch.Tensor:
