@@ -282,8 +282,9 @@ class SparseAttention:
     def wanted(self) -> list[tuple[int, torch.Tensor]]:
         """The last step's demand for evicted spans, most wanted first: (block id, its block-local
         tokens on the host). Blocks read whole come first (all their tokens are read; the most
-        attended first, in pieces of a chunk's width), then the chunks by how many (layer, row, KV head) selections they would have entered (ties: block
-        order, then position). Empty unless on demand; each step's demand is handed out once."""
+        attended first, in pieces of a chunk's width), then the chunks by how many (layer, row, KV
+        head) selections they would have entered (ties: block order, then position). Empty unless
+        on demand; each step's demand is handed out once."""
         step, self.last_step = self.last_step, None
         if step is None:
             return []
