@@ -115,6 +115,28 @@ def test_exact_retrieval_returns_the_brute_force_top_k(seed, dtype):
             assert torch.allclose(scores, want.values, atol=1e-4)
 
 
+def test_a_block_of_few_chunks_is_scanned_flat_exactly_and_larger_ones_descend(monkeypatch):
+    keys = clustered_keys(2000, 3)
+    ends = random_ends(2000, 3)
+    q = torch.randn(3, H, G, D, generator=torch.Generator().manual_seed(23))
+    flat = ChunkTree.build(TreeConfig(top_nodes=8, flat_chunks=10**6), reader(keys), L, torch.arange(2000), ends)
+    assert len(flat.levels) > 1  # the hierarchy is built all the same (a block may grow past the limit)
+    descents = []
+    monkeypatch.setattr(ChunkTree, "_descend", lambda self, *a: descents.append(1) or (None, None))
+    ids, scores = flat.retrieve(0, q, 30)
+    want = flat.leaf_bounds(0, q).topk(30, dim=-1)
+    assert not descents and torch.equal(ids, want.indices) and torch.equal(scores, want.values)
+    small = ChunkTree.build(
+        TreeConfig(top_nodes=8, flat_chunks=flat.n_chunks - 1), reader(keys), L, torch.arange(2000), ends
+    )
+    with pytest.raises(AttributeError):  # the patched descent returns nothing usable: it was called
+        small.retrieve(0, q, 30)
+    assert descents == [1]
+    with pytest.raises(ValueError, match="flat_chunks=-1"):
+        TreeConfig(flat_chunks=-1)
+    assert LycheePolicy().tree_config().flat_chunks == 2048
+
+
 def test_beam_descent_prunes_and_opens_everything_when_asked_for_everything():
     keys = clustered_keys(2000, 5)
     tree = ChunkTree.build(TreeConfig(top_nodes=8), reader(keys), L, torch.arange(2000), random_ends(2000, 5))

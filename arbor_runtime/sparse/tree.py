@@ -60,6 +60,8 @@ class TreeConfig:
         fanout: children per node (about; at most ``ceil(1.25 fanout)``).
         top_nodes: levels are added until the top has at most this many nodes.
         oversample: at each level, keep subtrees holding about this many times the leaves asked.
+        flat_chunks: a block of at most this many chunks is scanned flat (every chunk's bound in
+            one matmul: exactly the top-k); larger blocks descend the hierarchy. 0 = always descend.
         rebuild_fraction: rebuild the upper levels once this share of the chunks joined lazily.
         dtype: storage of centroids: int8 (+ one float16 scale per node), float16 or float32;
             radii are float32 with float32 centroids, float16 (rounded up) otherwise.
@@ -72,6 +74,7 @@ class TreeConfig:
     fanout: int = 8
     top_nodes: int = 64
     oversample: float = 2.0
+    flat_chunks: int = 0
     rebuild_fraction: float = 0.25
     dtype: torch.dtype = torch.int8
 
@@ -84,6 +87,8 @@ class TreeConfig:
             raise ValueError(f"fanout={self.fanout} must be >= 2 and top_nodes={self.top_nodes} >= 1")
         if self.oversample < 1.0:
             raise ValueError(f"oversample={self.oversample} must be >= 1")
+        if self.flat_chunks < 0:
+            raise ValueError(f"flat_chunks={self.flat_chunks} must be >= 0")
 
     @property
     def cap(self) -> int:
@@ -322,6 +327,10 @@ class ChunkTree:
             ids (r, H, m) long chunk ids and their bounds (r, H, m) float32, m = min(n, candidates);
             entries with bound -inf are padding.
         """
+        if self.n_chunks <= self.config.flat_chunks:  # one level: the descent would cost more
+            scores = bound(self.levels[0], layer, q, None)
+            best, pick = scores.topk(min(n, scores.shape[-1]), dim=-1)
+            return pick, best
         ids, scores = self._descend(layer, q, n, None)
         if exact and len(self.levels) > 1:
             found = scores.topk(min(n, scores.shape[-1]), dim=-1).values[..., -1:]  # n-th best leaf so far
