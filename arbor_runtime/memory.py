@@ -143,18 +143,21 @@ class MemoryManager:
 
     def restore_ranked(self, wants: Sequence[tuple[int, torch.Tensor]], reserve: int = 0) -> int:
         """Bring host spans of the active paths back in the order given, keeping ``reserve`` slots
-        free for the rows' growth. Room comes from free slots, else from the policy's plan over the
-        inactive blocks (as making the path whole would); a span that cannot fit even so is
-        skipped for the next ones. ``wants``: (block id, block-local tokens on the host tier).
+        free for the rows' growth. Room comes from free slots, else from one plan of the policy over
+        the inactive blocks (as making the path whole would) for as much as they all need; a span
+        that does not fit then is skipped for the next ones. ``wants``: (block id, block-local tokens on the host tier).
         Returns the tokens restored (the copies start before the next forward)."""
+        wants = [(b, idx) for b, idx in wants if idx.numel() and b in self.store]
+        if self.budget is not None:  # one plan for the room all of them could take
+            total = sum(int(idx.numel()) for _, idx in wants)
+            room = self._room(set(self.active), lone=False) - reserve
+            if self.free - reserve < min(total, room):
+                self._ensure(min(total, room) + reserve, 0)
         restored = 0
         for block_id, idx in wants:
             n = int(idx.numel())
-            if n == 0 or block_id not in self.store:
-                continue
             if self.budget is not None and self.free - reserve < n:
-                if not self._fits(set(self.active), n + reserve, lone=False) or not self._ensure(n + reserve, 0):
-                    continue
+                continue
             blk = self.store.get(block_id)
             self.store.apply(block_id, torch.cat([blk.kept.cpu(), idx.cpu()]), offload=self.policy.offload)
             restored += n
@@ -254,15 +257,17 @@ class MemoryManager:
     def _fits(self, active: set[int], need: int, lone: bool) -> bool:
         """Would ``need`` more slots fit once the policy evicted all it may (inactive blocks; for a
         policy that may shrink the active path, everything when this is a ``lone`` row)?"""
-        if self.budget is None:
-            return True
+        return self.budget is None or self._room(active, lone) >= need
+
+    def _room(self, active: set[int], lone: bool) -> int:
+        """Free slots once the policy evicted all it may next to the ``active`` blocks (see _fits)."""
         if not self.policy.frees_memory:
-            return self.free >= need
+            return self.free
         may_shrink_active = lone and not self.policy.keep_active_whole
         evictable = sum(
             self.store.get(i).kept_tokens for i in self.store.block_ids() if may_shrink_active or i not in active
         )
-        return self.free + evictable >= need
+        return self.free + evictable
 
     def _ensure(self, need: int, ahead: int) -> bool:
         """Ask the policy for room (one MemoryThreshold plan) when ``need`` slots are not free."""

@@ -50,7 +50,11 @@ python scripts/bench_linear.py --out bench/linear/linear.json --threads 2 --kvpr
 python scripts/bench_stats_cost.py --out bench/linear/stats_cost.json --threads 2
 # 4c. sparse decode attention (lychee, quest) vs dense by context length
 OMP_WAIT_POLICY=PASSIVE python scripts/bench_sparse.py --threads 1 --data-dir ../shared/data \\
-    --contexts 2048,4096,8192 --random-contexts 16384,32768 --out bench/sparse
+    --contexts 2048,4096,8192 --random-contexts 16384,32768 --decode 16 --repeats 2 --fidelity-steps 12 \\
+    --out bench/sparse
+# 4c'. returning to a compressed branch under lychee over arbor: rehydration order
+OMP_WAIT_POLICY=PASSIVE python scripts/bench_rehydrate.py --threads 1 --data-dir ../shared/data \\
+    --problems 4 --out bench/rehydrate
 # 4d. KVP: collect, train (weights shipped in arbor_runtime/policies/weights/), benchmark, arbor's selector
 python scripts/kvp_collect.py --out bench/kvp/data --sequences 200 --threads 2
 python scripts/kvp_train.py --data bench/kvp/data --threads 2  # -> policies/weights/kvp-smollm2.safetensors
@@ -650,6 +654,49 @@ def kvp_replay_part(path: Path) -> str:
     )
 
 
+REHYDRATE_TITLE = "## Returning to a compressed branch: rehydration order under lychee over arbor"
+REHYDRATE_COMMAND = (
+    "OMP_WAIT_POLICY=PASSIVE python scripts/bench_rehydrate.py --threads 1 --data-dir ../shared/data "
+    "--problems 4 --out bench/rehydrate"
+)
+#: (config, pool) in table order
+REHYDRATE_ORDER = [("full", "-"), ("lychee", "-"), ("whole", "hi")] + [
+    (mode, pool) for pool in ("mid", "lo") for mode in ("whole", "ranked", "position", "none")
+]
+
+
+def rehydrate_section(root: Path) -> str:
+    """Mean over the trees of each (configuration, pool) of bench_rehydrate.py, and the notes."""
+    path = root / "rehydrate.jsonl"
+    if not path.is_file():
+        return f"{REHYDRATE_TITLE}\n\n(not run: {path} missing)\n\n"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    table = []
+    for config, pool in REHYDRATE_ORDER:
+        mine = [r for r in rows if r["config"] == config and r["pool_name"] == pool]
+        if not mine:
+            continue
+        ok = [r for r in mine if r["status"] == "ok"]
+
+        def mean(key: str, fmt: str, ok=ok) -> str:
+            vals = [r[key] for r in ok if r.get(key) is not None]
+            return format(sum(vals) / len(vals), fmt) if vals else "-"
+
+        pools = sorted({r["pool"] for r in mine if r["pool"] is not None})
+        table.append({
+            "config": config, "pool": pool if not pools else f"{pool} ({'/'.join(map(str, pools))})",
+            "ran": f"{len(ok)}/{len(mine)}", "match": mean("match", ".2f"), "prefix": mean("prefix", ".1f"),
+            "restored": mean("rehydrated", ".0f"), "host": mean("host_at_return", ".0f"),
+            "peak": mean("peak_device", ".0f"), "secs": mean("return_s", ".1f"),
+        })  # fmt: skip
+    cols = [("config", "configuration"), ("pool", "pool (tokens)"), ("ran", "ran"), ("match", "tokens = full"),
+            ("prefix", "tokens before 1st difference"), ("restored", "restored tokens"), ("host", "A on host"),
+            ("peak", "peak device tokens"), ("secs", "return s")]  # fmt: skip
+    head = f"{REHYDRATE_TITLE}\n\n```bash\n{REHYDRATE_COMMAND}\n```\n\n"
+    notes = NOTES_DIR / "rehydrate.md"
+    return head + md_table(table, cols) + "\n" + (notes.read_text().strip() + "\n\n" if notes.is_file() else "")
+
+
 #: sections ``--only`` can rewrite on their own: name (= folder under --bench) -> (title, renderer)
 SECTIONS = {
     "linear": (LINEAR_TITLE, lambda root: linear_section(root)),
@@ -657,6 +704,7 @@ SECTIONS = {
     "budgets": (BUDGETS_TITLE, lambda root: budgets_section(root)),
     "concurrency": (CONCURRENCY_TITLE, lambda root: concurrency_section(root)),
     "sparse": (SPARSE_TITLE, lambda root: sparse_section(root)),
+    "rehydrate": (REHYDRATE_TITLE, lambda root: rehydrate_section(root)),
     "accuracy": (ACCURACY_TITLE, lambda root: accuracy_section(root)),
     "kvp": (KVP_TITLE, lambda root: kvp_section(root, DOCS)),
 }
@@ -717,6 +765,7 @@ def main() -> None:
         budgets_section(bench / "budgets"),
         concurrency_section(bench / "concurrency"),
         sparse_section(bench / "sparse"),
+        rehydrate_section(bench / "rehydrate"),
         ctrl_section(bench / "ctrl"),
         linear_section(bench / "linear"),
         accuracy_section(bench / "accuracy"),
