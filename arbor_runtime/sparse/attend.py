@@ -582,23 +582,19 @@ def _gather_heads(pool, layer: int, slots: torch.Tensor, groups) -> tuple[torch.
                 prefetcher.wait(layer, p.start, p.start + p.length)
     r, h, s = slots.shape
     heads = torch.arange(h, device=slots.device).view(1, h, 1)
-    keys = values = None
-    for arena in pool.arenas:
-        cap = arena.capacity
-        keys_l, values_l = arena.keys[layer], arena.values[layer]  # (H, cap, D)
-        d = keys_l.shape[-1]
-        if len(pool.arenas) == 1:
-            flat = (slots - arena.base + heads * cap).reshape(-1)
-            k = keys_l.reshape(h * cap, d).index_select(0, flat).view(r, h, s, d)
-            v = values_l.reshape(h * cap, d).index_select(0, flat).view(r, h, s, d)
-            return k, v
-        if keys is None:
-            keys = torch.zeros(r * h * s, d, dtype=keys_l.dtype, device=keys_l.device)
-            values = torch.zeros_like(keys)
-        inside = ((slots >= arena.base) & (slots < arena.end)).reshape(-1)
-        pick = torch.nonzero(inside).squeeze(1)
-        flat = (slots - arena.base + heads * cap).reshape(-1)[pick]
-        keys[pick] = keys_l.reshape(h * cap, d).index_select(0, flat)
-        values[pick] = values_l.reshape(h * cap, d).index_select(0, flat)
     d = pool.shape.head_dim
+    keys = values = None
+    for arena in pool.arenas:  # the first arena gathers every slot; the others fix up their own few
+        cap = arena.capacity
+        keys_l = arena.keys[layer].reshape(h * cap, d)  # (H * cap, D)
+        values_l = arena.values[layer].reshape(h * cap, d)
+        flat = ((slots - arena.base).clamp(0, cap - 1) + heads * cap).reshape(-1)
+        if keys is None:
+            keys, values = keys_l.index_select(0, flat), values_l.index_select(0, flat)
+            continue
+        pick = torch.nonzero(((slots >= arena.base) & (slots < arena.end)).reshape(-1)).squeeze(1)
+        if pick.numel():
+            rows = flat.index_select(0, pick)
+            keys.index_copy_(0, pick, keys_l.index_select(0, rows))
+            values.index_copy_(0, pick, values_l.index_select(0, rows))
     return keys.view(r, h, s, d), values.view(r, h, s, d)
