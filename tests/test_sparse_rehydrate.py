@@ -160,3 +160,27 @@ def test_ranked_rehydration_errors_name_the_bad_value():
         LycheePolicy(memory="arbor", rehydrate="lazy")
     with pytest.raises(ValueError, match=r"rehydrate=ranked needs .* not memory='h2o'"):
         LycheePolicy(memory="h2o", rehydrate="ranked")
+
+
+def test_a_branch_with_every_token_on_the_host_is_ranked_and_comes_back(tiny):
+    """A block with no token on the device is in no attention group; on demand its chunks still
+    join the step (unread) so retrieval ranks them."""
+    rt = Runtime(tiny, policy=policy("ranked", 560, index_reserve=0.1))
+    _, a = branch_away(rt)
+    rt.store.apply(a.id, torch.zeros(0, dtype=torch.long), offload=True)  # all of A to the host
+    assert rt.store.get(a.id).kept_tokens == 0 and rt.store.host_count(a.id) == a.length
+    sparse, first = rt.backend.sparse, []
+    real = sparse.prepare
+
+    def prepare(batch, positions):
+        step = real(batch, positions)
+        if not first:
+            first.append(([p.block_id for p in step.plans], int(step.hosted.sum())))
+        return step
+
+    sparse.prepare = prepare
+    before = rt.store.counters.rehydrated_tokens
+    (child,) = rt.expand(a, 1, GREEDY)
+    assert a.id in first[0][0] and first[0][1] > 0  # ranked at the first step
+    assert rt.store.counters.rehydrated_tokens - before > 0
+    assert len(child.token_ids) == GREEDY.max_new_tokens
