@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from rich.console import Console
 from synthetic_data import game24_puzzles
 
+from arbor_cli import solve
 from arbor_cli.budget import PolicyFactory
 from arbor_cli.build import build_task, build_verifier, compose_config
 from arbor_cli.run import run
@@ -107,6 +108,24 @@ def test_bad_values_end_with_one_clear_line(override, message, data_dir, tmp_pat
     assert run(cfg) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("arbor-solve: error:") and message in err and "\n" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["policy=lru"], "policy='lru' is not an option of policy; valid: arbor, full, h2o, kvp, lychee, quest,"),
+        (["-m", "task=gsm8k,aime2"], "task='aime2' is not an option of task; valid: aime, game24, gsm8k, math500"),
+        (["experiment=acc/nope"], "experiment='acc/nope' is not an option of experiment; valid: acc/cot, acc/io,"),
+        (["+controller=bfz"], "controller='bfz' is not an option of controller; valid: beam, best_first, bfs, dfs,"),
+    ],
+)
+def test_an_unknown_config_group_option_is_one_line_naming_the_valid_ones(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["arbor-solve", *argv])
+    with pytest.raises(SystemExit) as stop:
+        solve.main()
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and err.startswith(f"arbor-solve: error: {message}") and "\n" not in err
+    assert solve.check_choices(["policy=full,arbor", "task=choice(gsm8k,x)", "task.end=3", "experiment=acc/io"]) is None
 
 
 def test_missing_data_dir(tmp_path, capsys):
