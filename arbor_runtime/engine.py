@@ -200,6 +200,10 @@ class Engine:
         batch, ids, pos = decode_batch(rt.store, self.running, stats, rt.backend.kernel)
         start = time.perf_counter()
         logits = rt.backend.forward(batch, ids, pos)[:, -1]  # (R, V)
+        if any(r.fed == 0 for r in self.running) and self._rehydrate_wanted():
+            # a row's first decode step was a probe: what its retrieval wanted is back, run it again
+            batch, ids, pos = decode_batch(rt.store, self.running, stats, rt.backend.kernel)
+            logits = rt.backend.forward(batch, ids, pos)[:, -1]
         self._charge_step(time.perf_counter() - start)
         rt.take_attention(batch)
         add_own_attention(self.running, batch)
@@ -269,20 +273,23 @@ class Engine:
                 row.add_slots(rt.store.pool.alloc(page - got))
         self.note_peak()
 
-    def _rehydrate_wanted(self) -> None:
+    def _rehydrate_wanted(self) -> int:
         """On-demand rehydration (a sparse policy's ``rehydrate=ranked``): the evicted chunks of the
         running paths that the last step's retrieval wanted come back, most wanted first, into room
         the running rows will not need: what they may still decode stays free (restored chunks of an
-        active path cannot be evicted again, so taking that room could stop a row)."""
+        active path cannot be evicted again, so taking that room could stop a row). Returns the
+        tokens restored. A step in which a row decodes its first token runs twice when anything
+        came back: the first pass only asks what the row's queries want."""
         rt, sparse = self.rt, self.rt.backend.sparse
         if sparse is None or not sparse.on_demand:
-            return
+            return 0
         paths = {n.id for r in self.running for n in r.owner.path()}
         wants = [(block_id, idx) for block_id, idx in sparse.wanted() if block_id in paths]
-        if wants:
-            with rt.accounting(self.running[0].job):
-                ahead = sum(max(r.stop.params.max_new_tokens - r.capacity, 0) for r in self.running)
-                rt.memory.restore_ranked(wants, reserve=ahead)
+        if not wants:
+            return 0
+        with rt.accounting(self.running[0].job):
+            ahead = sum(max(r.stop.params.max_new_tokens - r.capacity, 0) for r in self.running)
+            return rt.memory.restore_ranked(wants, reserve=ahead)
 
     def _preempt(self, row: Row) -> None:
         self.running.remove(row)
