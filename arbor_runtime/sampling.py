@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -40,14 +42,17 @@ class SamplingParams:
     grammar: str | None = None
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 is greedy)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables)")
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be an integer >= 1")
+        # `not (x >= 0)` and `not (0 < x <= 1)` also refuse nan, which every comparison fails
+        if not _is_real(self.temperature) or not (0 <= self.temperature < math.inf):
+            raise ValueError(f"temperature={self.temperature!r} must be a finite number >= 0 (0 is greedy)")
+        if not _is_real(self.top_p) or not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p={self.top_p!r} must be a number in (0, 1]")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k!r} must be an integer >= 0 (0 disables)")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed={self.seed!r} must be an integer or None")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = [s for s in self.stop if s]
@@ -66,6 +71,14 @@ class SamplingParams:
     def constrained(self) -> bool:
         """Whether thoughts are sampled under a regex or grammar."""
         return self.regex is not None or self.grammar is not None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def sample_tokens(
