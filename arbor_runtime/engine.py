@@ -236,13 +236,13 @@ class Engine:
             rt.recompute_all(admission.recompute)
         starting = self.waiting[: admission.rows]
         del self.waiting[: admission.rows]
+        self.running.extend(starting)  # before anything can fail: a failed job frees its running rows' slots
         for row in starting:
             row.add_slots(rt.store.pool.alloc(_first_page(row)))
         for stop, idx in _rows_by_stop(starting).items():
             mine = [starting[i] for i in idx]
             logits = torch.stack([rt.store.get(r.owner.id).next_logits for r in mine])
             sample_into(mine, logits, stop.params, stop)
-        self.running.extend(starting)
         self.note_peak()
 
     def _grow(self) -> None:

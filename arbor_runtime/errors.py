@@ -13,6 +13,14 @@ class BudgetError(ArborError, ValueError):
     """A KV budget that can never work (e.g. smaller than the prompt the active path needs)."""
 
 
+class NodeError(ArborError, ValueError):
+    """A node this runtime cannot act on: another runtime's, released, or not a node at all."""
+
+
+class TokenIdError(ArborError, ValueError):
+    """A token id that is not an integer in the model's vocabulary (``0 <= id < vocab_size``)."""
+
+
 class KVBudgetExceeded(ArborError, MemoryError):
     """Out of KV memory: resident device KV would pass ``budget_tokens``.
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
+import operator
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +27,7 @@ import torch
 from arbor_runtime.backend import ModelBackend, TreeBatch, context_groups
 from arbor_runtime.choose import ChoiceScores, ChoosePlan, ChooseWork
 from arbor_runtime.engine import Account, Engine, ExpandJob, Work
-from arbor_runtime.errors import BudgetError, KVBudgetExceeded, NotYet
+from arbor_runtime.errors import BudgetError, KVBudgetExceeded, NodeError, NotYet, TokenIdError
 from arbor_runtime.generation import Row, StopChecker
 from arbor_runtime.grammar import GrammarCompiler
 from arbor_runtime.kv import BlockKV, Extent, KVStore
@@ -37,6 +39,14 @@ from arbor_runtime.sampling import SamplingParams
 from arbor_runtime.tree import FORCED, GENERATED, PROMPT, Node
 
 log = logging.getLogger(__name__)
+
+
+class RuntimeOwner:
+    """The identity a runtime stamps on every node it makes (``Node.owner``).
+
+    A token rather than the runtime itself: a node can be pickled or copied on its own without
+    dragging the model along. A deep copy of a runtime gets a fresh one, shared by the copy's nodes.
+    """
 
 
 class Runtime:
@@ -61,6 +71,10 @@ class Runtime:
         fast_kernel: bool = True,
     ) -> None:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        #: stamped on every node made here; calls refuse nodes that carry another (NodeError)
+        self.owner = RuntimeOwner()
+        #: token ids a block may hold: 0 <= id < vocab_size (checked before any work)
+        self.vocab_size = _vocab_size(self.model)
         self.policy = build_policy(policy, budget_tokens=budget_tokens)
         if hasattr(self.policy, "vocab_size"):
             self.policy.vocab_size = int(self.model.config.vocab_size)
@@ -130,7 +144,7 @@ class Runtime:
         A prompt larger than the budget is prefilled in chunks under policies that may evict from
         the active path; under the others (``full``, ``arbor``) it is refused up front.
         """
-        ids = [int(i) for i in ids]
+        ids = self._token_ids(ids, "new_tree_ids")
         if not ids:
             raise ValueError("prompt is empty: a root block needs at least one token")
         budget = self.budget_tokens
@@ -197,6 +211,8 @@ class Runtime:
         """
         self._check_live(node)
         plan = ChoosePlan.build(self.tokenizer, node, choices, keep, by)
+        for choice, ids in zip(plan.choices, plan.token_ids, strict=True):
+            self._token_ids(ids, f"choose: choice {choice!r}")
         every = list(range(len(plan.choices)))
         logprobs, kept = self._choose_pass(node, plan, every, list(plan.keep_given))
         result = ChoiceScores(plan.choices, plan.token_ids, [logprobs[i] for i in every], plan.by)
@@ -227,6 +243,7 @@ class Runtime:
 
     def append(self, node: Node, text: str) -> Node:
         """Add a teacher-forced child block holding ``text``; its ``logprobs`` score the text."""
+        self._check_live(node)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             raise ValueError(f"append text {text!r} tokenizes to nothing")
@@ -235,7 +252,7 @@ class Runtime:
     def append_ids(self, node: Node, ids: Sequence[int], text: str | None = None) -> Node:
         """Add a teacher-forced child block of exactly these token ids (trace replay uses this)."""
         self._check_live(node)
-        ids = [int(i) for i in ids]
+        ids = self._token_ids(ids, "append_ids")
         if not ids:
             raise ValueError("append_ids needs at least one token id")
         text = self.tokenizer.decode(ids) if text is None else text
@@ -244,15 +261,18 @@ class Runtime:
         return child
 
     def set_value(self, node: Node, value: float) -> None:
-        """Record the search value a verifier gave ``node`` (MSVE reads it)."""
-        node.value = float(value)
+        """Record the search value a verifier gave ``node`` (MSVE reads it): a finite number."""
+        self._check_live(node)
+        node.value = _finite_value(value, node)
         self.log_op({"op": "set_value", "node": node.id, "value": node.value})
 
     def release(self, node: Node) -> None:
         """Drop ``node``'s subtree and its KV from every tier; the node stays readable.
 
-        Releasing a root frees exactly that tree's blocks; other trees are untouched.
+        Releasing a root frees exactly that tree's blocks; other trees are untouched. A node of
+        another runtime, or one already released, is refused (NodeError) and nothing changes.
         """
+        self._check_live(node)
         self._submit(Work("release", self._account(), run=lambda: self._release(node)))
         self.log_op({"op": "release", "node": node.id})
 
@@ -287,7 +307,8 @@ class Runtime:
         return self.store.resident_tokens
 
     def path_token_ids(self, node: Node) -> list[int]:
-        """Token ids from the root to ``node`` inclusive (the flattened text's ids)."""
+        """Token ids from the root to ``node`` inclusive (the flattened text's ids); released nodes too."""
+        self._check_node(node)
         return [t for n in node.path() for t in n.token_ids]
 
     def block_token_ids(self, block_id: int) -> list[int]:
@@ -295,11 +316,13 @@ class Runtime:
         return self.nodes[block_id].token_ids
 
     def next_token_logprobs(self, node: Node) -> torch.Tensor:
-        """(V,) log-probabilities of the token after ``node``'s path."""
+        """(V,) log-probabilities of the token after ``node``'s path (a live node: its KV holds them)."""
+        self._check_live(node)
         return torch.log_softmax(self.store.get(node.id).next_logits, dim=-1)
 
     def residency(self, node: Node) -> dict[str, int]:
-        """Where ``node``'s block lives: tokens on device, on host, dropped."""
+        """Where ``node``'s block lives: tokens on device, on host, dropped (all of a released node's)."""
+        self._check_node(node)
         if node.id not in self.store:
             return {"device": 0, "host": 0, "dropped": node.length}
         blk = self.store.get(node.id)
@@ -312,6 +335,8 @@ class Runtime:
 
     # ---- for the engine (driver thread only) ---------------------------------------------
     def tree_seed(self, node: Node) -> int:
+        """The seed of ``node``'s tree's sampling streams."""
+        self._check_node(node)
         return self._tree_seeds.get(node.tree_id, self.seed)
 
     def next_id(self) -> int:
@@ -363,18 +388,30 @@ class Runtime:
             self.store.pool.free(ext)
 
     def child_from_row(self, row: Row) -> Node:
-        """A finished row becomes a child block: its used slots are the block, the rest are freed."""
-        n = len(row.tokens)
-        used, spare = _split(row.extents, n)
-        self.free_slots(spare)
-        text = self.tokenizer.decode(row.tokens)
-        child = self._new_node(row.owner, row.tokens, text, GENERATED, row.owner.end_pos, row.child_id)
-        child.logprobs, child.entropies, child.stop_reason = row.logprobs, row.entropies, row.stop_reason
-        self.store.put(child.id, BlockKV.from_extents(used, child.start_pos, row.next_logits))
-        self.store.add_attention(child.id, torch.arange(n), row.attention[:n], n / 2)
-        for m in self.targets():
-            m.decode_tokens += n
-        self.memory.node_end(child)
+        """A finished row becomes a child block: its used slots are the block, the rest are freed.
+
+        When anything fails on the way, the row's slots and the child go, as if it never finished."""
+        n, child = len(row.tokens), None
+        try:
+            text = self.tokenizer.decode(row.tokens)
+            child = self._new_node(row.owner, row.tokens, text, GENERATED, row.owner.end_pos, row.child_id)
+            child.logprobs, child.entropies, child.stop_reason = row.logprobs, row.entropies, row.stop_reason
+            used, spare = _split(row.extents, n)
+            self.store.put(child.id, BlockKV.from_extents(used, child.start_pos, row.next_logits))
+            row.extents = []  # the used slots are the block's now
+            self.free_slots(spare)
+            self.store.add_attention(child.id, torch.arange(n), row.attention[:n], n / 2)
+            for m in self.targets():
+                m.decode_tokens += n
+            self.memory.node_end(child)
+        except BaseException:
+            if child is not None:
+                self._release(child)
+                self._discard(child)
+            raise
+        finally:
+            self.free_slots(row.extents)  # a row that failed before its block was stored
+            row.extents = []
         return child
 
     def order_nodes(self, created: list[Node]) -> None:
@@ -415,8 +452,8 @@ class Runtime:
                 state.done += count
         except NotYet:
             raise  # resumed in a later engine cycle
-        except BaseException:
-            self.forget_subtree(node)
+        except BaseException:  # undo the admission: the chunks stored so far, the node, its place in the plan
+            self._release(node)
             self._discard(node)
             raise
         self.store.get(node.id).next_logits = state.parts[-1][-1].float().cpu().clone()
@@ -454,18 +491,18 @@ class Runtime:
 
         Returns (k, V) logits. Earlier chunks of the same block are part of the context.
         """
-        extents = self.store.pool.alloc(count)
-        context = [a.id for a in node.path()[:-1]] + ([node.id] if offset else [])
-        slots = _slots(extents).view(1, count)
-        window = self.policy.observation_window
-        stats_from = max(0, count - window) if window else 0
-        batch = self._batch([context], count, slots, stats=self.policy.needs_attention, stats_from=stats_from)
-        positions = torch.arange(node.start_pos + offset, node.start_pos + offset + count).unsqueeze(0)
-        ids = torch.tensor([node.token_ids[offset : offset + count]])
-        self.engine.note_peak()
-        logits = self._forward(batch, ids, positions, logits_to_keep)[0]
+        with self._allocating(count) as extents:
+            context = [a.id for a in node.path()[:-1]] + ([node.id] if offset else [])
+            slots = _slots(extents).view(1, count)
+            window = self.policy.observation_window
+            stats_from = max(0, count - window) if window else 0
+            batch = self._batch([context], count, slots, stats=self.policy.needs_attention, stats_from=stats_from)
+            positions = torch.arange(node.start_pos + offset, node.start_pos + offset + count).unsqueeze(0)
+            ids = torch.tensor([node.token_ids[offset : offset + count]])
+            self.engine.note_peak()
+            logits = self._forward(batch, ids, positions, logits_to_keep)[0]
         own = torch.arange(offset, offset + count)
-        if offset == 0:
+        if offset == 0:  # from here on the store owns the slots (a release frees them)
             self.store.put(node.id, BlockKV.from_extents(extents, node.start_pos, None))
         else:
             self.store.add_tokens(node.id, extents, own, op="extend")
@@ -473,6 +510,17 @@ class Runtime:
         if batch.own_mass is not None:  # causal: a block's own queries see half of it on average
             self.store.add_attention(node.id, own, batch.own_mass[0], (count - stats_from) / 2)
         return logits
+
+    @contextmanager
+    def _allocating(self, count: int) -> Iterator[list[Extent]]:
+        """``count`` pool slots for a forward's new KV, given back when anything inside fails: a failed
+        forward (a bad input, a device error) leaves the pool as it found it."""
+        extents = self.store.pool.alloc(count)
+        try:
+            yield extents
+        except BaseException:
+            self.free_slots(extents)
+            raise
 
     def _forward(self, batch: TreeBatch, ids: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor:
         """A prefill-style forward, its time charged to the current work's account."""
@@ -492,13 +540,13 @@ class Runtime:
         """
         blk = self.store.get(node.id)
         missing = torch.nonzero(~torch.isin(torch.arange(blk.length), blk.kept)).squeeze(1)
-        extents = self.store.pool.alloc(int(missing.numel()))
-        write = torch.full((1, blk.length), -1, dtype=torch.long)
-        write[0, missing] = _slots(extents)
-        self.engine.note_peak()
-        batch = self._batch([[a.id for a in node.path()[:-1]]], blk.length, write, stats=False)
-        positions = torch.arange(node.start_pos, node.end_pos).unsqueeze(0)
-        self._forward(batch, torch.tensor([node.token_ids]), positions, 1)
+        with self._allocating(int(missing.numel())) as extents:
+            write = torch.full((1, blk.length), -1, dtype=torch.long)
+            write[0, missing] = _slots(extents)
+            self.engine.note_peak()
+            batch = self._batch([[a.id for a in node.path()[:-1]]], blk.length, write, stats=False)
+            positions = torch.arange(node.start_pos, node.end_pos).unsqueeze(0)
+            self._forward(batch, torch.tensor([node.token_ids]), positions, 1)
         self.store.add_tokens(node.id, extents, missing)
 
     def _score_forced(self, node: Node, logits: torch.Tensor) -> None:
@@ -521,6 +569,7 @@ class Runtime:
         )
 
     def _release(self, node: Node) -> None:
+        self._check_live(node)  # again in the driver: another thread may have released it meanwhile
         self.memory.forget(self.forget_subtree(node))
 
     # ---- internals: bookkeeping ----------------------------------------------------------
@@ -571,6 +620,7 @@ class Runtime:
         node_id = self.next_id() if node_id is None else node_id
         node = Node(id=node_id, parent=parent, token_ids=list(ids), text=text, kind=kind, start_pos=start_pos)
         node.key = Node.path_key(parent, node.token_ids)
+        node.owner = self.owner
         node.tree_id = node.id if parent is None else parent.tree_id
         self.nodes[node.id] = node
         self.all_nodes[node.id] = node
@@ -587,11 +637,43 @@ class Runtime:
             m.nodes_created -= 1
             m.nodes_released -= 1
 
+    def _check_node(self, node: Node) -> None:
+        """``node`` is one this runtime made (released or not), else NodeError (node ids are per runtime)."""
+        if not isinstance(node, Node):
+            raise NodeError(f"expected a Node this Runtime returned, got {type(node).__name__} {node!r:.60}")
+        if node.owner is not self.owner:
+            whose = "no Runtime (built by hand)" if node.owner is None else "another Runtime"
+            raise NodeError(f"{node!r} belongs to {whose}; pass nodes this Runtime returned")
+
     def _check_live(self, node: Node) -> None:
+        """``node`` is this runtime's and not released (it has KV to build on), else NodeError."""
+        self._check_node(node)
         if node.released:
-            raise ValueError(f"{node!r} was released; it cannot be expanded or appended to")
-        if self.nodes.get(node.id) is not node:
-            raise ValueError(f"{node!r} belongs to another Runtime")
+            raise NodeError(f"{node!r} was released; its KV is gone and it cannot be used for new work")
+
+    def _token_ids(self, ids: Sequence[int], where: str) -> list[int]:
+        """``ids`` as ints, each in the vocabulary; TokenIdError naming the first bad one."""
+        if isinstance(ids, str | bytes):
+            raise TokenIdError(f"{where}: token ids must be a sequence of integers, got the string {ids!r:.40}")
+        if hasattr(ids, "tolist"):  # a tensor or an array: one conversion, not one per element
+            ids = ids.tolist()
+        try:
+            items = list(ids)
+        except TypeError:
+            raise TokenIdError(f"{where}: token ids must be a sequence of integers, got {ids!r:.40}") from None
+        out = []
+        for i, tok in enumerate(items):
+            try:
+                value = operator.index(tok)
+            except TypeError:
+                raise TokenIdError(f"{where}: token id {tok!r} at index {i} is not an integer") from None
+            if not 0 <= value < self.vocab_size:
+                raise TokenIdError(
+                    f"{where}: token id {value} at index {i} is outside the vocabulary: "
+                    f"valid ids are 0..{self.vocab_size - 1} (vocab_size={self.vocab_size})"
+                )
+            out.append(value)
+        return out
 
     def _stops(self, requests, sampling) -> list[StopChecker]:
         """One stop checker per request (shared when the requests share their parameters)."""
@@ -610,9 +692,12 @@ class Runtime:
     def _check_requests(self, requests: Sequence[tuple[Node, int]]) -> None:
         if not requests:
             raise ValueError("expand_many needs at least one (node, n) request")
+        for request in requests:
+            if not isinstance(request, tuple | list) or len(request) != 2:
+                raise ValueError(f"expand_many: request {request!r:.60} must be a (node, n) pair")
         for node, n in requests:
             self._check_live(node)
-            if not isinstance(n, int) or n < 1:
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ValueError(f"n={n!r} for {node!r} must be a positive integer")
 
 
@@ -658,6 +743,26 @@ def _split(extents: Sequence[Extent], n: int) -> tuple[list[Extent], list[Extent
             spare.append(Extent(ext.start + take, ext.length - take))
         left -= take
     return used, spare
+
+
+def _vocab_size(model: torch.nn.Module) -> int:
+    """Token ids the model can take and score: its config's vocabulary, or fewer embedding rows."""
+    size = int(model.config.vocab_size)
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embed, "num_embeddings", None)
+    return min(size, int(rows)) if rows is not None else size
+
+
+def _finite_value(value: float, node: Node) -> float:
+    """``value`` as a float, refused (ValueError) unless a finite number: policies rank blocks by it."""
+    bad = isinstance(value, str | bytes) or value is None
+    try:
+        number = float(value) if not bad else math.nan
+    except (TypeError, ValueError):
+        number, bad = math.nan, True
+    if bad or not math.isfinite(number):
+        raise ValueError(f"set_value: value={value!r} for {node!r} must be a finite number")
+    return number
 
 
 def _eos_ids(loaded: LoadedModel) -> set[int]:

@@ -38,6 +38,8 @@ class Node:
             node ids or on what else the runtime was doing.
         tree_id: id of the root of this node's tree.
         spawned: children ever requested under this node (released ones included).
+        owner: identity of the runtime that made the node (its ``Runtime.owner``); a runtime
+            refuses nodes of another (node ids are only unique within one runtime).
     """
 
     id: int
@@ -56,6 +58,7 @@ class Node:
     key: int = 0
     tree_id: int = 0
     spawned: int = 0
+    owner: object = field(default=None, repr=False)
 
     @property
     def depth(self) -> int:
