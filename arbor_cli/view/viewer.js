@@ -147,20 +147,31 @@
   const treeSvg = svg("svg", { id: "tree" }, box);
   const edgeLayer = svg("g", { class: "edges" }, treeSvg);
   const nodeLayer = svg("g", { class: "nodes" }, treeSvg);
-  const collapsed = new Set();
-  const GAP_X = BW + 8;
+  const collapsed = new Set(); // nodes whose whole subtree is hidden
+  const folded = new Set(); // nodes whose pruned (released) leaf children are hidden
+  const MIN_GAP = BW + 8;
+  let gapX = MIN_GAP;
   let layoutPos = new Map();
   let selected = null;
   let step = S - 1;
 
+  const prunedLeaf = (c) => c.released && !kids.get(c.id).length;
+  function shownKids(id) {
+    if (collapsed.has(id)) return [];
+    return folded.has(id) ? kids.get(id).filter((c) => !prunedLeaf(c)) : kids.get(id);
+  }
+  function hiddenBelow(id) { // nodes a "+n" badge stands for
+    if (collapsed.has(id)) return subtreeSize.get(id) - 1;
+    return folded.has(id) ? kids.get(id).filter(prunedLeaf).length : 0;
+  }
   function computeLayout() {
     const out = new Map();
     let leaf = 0, depthMax = 0;
     function place(n, depth) {
       depthMax = Math.max(depthMax, depth);
-      const cs = collapsed.has(n.id) ? [] : kids.get(n.id);
+      const cs = shownKids(n.id);
       let x;
-      if (!cs.length) x = leaf++;
+      if (!cs.length) { x = leaf; leaf += hiddenBelow(n.id) ? 2 : 1; } // room for its badge
       else { const xs = cs.map((c) => place(c, depth + 1)); x = (xs[0] + xs[xs.length - 1]) / 2; }
       out.set(n.id, { x: x, depth: depth });
       return x;
@@ -169,21 +180,32 @@
     return { pos: out, leaves: leaf, depth: depthMax };
   }
   function visibleLeaves(id) { // leaves of id's subtree in the current layout
-    if (collapsed.has(id) || !kids.get(id).length) return 1;
-    return kids.get(id).reduce((s, c) => s + visibleLeaves(c.id), 0);
+    const cs = shownKids(id);
+    return cs.length ? cs.reduce((s, c) => s + visibleLeaves(c.id), 0) : 1;
+  }
+  function better(k, key) { // lexicographic: is key k larger than key?
+    for (let i = 0; i < k.length; i++) if (k[i] !== key[i]) return k[i] > key[i];
+    return false;
   }
   function autoCollapse(maxLeaves) {
-    // collapse pruned (released) subtrees first, then the deepest, never the best path
-    for (let guard = 0; guard < N && computeLayout().leaves > maxLeaves; guard++) {
+    // until the leaves fit: collapse pruned subtrees, then fold pruned leaves away (most first),
+    // then collapse live subtrees (deepest first); the best path always stays open
+    for (let guard = 0; guard < 3 * N && computeLayout().leaves > maxLeaves; guard++) {
       const lay = computeLayout();
-      let pick = null, key = null;
+      let pick = null, key = null, how = null;
       for (const n of nodes) {
-        if (!lay.pos.has(n.id) || collapsed.has(n.id) || !kids.get(n.id).length || best.has(n.id) || !byId.has(n.parent)) continue;
-        const k = [n.released ? 1 : 0, lay.pos.get(n.id).depth, visibleLeaves(n.id)];
-        if (key === null || k[0] > key[0] || (k[0] === key[0] && (k[1] > key[1] || (k[1] === key[1] && k[2] > key[2])))) { pick = n; key = k; }
+        const p = lay.pos.get(n.id);
+        if (!p || collapsed.has(n.id) || !kids.get(n.id).length) continue;
+        const pruned = folded.has(n.id) ? 0 : kids.get(n.id).filter(prunedLeaf).length;
+        const closable = !best.has(n.id) && byId.has(n.parent);
+        const options = [];
+        if (closable && n.released) options.push([[3, p.depth, visibleLeaves(n.id)], "collapse"]);
+        if (pruned >= 2) options.push([[2, pruned, p.depth], "fold"]);
+        if (closable) options.push([[1, p.depth, visibleLeaves(n.id)], "collapse"]);
+        for (const [k, h] of options) if (key === null || better(k, key)) { pick = n; key = k; how = h; }
       }
       if (pick === null) break;
-      collapsed.add(pick.id);
+      (how === "fold" ? folded : collapsed).add(pick.id);
     }
   }
 
@@ -201,12 +223,14 @@
     if (n.meta && n.meta.valid === false) marks.push("!");
     if (n.id === answerId) marks.push("★");
     if (marks.length) svg("text", { class: "mark", x: BW / 2, y: BH + 14, "text-anchor": "middle" }, g).textContent = marks.join("");
-    const badge = svg("text", { class: "badge", x: BW + 2, y: 11, display: "none" }, g);
+    const badge = svg("text", { class: "badge", x: BW + 2, y: 12, display: "none" }, g);
+    const valueText = svg("text", { class: "value", x: BW / 2, y: BH + 25, "text-anchor": "middle", display: "none" }, g);
+    valueText.textContent = n.value === null || n.value === undefined ? "" : n.value.toFixed(2);
     g.addEventListener("mouseenter", (ev) => showTip(n, ev));
     g.addEventListener("mousemove", moveTip);
     g.addEventListener("mouseleave", () => { tip.style.display = "none"; });
     g.addEventListener("click", (ev) => { ev.stopPropagation(); if (ev.target === badge) toggle(n.id); select(n.id); });
-    elems.set(n.id, { g: g, block: block, fr: fr, badge: badge, edge: null });
+    elems.set(n.id, { g: g, block: block, fr: fr, badge: badge, value: valueText, edge: null });
   }
   for (const n of nodes) {
     if (!byId.has(n.parent)) continue;
@@ -216,21 +240,24 @@
 
   function render() {
     const lay = computeLayout();
-    const width = Math.max(box.clientWidth - 4, lay.leaves * GAP_X + 40);
-    const gapY = Math.max(44, Math.min(90, (box.clientHeight - 56) / Math.max(1, lay.depth)));
-    const height = Math.max(box.clientHeight - 4, lay.depth * gapY + 52);
-    const x0 = (width - lay.leaves * GAP_X) / 2 + GAP_X / 2 - BW / 2;
+    gapX = Math.max(MIN_GAP, Math.min(64, (box.clientWidth - 40) / Math.max(1, lay.leaves)));
+    const width = Math.max(box.clientWidth - 4, lay.leaves * gapX + 40);
+    const gapY = Math.max(44, Math.min(90, (box.clientHeight - 66) / Math.max(1, lay.depth)));
+    const height = Math.max(box.clientHeight - 4, lay.depth * gapY + 62);
+    const x0 = (width - lay.leaves * gapX) / 2 + gapX / 2 - BW / 2;
+    const values = gapX >= 30 && gapY >= 56; // room for each block's value under it
     treeSvg.setAttribute("width", width);
     treeSvg.setAttribute("height", height);
     layoutPos = new Map();
     for (const n of nodes) {
       const el = elems.get(n.id), p = lay.pos.get(n.id);
       if (!p) { el.g.setAttribute("display", "none"); if (el.edge) el.edge.setAttribute("display", "none"); continue; }
-      const x = x0 + p.x * GAP_X, y = 14 + p.depth * gapY;
+      const x = x0 + p.x * gapX, y = 14 + p.depth * gapY;
       layoutPos.set(n.id, [x, y]);
       el.g.removeAttribute("display");
       el.g.setAttribute("transform", "translate(" + x.toFixed(1) + "," + y.toFixed(1) + ")");
-      const hidden = collapsed.has(n.id) ? subtreeSize.get(n.id) - 1 : 0;
+      el.value.setAttribute("display", values && el.value.textContent ? "inline" : "none");
+      const hidden = hiddenBelow(n.id);
       el.badge.setAttribute("display", hidden ? "inline" : "none");
       el.badge.textContent = hidden ? "+" + hidden : "";
     }
@@ -244,7 +271,8 @@
     }
   }
   function toggle(id) {
-    if (collapsed.has(id)) collapsed.delete(id); else if (kids.get(id).length) collapsed.add(id);
+    if (collapsed.has(id) || folded.has(id)) { collapsed.delete(id); folded.delete(id); }
+    else if (kids.get(id).length) collapsed.add(id);
     render();
     if (selected !== null) select(selected);
   }
@@ -296,7 +324,7 @@
     for (const [k, v] of rows) { const tr = html("tr", {}, null, t); html("td", {}, k, tr); html("td", {}, v, tr); }
     html("pre", { class: "text", id: "node-text" }, n.text, panel);
     if (kids.get(id).length) {
-      const b = html("button", { id: "toggle" }, collapsed.has(id) ? "expand subtree (" + (subtreeSize.get(id) - 1) + ")" : "collapse subtree", panel);
+      const b = html("button", { id: "toggle" }, hiddenBelow(id) ? "show the " + hiddenBelow(id) + " hidden below" : "collapse subtree", panel);
       b.addEventListener("click", () => toggle(id));
     }
   }
@@ -417,9 +445,9 @@
   const hashNode = /(?:^#|&)node=(\d+)/.exec(location.hash);
   drawChart();
   setStep(hashStep ? +hashStep[1] : S - 1); // the footer (chart, legend) first: the tree gets the room left
-  autoCollapse(Math.max(8, Math.floor((box.clientWidth - 40) / GAP_X)));
+  autoCollapse(Math.max(8, Math.floor((box.clientWidth - 40) / MIN_GAP)));
   render();
   select(hashNode ? +hashNode[1] : null);
   // for tests and the console: the step shown, each block's state, and the layout
-  window.arborView = { setStep: setStep, step: () => step, stateOf: (id) => stateOf(id, step), collapsed: collapsed, render: render };
+  window.arborView = { setStep: setStep, step: () => step, stateOf: (id) => stateOf(id, step), collapsed: collapsed, folded: folded, render: render };
 })();
