@@ -449,5 +449,5 @@
   render();
   select(hashNode ? +hashNode[1] : null);
   // for tests and the console: the step shown, each block's state, and the layout
-  window.arborView = { setStep: setStep, step: () => step, stateOf: (id) => stateOf(id, step), collapsed: collapsed, folded: folded, render: render };
+  window.arborView = { setStep: setStep, step: () => step, stateOf: (id) => stateOf(id, step), collapsed: collapsed, folded: folded, best: Array.from(best), render: render };
 })();
