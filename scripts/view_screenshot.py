@@ -25,12 +25,13 @@ for (let s = 0; s <= n; s++) {
 }
 return out;
 """
-#: JS: a node on the best path that is partly or wholly on the host at the shown step, else the best leaf
+#: JS: the block with the most tokens on the host at the shown step (the best path's first), else the best leaf
 PICK_NODE = """
-const v = window.arborView;
-const best = v.best.slice().sort((a, b) => a - b);
-const hosted = best.filter(i => ['host', 'partial'].includes(v.stateOf(i)));
-return (hosted.length ? hosted : best).pop();
+const v = window.arborView, best = new Set(v.best);
+const ids = Array.from(document.querySelectorAll('#tree g.node')).map(g => +g.dataset.id);
+const key = i => (best.has(i) ? 1e9 : 0) + v.residency(i)[1];
+const hosted = ids.filter(i => v.residency(i)[1] > 0).sort((a, b) => key(b) - key(a));
+return hosted.length ? hosted[0] : Math.max(...v.best);
 """
 
 

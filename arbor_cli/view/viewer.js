@@ -242,7 +242,7 @@
     const lay = computeLayout();
     gapX = Math.max(MIN_GAP, Math.min(64, (box.clientWidth - 40) / Math.max(1, lay.leaves)));
     const width = Math.max(box.clientWidth - 4, lay.leaves * gapX + 40);
-    const gapY = Math.max(44, Math.min(90, (box.clientHeight - 66) / Math.max(1, lay.depth)));
+    const gapY = Math.max(44, Math.min(110, (box.clientHeight - 66) / Math.max(1, lay.depth)));
     const height = Math.max(box.clientHeight - 4, lay.depth * gapY + 62);
     const x0 = (width - lay.leaves * gapX) / 2 + gapX / 2 - BW / 2;
     const values = gapX >= 30 && gapY >= 56; // room for each block's value under it
@@ -449,5 +449,5 @@
   render();
   select(hashNode ? +hashNode[1] : null);
   // for tests and the console: the step shown, each block's state, and the layout
-  window.arborView = { setStep: setStep, step: () => step, stateOf: (id) => stateOf(id, step), collapsed: collapsed, folded: folded, best: Array.from(best), render: render };
+  window.arborView = { setStep: setStep, step: () => step, stateOf: (id) => stateOf(id, step), residency: (id) => residencyOf(id, step), collapsed: collapsed, folded: folded, best: Array.from(best), render: render };
 })();
