@@ -25,9 +25,9 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # ToT BFS with legal-move proposals on 3 Game of 24 puzzles under ArborKV at a 500-token KV budget;
-# prints how many it solved (settings: conf/experiment/demo.yaml)
+# prints how many it solved (settings: conf/experiment/demo.yaml) and the path of its viewer (view/index.html)
 demo: setup
-	$(VENV)/bin/arbor-solve experiment=demo
+	$(VENV)/bin/arbor-solve experiment=demo view=true
 
 test: setup
 	$(VENV)/bin/pytest -q

@@ -9,7 +9,7 @@ new fingerprint); ``resume=false`` refuses any directory that already holds resu
 Keys that do not change any problem's result are left out of the fingerprint: where data and
 outputs live (``paths``, ``task.data_dir``, ``run_dir``, ``task.cache_dir``), which problems of the
 data set run (``task.start`` / ``task.end``: widening the slice and rerunning is how a run grows),
-output switches (``show_tree``, ``save_trees``, ``resume``), and where the searches run
+output switches (``show_tree``, ``save_trees``, ``view``, ``resume``), and where the searches run
 (``concurrency``, ``runner``: a run started locally may resume on Ray actors and back).
 """
 
@@ -27,7 +27,7 @@ from arbor_cli.results import RESULTS_FILE
 FINGERPRINT_FILE = "config_fingerprint.json"
 #: dotted config keys left out of the fingerprint (see the module docstring)
 IGNORED_KEYS = (
-    "paths", "run_dir", "resume", "show_tree", "save_trees", "concurrency", "runner",
+    "paths", "run_dir", "resume", "show_tree", "save_trees", "view", "concurrency", "runner",
     "task.data_dir", "task.cache_dir", "task.start", "task.end",
 )  # fmt: skip
 RESUME_MODES = (True, False, "force")

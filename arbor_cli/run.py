@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from arbor_cli.budget import check_budget
 from arbor_cli.build import USER_ERRORS, Setup, build
 from arbor_cli.report import results_table
+from arbor_cli.residency import RESIDENCY_FILE
 from arbor_cli.results import CSV_FILE, EVENTS_FILE, RESULTS_FILE, TRACES_FILE, append_jsonl, load_done, write_csv
 from arbor_cli.resume import check_resume
 from arbor_cli.runners import Finished, Runner, RunnerError, build_runner
@@ -47,6 +48,10 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
     solved = sum(bool(r.get("solved")) for r in rows)
     console.print(f"solved {solved}/{len(rows)} {setup.task.name} problems ({verifier_title(setup)})")
     console.print(f"results: {run_dir / RESULTS_FILE}")
+    if cfg.get("view", False):
+        from arbor_cli.view import write_views
+
+        console.print(f"view: {write_views(run_dir)}")
     return 0
 
 
@@ -95,6 +100,8 @@ def write_finished(run_dir: Path, finished: Finished) -> None:
         write_tree(run_dir, finished.index, finished.tree)
     append_jsonl(run_dir / TRACES_FILE, {"index": finished.index, "trace": finished.trace})
     append_jsonl(run_dir / EVENTS_FILE, {"index": finished.index, "events": finished.events})
+    if finished.residency is not None:
+        append_jsonl(run_dir / RESIDENCY_FILE, finished.residency)
     append_jsonl(run_dir / RESULTS_FILE, finished.row)
 
 

@@ -90,6 +90,8 @@ class Runtime:
         self.oplog: list[dict] = []
         #: called with (node, (T, V) log-probs) for every forced block; used by trace replay
         self.logits_hook: Callable[[Node, torch.Tensor], None] | None = None
+        #: called with (trace point, account or None) after every operation (the viewer's residency recorder)
+        self.step_hooks: list[Callable[[TracePoint, Account | None], None]] = []
         self.memory = MemoryManager(self.store, self.policy, self.nodes)
         decode = getattr(self.tokenizer, "decode", None)
         self.backend.sparse = self.policy.sparse_attention(self.store, self.block_token_ids, decode)
@@ -613,6 +615,8 @@ class Runtime:
         )
         for target in self.targets(work):
             target.trace.append(point)
+        for hook in self.step_hooks:
+            hook(point, work.account)
 
     def _new_node(
         self, parent: Node | None, ids: list[int], text: str, kind: str, start_pos: int, node_id: int | None = None

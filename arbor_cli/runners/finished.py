@@ -26,6 +26,7 @@ class Finished:
         trace: the per-step memory trace (``traces.jsonl``).
         events: the runtime's event log (``events.jsonl``).
         tree: the search tree (:func:`arbor_cli.tree_export.tree_record`), or None when not kept.
+        residency: per-block residency deltas (``residency.jsonl``, :mod:`arbor_cli.residency`), or None.
     """
 
     index: int
@@ -33,6 +34,7 @@ class Finished:
     trace: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     tree: dict[str, Any] | None = None
+    residency: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The record as a dict of JSON-able values (what a remote worker sends back)."""

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from typing import Any, NamedTuple
 
 from arbor_cli.build import Setup
+from arbor_cli.residency import ResidencyRecorder
 from arbor_cli.runners.finished import Finished, keeps_trees, search_fields
 from arbor_cli.tree_export import tree_record
 from arbor_runtime import KVBudgetExceeded, Node, Runtime
@@ -28,7 +29,8 @@ def solve(setup: Setup, problem: Problem, shared: Runtime | None = None) -> Fini
     solved = search_one(setup, problem) if shared is None else search_shared(setup, shared, problem)
     try:
         tree = solved.tree(problem) if keeps_trees(setup) else None
-        return Finished(problem.index, solved.row, _trace(solved.metrics), _events(solved.events), tree)
+        trace, events = _trace(solved.metrics), _events(solved.events)
+        return Finished(problem.index, solved.row, trace, events, tree, solved.residency)
     finally:
         solved.done()
 
@@ -44,6 +46,7 @@ class Solved(NamedTuple):
     metrics: RuntimeMetrics
     events: EventLog
     root: Node | None = None  # set in a shared runtime: released once the problem is recorded
+    residency: dict[str, Any] | None = None  # the residency.jsonl line (arbor_cli.residency)
 
     def tree(self, problem: Problem) -> dict[str, Any]:
         """The search tree as a JSON-ready record (see :mod:`arbor_cli.tree_export`)."""
@@ -61,16 +64,19 @@ def search_one(setup: Setup, problem: Problem) -> Solved:
     """One problem with a fresh runtime and controller; an OOM is recorded in the row, not raised."""
     rt = setup.runtime(problem)
     controller = setup.controller(rt)
-    row, result = _search(setup, rt, controller, problem, rt.metrics, seed=None)
-    return Solved(row, rt, controller, result, rt.metrics, rt.events)
+    with ResidencyRecorder(rt) as recorder:
+        row, result = _search(setup, rt, controller, problem, rt.metrics, seed=None)
+    return Solved(row, rt, controller, result, rt.metrics, rt.events, residency=recorder.record(problem.index))
 
 
 def search_shared(setup: Setup, rt: Runtime, problem: Problem) -> Solved:
     """One problem in a runtime other searches share (its counts in its own account)."""
-    with rt.account() as account:
+    with rt.account() as account, ResidencyRecorder(rt, account) as recorder:
         controller = setup.controller(rt)
         row, result = _search(setup, rt, controller, problem, account.metrics, seed=setup.seed(problem))
-    return Solved(row, rt, controller, result, account.metrics, account.events, controller.root)
+    root = controller.root
+    residency = recorder.record(problem.index, tree_ids=[root.tree_id] if root is not None else [])
+    return Solved(row, rt, controller, result, account.metrics, account.events, root, residency)
 
 
 def _search(setup: Setup, rt: Runtime, controller: Controller, problem: Problem, metrics, seed):
