@@ -37,3 +37,11 @@ lint: setup
 
 clean:
 	rm -rf $(VENV) outputs multirun
+
+# The GPU check's CPU rehearsal (issue 26): download the wheels the GPU machine lacks into gpu_wheels/,
+# then run the device command with --dry-run in a /tmp virtualenv holding only the device's packages;
+# prints the device call to make next. Needs PyPI (wheels, and the virtualenv's first build).
+.PHONY: gpu-rehearsal
+gpu-rehearsal:
+	bash scripts/gpu_wheels.sh
+	bash scripts/gpu_rehearsal.sh
