@@ -1,9 +1,10 @@
 """Result files and cells: JSON lines (appended crash-safely), CSV, markdown tables, cell formatting.
 
 A run dir holds ``results.jsonl`` (one line per problem, appended as each finishes), ``traces.jsonl``,
-``events.jsonl``, ``results.csv`` and the fingerprint of the config that wrote them (see
-:mod:`arbor_cli.resume`). Every table in the project (terminal, markdown, CSV) formats its cells
-with :func:`format_cell`, from one :class:`Column` list per table.
+``events.jsonl``, ``results.csv`` (rewritten with every row), the fingerprint of the config and data
+that wrote them and the writer's lock (see :mod:`arbor_cli.resume`), and ``<file>.corrupt`` for lines
+that were not whole JSON records (set aside, never lost). Every table in the project (terminal,
+markdown, CSV) formats its cells with :func:`format_cell`, from one :class:`Column` list per table.
 """
 
 from __future__ import annotations
