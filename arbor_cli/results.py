@@ -1,18 +1,20 @@
 """Result files and cells: JSON lines (appended crash-safely), CSV, markdown tables, cell formatting.
 
 A run dir holds ``results.jsonl`` (one line per problem, appended as each finishes), ``traces.jsonl``,
-``events.jsonl``, ``results.csv`` and the fingerprint of the config that wrote them (see
-:mod:`arbor_cli.resume`). Every table in the project (terminal, markdown, CSV) formats its cells
-with :func:`format_cell`, from one :class:`Column` list per table.
+``events.jsonl``, ``results.csv`` (rewritten with every row), the fingerprint of the config and data
+that wrote them and the writer's lock (see :mod:`arbor_cli.resume`), and ``<file>.corrupt`` for lines
+that were not whole JSON records (set aside, never lost). Every table in the project (terminal,
+markdown, CSV) formats its cells with :func:`format_cell`, from one :class:`Column` list per table.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,11 +29,15 @@ Row = dict[str, Any]
 
 
 # ---- JSON lines ------------------------------------------------------------------------------
+#: where lines that are not whole JSON go (appended): ``results.jsonl`` -> ``results.jsonl.corrupt``
+CORRUPT_SUFFIX = ".corrupt"
+
+
 def append_jsonl(path: Path, row: Row) -> None:
     """Append one JSON line and flush it to disk, so an interrupted run loses nothing finished.
 
-    A torn last line (an earlier run stopped mid-write) is repaired first, so the new line never
-    lands on it.
+    A torn last line (an earlier run stopped mid-write) is moved aside first (:func:`repair_jsonl`),
+    so the new line never lands on it.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     repair_jsonl(path)
@@ -43,7 +49,7 @@ def append_jsonl(path: Path, row: Row) -> None:
 
 def repair_jsonl(path: Path) -> bool:
     """Make ``path`` end at a line break: a last line without one is kept (newline added) when it
-    is a whole JSON value, else cut off. Returns whether the file changed."""
+    is a whole JSON value, else moved to ``<path>.corrupt``. Returns whether the file changed."""
     if not path.is_file() or path.stat().st_size == 0:
         return False
     data = path.read_bytes()
@@ -53,12 +59,45 @@ def repair_jsonl(path: Path) -> bool:
     try:
         json.loads(data[cut:])
     except ValueError:
+        _set_aside(path, [data[cut:]])
         with path.open("r+b") as fh:
             fh.truncate(cut)
+            fh.flush()
+            os.fsync(fh.fileno())
         return True
     with path.open("ab") as fh:
         fh.write(b"\n")
     return True
+
+
+def clean_jsonl(path: Path, keep: Callable[[int], bool] | None = None) -> tuple[int, int]:
+    """Rewrite a run dir's JSON-lines file so that it holds one whole record per problem index.
+
+    Lines that are not a JSON object with an integer ``index`` (torn or corrupt) are moved to
+    ``<path>.corrupt`` (appended, never lost); of several records of one index the last is kept (the
+    latest run's; the first's place in the file); records whose index ``keep`` refuses are dropped
+    (events and traces of a problem without a results row: it runs again and writes them anew).
+    The file is replaced atomically, and only when something changed. Returns (lines set aside,
+    records dropped).
+    """
+    if not path.is_file():
+        return 0, 0
+    lines = path.read_bytes().splitlines()
+    records: dict[int, bytes] = {}
+    corrupt = []
+    for line in lines:
+        index = _record_index(line)
+        if index is None:
+            corrupt += [line] if line.strip() else []
+        else:
+            records[index] = line
+    kept = {i: line for i, line in records.items() if keep is None or keep(i)}
+    dropped = len(lines) - len(corrupt) - len(kept) - sum(not line.strip() for line in lines)
+    if corrupt:
+        _set_aside(path, corrupt)
+    if corrupt or dropped or any(not line.strip() for line in lines):
+        _replace(path, b"".join(line + b"\n" for line in kept.values()))
+    return len(corrupt), dropped
 
 
 def read_jsonl(path: Path) -> list[Row]:
@@ -87,6 +126,35 @@ def load_done(run_dir: Path) -> dict[int, Row]:
     return {int(row["index"]): row for row in read_jsonl(Path(run_dir) / RESULTS_FILE)}
 
 
+def _record_index(line: bytes) -> int | None:
+    """The problem index of a run-dir record line; None when the line is not one (torn, corrupt)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    index = record.get("index") if isinstance(record, dict) else None
+    return index if isinstance(index, int) and not isinstance(index, bool) else None
+
+
+def _set_aside(path: Path, lines: Sequence[bytes]) -> None:
+    """Append ``lines`` to ``<path>.corrupt`` (each ending in a line break), on disk before returning."""
+    with path.with_name(path.name + CORRUPT_SUFFIX).open("ab") as fh:
+        fh.write(b"".join(line.rstrip(b"\n") + b"\n" for line in lines))
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file beside it, synced, then renamed over it
+    (a reader or a kill sees the old file or the new one, never half of one)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
 # ---- CSV --------------------------------------------------------------------------------------
 def write_csv(path: Path, rows: Sequence[Row], first: Sequence[str] = ()) -> Path:
     """Rows as CSV: the ``first`` columns, then every other field in order of first appearance.
@@ -99,10 +167,11 @@ def write_csv(path: Path, rows: Sequence[Row], first: Sequence[str] = ()) -> Pat
     order = [k for k in first if k in fields] + [k for k in fields if k not in first]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=order, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=order, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    _replace(path, text.getvalue().encode("utf-8"))  # rewritten as rows come in: never half a file
     return path
 
 

@@ -11,20 +11,43 @@ outputs live (``paths``, ``task.data_dir``, ``run_dir``, ``task.cache_dir``), wh
 data set run (``task.start`` / ``task.end``: widening the slice and rerunning is how a run grows),
 output switches (``show_tree``, ``save_trees``, ``view``, ``resume``), and where the searches run
 (``concurrency``, ``runner``: a run started locally may resume on Ray actors and back).
+
+The data a run read is part of the fingerprint too, kept beside the config's settings (``data``):
+where its rows came from, the file's size, and a hash of each problem's row by index. A rerun
+refuses when the file's size differs or when a problem already done has another row now (its
+result would sit beside rows of another file); a widened slice adds the hashes of its new rows, and
+a file that moved (same size, same rows) resumes. The hashes, not the path, decide.
+
+One run writes a run dir at a time: :func:`claim` takes an exclusive lock (``fcntl.flock`` on
+``run.lock``, holding the writer's pid) before it checks the fingerprint, and the run holds it
+until its last row is written. The kernel drops the lock when its process ends, however it ends,
+so a stale ``run.lock`` never blocks. After the checks, :func:`claim` cleans the JSON-lines files:
+torn or corrupt lines go to ``<file>.corrupt``, and events and traces of problems without a results
+row are dropped (a problem is done once its row, written last, is): each problem then appears once
+in every file after the rerun.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import logging
+import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from arbor_cli.results import RESULTS_FILE
+from arbor_cli.results import EVENTS_FILE, RESULTS_FILE, TRACES_FILE, clean_jsonl, load_done
 
+if TYPE_CHECKING:
+    from tasks.base import Problem, Task
+
+log = logging.getLogger(__name__)
 FINGERPRINT_FILE = "config_fingerprint.json"
+LOCK_FILE = "run.lock"
 #: dotted config keys left out of the fingerprint (see the module docstring)
 IGNORED_KEYS = (
     "paths", "run_dir", "resume", "show_tree", "save_trees", "view", "concurrency", "runner",
@@ -37,6 +60,87 @@ class ConfigMismatch(ValueError):
     """A rerun's config differs from the one that wrote the run dir (and ``resume`` is not force)."""
 
 
+class RunDirBusy(ValueError):
+    """Another live process holds the run dir's lock (it is writing there)."""
+
+
+class RunDirLock:
+    """The exclusive lock of a run dir (``fcntl.flock`` on ``run.lock``): one writer at a time.
+
+    :meth:`acquire` raises :class:`RunDirBusy` naming the holder's pid when another open lock holds
+    it (another process, or another run in this one). The lock goes with its process: a killed run
+    leaves ``run.lock`` behind, but not the lock. Use as a context manager to release it.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> RunDirLock:
+        """Take the lock without waiting, and write this process's pid into the lock file."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirBusy(
+                f"run dir {self.path.parent} is in use by pid {holder} (another run writes there); "
+                "wait for it to end or pick another run_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Let the next run in (the pid stays in the file; only a held lock counts)."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock now."""
+        return self._fd is not None
+
+    def __enter__(self) -> RunDirLock:
+        return self if self.held else self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def claim(run_dir: Path, cfg: DictConfig, task: Task | None = None, problems: Sequence[Problem] = ()) -> RunDirLock:
+    """Lock ``run_dir`` for this run, check that it may add to it (:func:`check_resume`), and clean its
+    JSON-lines files for the rerun (see the module docstring). Returns the held lock (release it
+    once the run's last row is written); raises :class:`RunDirBusy` or :class:`ConfigMismatch`
+    (the lock released) when the run cannot write there."""
+    lock = RunDirLock(run_dir).acquire()
+    try:
+        check_resume(run_dir, cfg, task, problems)
+        clean_run_dir(run_dir)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def clean_run_dir(run_dir: Path) -> None:
+    """Torn or corrupt lines of the JSON-lines files to ``<file>.corrupt``; one record per problem;
+    events and traces only of problems with a results row (the others run again)."""
+    corrupt, _ = clean_jsonl(run_dir / RESULTS_FILE)
+    done = load_done(run_dir)
+    for name in (EVENTS_FILE, TRACES_FILE):
+        moved, dropped = clean_jsonl(run_dir / name, keep=done.__contains__)
+        corrupt += moved
+        if dropped:
+            log.info("%s: dropped %d records of problems without a results row (they run again)", name, dropped)
+    if corrupt:
+        log.warning("run dir %s: %d torn or corrupt lines moved to *.jsonl.corrupt", run_dir, corrupt)
+
+
 def fingerprint(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
     """The fingerprint of a composed config (a short sha256) and the flat settings it hashes."""
     flat = _flatten(OmegaConf.to_container(cfg, resolve=True))
@@ -45,9 +149,10 @@ def fingerprint(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
     return digest, kept
 
 
-def check_resume(run_dir: Path, cfg: DictConfig) -> None:
+def check_resume(run_dir: Path, cfg: DictConfig, task: Task | None = None, problems: Sequence[Problem] = ()) -> None:
     """Refuse (:class:`ConfigMismatch`, one line) when ``run_dir`` cannot take this run; else store
-    the config's fingerprint there."""
+    the config's fingerprint there (with ``task``'s data identity over ``problems``: see the module
+    docstring). Call it holding the run dir's lock (:func:`claim` does)."""
     mode = cfg.get("resume", True)
     if mode not in RESUME_MODES:
         raise ValueError(f"resume={mode!r} must be one of true, false, force")
@@ -62,8 +167,50 @@ def check_resume(run_dir: Path, cfg: DictConfig) -> None:
             f"run dir {run_dir} holds results of another config ({changes}); rerun with resume=force to add "
             "to it anyway, or pick another run_dir"
         )
+    data = data_identity(task, problems) if task is not None else None
+    old_data = (stored or {}).get("data") if mode != "force" else None
+    if has_results and data is not None and old_data:
+        _check_data(run_dir, old_data, data)
+        data["rows"] = old_data.get("rows", {}) | data["rows"]  # a widened slice adds its rows' hashes
+    record = {"fingerprint": digest, "settings": settings} | ({"data": data} if data is not None else {})
     path = run_dir / FINGERPRINT_FILE
-    path.write_text(json.dumps({"fingerprint": digest, "settings": settings}, indent=1, sort_keys=True) + "\n")
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def data_identity(task: Task, problems: Sequence[Problem]) -> dict[str, Any]:
+    """Where ``task``'s rows came from (its data file, or the hub datasets), the file's size, and a
+    short hash of each problem's row (question, answer, meta) by index."""
+    source = getattr(task, "data_file", None) or getattr(task, "data_origin", None)
+    size = Path(source).stat().st_size if source is not None and Path(source).is_file() else None
+    rows = {str(p.index): row_hash(p) for p in problems}
+    return {"source": None if source is None else str(source), "size": size, "rows": rows}
+
+
+def row_hash(problem: Problem) -> str:
+    """A short sha256 of what a problem's row says (its index aside)."""
+    text = json.dumps([problem.question, problem.answer, problem.meta], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_data(run_dir: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Refuse when the data file's size differs, or when a problem done in ``run_dir`` has another row now."""
+    where = f"{old.get('source')} -> {new['source']}" if old.get("source") != new["source"] else str(new["source"])
+    advice = "rerun with resume=force to add to it anyway, or pick another run_dir"
+    if old.get("size") != new["size"]:
+        raise ConfigMismatch(
+            f"run dir {run_dir} holds results of another data file ({where}: {old.get('size')} -> "
+            f"{new['size']} bytes); {advice}"
+        )
+    done = load_done(run_dir)
+    changed = sorted(
+        int(i) for i, h in new["rows"].items() if int(i) in done and old.get("rows", {}).get(i, h) != h
+    )  # fmt: skip
+    if changed:
+        shown = ", ".join(map(str, changed[:3])) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        raise ConfigMismatch(
+            f"run dir {run_dir} holds results of other rows (data {where}: the row of problem {shown} "
+            f"done there differs); {advice}"
+        )
 
 
 def _read(run_dir: Path) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ from arbor_cli.build import USER_ERRORS, Setup, build
 from arbor_cli.report import results_table
 from arbor_cli.residency import RESIDENCY_FILE
 from arbor_cli.results import CSV_FILE, EVENTS_FILE, RESULTS_FILE, TRACES_FILE, append_jsonl, load_done, write_csv
-from arbor_cli.resume import check_resume
+from arbor_cli.resume import claim
 from arbor_cli.runners import Finished, Runner, RunnerError, build_runner
 from arbor_cli.runners.finished import unrun_row
 from arbor_cli.runners.local import LocalRunner
@@ -33,14 +33,14 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
         setup = build(cfg, device=runner.driver_device)
         infeasible = check_budget(setup.policies, setup.task, setup.problems, setup.loaded.tokenizer)
         run_dir = resolve_run_dir(cfg)
-        check_resume(run_dir, cfg)
+        lock = claim(run_dir, cfg, setup.task, setup.problems)  # this run alone writes run_dir until its last row
     except USER_ERRORS as exc:
         return _error(exc)
-    try:
-        rows = solve_all(setup, run_dir, console, infeasible, runner)
-    except RunnerError as exc:  # the runner cannot run at all (no cluster, no worker could start)
-        return _error(exc)
-    write_csv(run_dir / CSV_FILE, rows)
+    with lock:
+        try:
+            rows = solve_all(setup, run_dir, console, infeasible, runner)
+        except RunnerError as exc:  # the runner cannot run at all (no cluster, no worker could start)
+            return _error(exc)
     if cfg.get("show_tree", False):
         show_trees(console, run_dir, rows)
     title = f"{setup.task.name} · {_choice(cfg, 'controller')} · {_choice(cfg, 'policy')} · {verifier_title(setup)}"
@@ -67,7 +67,8 @@ def solve_all(
     ``infeasible`` problems (index -> why their budget cannot work) are recorded as OOM unrun. The
     ``runner`` (default: this process, ``concurrency`` searches at once) searches the rest and
     yields their records as each finishes, in any order; this function alone writes them, so each
-    problem is written once whichever runner searched it (resume is unchanged).
+    problem is written once whichever runner searched it (resume is unchanged). ``results.csv`` is
+    rewritten with every row, so it is current when a run is killed.
     """
     infeasible, done, rows = infeasible or {}, load_done(run_dir), {}
     runner = runner or LocalRunner()
@@ -85,11 +86,14 @@ def solve_all(
                 todo.append(problem)
                 continue
             progress.advance(bar)
+        if rows:
+            write_csv(run_dir / CSV_FILE, [rows[p.index] for p in setup.problems if p.index in rows])
         for finished in runner.searches(setup, todo):
             question = str(finished.row.get("question", ""))[:30]
             progress.update(bar, description=f"{setup.task.name} #{finished.index} {question}")
             write_finished(run_dir, finished)
             rows[finished.index] = finished.row
+            write_csv(run_dir / CSV_FILE, [rows[p.index] for p in setup.problems if p.index in rows])
             progress.advance(bar)
     return [rows[p.index] for p in setup.problems]
 

@@ -1,5 +1,5 @@
-"""Resuming a run dir: a torn last line is repaired, every problem is recorded once, and a rerun
-with another config refuses (one line) unless resume=force."""
+"""Resuming a run dir: torn or corrupt lines are moved aside, every problem is recorded once in every
+file, and a rerun with another config refuses (one line) unless resume=force."""
 
 from __future__ import annotations
 
@@ -9,7 +9,17 @@ import pytest
 from rich.console import Console
 
 from arbor_cli.build import compose_config
-from arbor_cli.results import RESULTS_FILE, append_jsonl, load_done, read_jsonl, repair_jsonl
+from arbor_cli.results import (
+    CORRUPT_SUFFIX,
+    EVENTS_FILE,
+    RESULTS_FILE,
+    TRACES_FILE,
+    append_jsonl,
+    clean_jsonl,
+    load_done,
+    read_jsonl,
+    repair_jsonl,
+)
 from arbor_cli.resume import FINGERPRINT_FILE, fingerprint
 from arbor_cli.run import run
 
@@ -25,16 +35,37 @@ def lines(run_dir) -> list[str]:
     return (run_dir / RESULTS_FILE).read_text().splitlines()
 
 
-def test_torn_last_line_is_cut_and_the_problem_recorded_once(data_dir, tmp_path):
+def test_torn_last_line_is_set_aside_and_the_problem_recorded_once_in_every_file(data_dir, tmp_path):
     assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=903"), Console(width=100)) == 0
     path = tmp_path / RESULTS_FILE
     whole = path.read_text()
     assert len(whole.splitlines()) == 3
-    path.write_text(whole[: whole.rindex("\n", 0, -1) + 1 + 40])  # an interrupted run: 902's line cut short
+    torn = whole[whole.rindex("\n", 0, -1) + 1 :][:40]
+    path.write_text(whole[: whole.rindex("\n", 0, -1) + 1] + torn)  # an interrupted run: 902's line cut short
     assert not path.read_text().endswith("\n") and len(load_done(tmp_path)) == 2
     assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=904"), Console(width=100)) == 0
     rows = [json.loads(line) for line in lines(tmp_path)]  # every line is whole JSON
     assert [r["index"] for r in rows] == [900, 901, 902, 903]  # 902 redone once, 903 added, none twice
+    for name in (EVENTS_FILE, TRACES_FILE):  # 902's were written before its torn row: dropped, then written anew
+        assert [r["index"] for r in read_jsonl(tmp_path / name)] == [900, 901, 902, 903], name
+    assert (tmp_path / (RESULTS_FILE + CORRUPT_SUFFIX)).read_text() == torn + "\n"  # moved aside, not lost
+
+
+def test_corrupt_lines_anywhere_are_moved_aside_and_each_problem_stays_once(data_dir, tmp_path):
+    """A garbled line in the middle of results.jsonl and a torn last line of events.jsonl (a run killed
+    while writing 902's events: no results row for it) go to *.corrupt; the rerun keeps every other line."""
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=903"), Console(width=100)) == 0
+    results = lines(tmp_path)
+    (tmp_path / RESULTS_FILE).write_text(results[0] + "\n" + "\x00garbage{\n" + results[1] + "\n")
+    events = (tmp_path / EVENTS_FILE).read_text().splitlines()
+    (tmp_path / EVENTS_FILE).write_text("\n".join(events[:2]) + "\n" + events[2][:25])
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=903"), Console(width=100)) == 0
+    assert lines(tmp_path)[:2] == results[:2]  # done rows kept as they were
+    for name in (RESULTS_FILE, EVENTS_FILE, TRACES_FILE):
+        assert [r["index"] for r in read_jsonl(tmp_path / name)] == [900, 901, 902], name
+    assert (tmp_path / (RESULTS_FILE + CORRUPT_SUFFIX)).read_text() == "\x00garbage{\n"
+    assert (tmp_path / (EVENTS_FILE + CORRUPT_SUFFIX)).read_text() == events[2][:25] + "\n"
+    assert not (tmp_path / (TRACES_FILE + CORRUPT_SUFFIX)).exists()
 
 
 def test_repair_keeps_a_whole_last_object_and_cuts_a_torn_one(tmp_path):
@@ -45,11 +76,23 @@ def test_repair_keeps_a_whole_last_object_and_cuts_a_torn_one(tmp_path):
     assert repair_jsonl(path) and path.read_text() == '{"index": 0}\n'
     path.write_text('{"ind')  # the only line torn
     assert repair_jsonl(path) and path.read_text() == ""
+    assert (tmp_path / "r.jsonl.corrupt").read_text() == '{"ind\n{"ind\n'  # torn lines set aside, appended
     assert not repair_jsonl(path) and not repair_jsonl(tmp_path / "missing.jsonl")
     append_jsonl(path, {"index": 2})
     path.write_text(path.read_text() + '{"index": 3')
     append_jsonl(path, {"index": 4})
     assert [r["index"] for r in read_jsonl(path)] == [2, 4]
+
+
+def test_clean_keeps_one_record_per_index_and_sets_aside_what_is_not_one(tmp_path):
+    path = tmp_path / "e.jsonl"
+    path.write_text('{"index": 1, "v": "a"}\n[1, 2]\n\n{"index": 2}\n{"index": 1, "v": "b"}\n{"index": "3"}\n{"ind')
+    assert clean_jsonl(path, keep=lambda i: i != 2) == (3, 2)  # 3 set aside; 2 dropped (index 2, index 1's first)
+    assert read_jsonl(path) == [{"index": 1, "v": "b"}]  # the last record of an index wins
+    assert (tmp_path / "e.jsonl.corrupt").read_text() == '[1, 2]\n{"index": "3"}\n{"ind\n'
+    before = path.stat().st_mtime_ns
+    assert clean_jsonl(path) == (0, 0) and path.stat().st_mtime_ns == before  # clean: not rewritten
+    assert clean_jsonl(tmp_path / "missing.jsonl") == (0, 0)
 
 
 def test_another_config_refuses_in_one_line_unless_forced(data_dir, tmp_path, capsys):

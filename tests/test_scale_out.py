@@ -103,6 +103,81 @@ def test_a_rerun_in_the_same_dir_searches_only_what_is_not_done(local_ray, data_
     assert sorted(indices(tmp_path)) == list(range(900, 906))
 
 
+def every_task_and_verifier() -> list[tuple[str, str]]:
+    """Every task config with every verifier it lists (conf/task x conf/verifier)."""
+    from hydra.utils import get_class
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    verifiers = sorted(p.stem for p in (conf / "verifier").glob("*.yaml"))
+    pairs = []
+    for task in sorted(p.stem for p in (conf / "task").glob("*.yaml")):
+        listed = get_class(compose_config([f"task={task}"]).task._target_).verifiers  # no data read
+        pairs += [(task, v) for v in verifiers if v in listed]
+    return pairs
+
+
+@needs_ray
+@pytest.mark.parametrize(("task", "verifier"), every_task_and_verifier())
+def test_what_the_driver_ships_to_actors_survives_cloudpickle(task, verifier, tiny, data_dir):
+    """Ray pickles the shipment with cloudpickle: every task, verifier and the policies factory must
+    survive it (a lock in LLMValueVerifier made runner=ray fail with the default config)."""
+    from ray import cloudpickle
+
+    from arbor_cli.budget import PolicyFactory
+    from arbor_cli.build import Setup, build_task, build_verifier
+    from arbor_cli.runners.ray_actors import SHIPPED, shipment
+
+    config = compose_config(["model=tiny-random", f"paths.data_dir={data_dir}", f"task={task}", f"verifier={verifier}"])
+    built = build_task(config)
+    problems = built.problems()[:2]
+    setup = Setup(config, built, build_verifier(config, built), problems, PolicyFactory(config.policy, problems), tiny)
+    setup.controller(setup.runtime(problems[0]))  # bound to a runtime, as after a local search
+    copy = cloudpickle.loads(cloudpickle.dumps(shipment(setup)))
+    assert set(copy) == {"cfg", *SHIPPED}
+    assert [p.question for p in copy["task"].problems()] == [p.question for p in built.problems()]
+    assert type(copy["verifier"]) is type(setup.verifier) and copy["verifier"].name == verifier
+    assert copy["policies"].build(problems[0].index).name == setup.policies.build(problems[0].index).name
+
+
+@needs_ray
+def test_a_pickled_llm_value_verifier_leaves_its_runtime_behind_and_scores_the_same(tiny, data_dir):
+    from ray import cloudpickle
+
+    from arbor_runtime import Runtime
+    from tasks.game24 import Game24Task, legal_steps
+    from verifiers import LLMValueVerifier
+
+    task = Game24Task(data_dir=str(data_dir), start=900, end=901)
+    problem = task.problems()[0]
+    start = task.initial_state(problem)
+    state = task.step(problem, start, legal_steps(start)[0])  # an open state: scoring it asks the model
+    verifier = LLMValueVerifier()
+    verifier.bind(Runtime(tiny, seed=0), task)
+    score = verifier.score(problem, state)
+    copy = cloudpickle.loads(cloudpickle.dumps(verifier))
+    assert copy.runtime is None and copy.roots == {} and copy.cache == {}  # process-local state stays behind
+    assert copy._lock is not verifier._lock and copy._lock.acquire(blocking=False)  # a new, free lock
+    copy._lock.release()
+    copy.bind(Runtime(tiny, seed=0), task)
+    assert copy.score(problem, state) == score and copy.evaluations == verifier.evaluations == 1
+
+
+@needs_ray
+def test_the_default_config_runs_on_two_actors(local_ray, data_dir, tmp_path):
+    """`arbor-solve runner=ray runner.actors=2` with the default task (game24) and its default verifier
+    (llm_value): every problem recorded once, no errors, the same rows as searching them here."""
+    base = ["model=tiny-random", f"paths.data_dir={data_dir}", "task.start=900", "task.end=904"]
+    assert run(compose_config([*base, f"run_dir={tmp_path / 'ray'}", *on_ray()]), Console(width=150)) == 0
+    for name in (RESULTS_FILE, EVENTS_FILE, TRACES_FILE):
+        assert sorted(indices(tmp_path / "ray", name)) == list(range(900, 904)), name
+    got = rows(tmp_path / "ray")
+    assert all(r["verifier"] == "llm_value" and r["error"] is None and r["retries"] == 0 for r in got.values())
+    assert run(compose_config([*base, f"run_dir={tmp_path / 'local'}"]), Console(width=150)) == 0
+    local = rows(tmp_path / "local")
+    for key in ("answer", "solved", "prefill_tokens", "decode_tokens", "peak_device_tokens", "best_path"):
+        assert {i: r[key] for i, r in got.items()} == {i: r[key] for i, r in local.items()}, key
+
+
 def kill_one_busy_actor(monkeypatch, killed: list[int]) -> None:
     """Fault injection: once a record is back, the next time an actor holds a problem while two or
     more wait, SIGKILL that actor's process (it dies mid-search, or fails the next problem it is sent)."""

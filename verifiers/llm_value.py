@@ -121,6 +121,18 @@ class LLMValueVerifier(Verifier):
         if runtime is not None:
             self.use_runtime(runtime)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy in another process gets (Ray ships the verifier to its actors): the settings and
+        the prompt. The runtime, its prefix roots, the value cache and its miss count belong to this
+        process (a copy is bound to its own runtime), and a lock cannot be pickled: :meth:`__setstate__`
+        makes a new one."""
+        state = {k: v for k, v in self.__dict__.items() if k != "_lock"}
+        return state | {"runtime": None, "roots": {}, "cache": {}, "evaluations": 0}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def bind(self, runtime: Runtime, task: Task) -> None:
         """Evaluate in ``runtime`` with ``task``'s value prompt (ValueError if it has none)."""
         if task.value_prompt is None:

@@ -139,12 +139,17 @@ class RayRunner:
 
     def actor_factory(self, ray: Any, setup: Setup, concurrency: int) -> Callable[[], Any]:
         """A function that starts one actor (it loads its model; :class:`Schedule` waits for it)."""
-        cfg = OmegaConf.to_container(setup.cfg, resolve=True)
-        shipped = ray.put({"cfg": cfg} | {k: getattr(setup, k) for k in SHIPPED})  # once for every actor
+        shipped = ray.put(shipment(setup))  # once for every actor
         options = {"num_cpus": self.cpus_per_actor, "num_gpus": self.gpus(ray), "max_concurrency": concurrency}
         cls = ray.remote(SearchActor).options(**options)
         log.info("Ray actors: %s", options)
         return lambda: cls.remote(shipped)
+
+
+def shipment(setup: Setup) -> dict[str, Any]:
+    """What every actor receives: the config as plain data and the :data:`SHIPPED` objects, which Ray
+    pickles (cloudpickle); each must pickle without its process-local state (locks, runtimes)."""
+    return {"cfg": OmegaConf.to_container(setup.cfg, resolve=True)} | {k: getattr(setup, k) for k in SHIPPED}
 
 
 class SearchActor:
