@@ -31,7 +31,7 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
         runner = build_runner(cfg)  # first: runner=ray without Ray fails before the model loads
         setup = build(cfg, device=runner.driver_device)
         if setup.policies.chosen is not None:  # policy.budget_tokens=auto: the budget and how it was chosen
-            console.print(setup.policies.chosen.note)
+            console.print(setup.policies.chosen.note, soft_wrap=True)
         infeasible = check_budget(setup.policies, setup.task, setup.problems, setup.loaded.tokenizer)
         run_dir = resolve_run_dir(cfg)
         check_resume(run_dir, cfg)
