@@ -1,11 +1,20 @@
-"""Policy construction for a run: absolute or relative KV budgets, checked before any work."""
+"""Policy construction for a run: absolute, relative or automatic KV budgets, checked before any work.
+
+``policy.budget_tokens: auto`` (the default of ``policy=arbor``) sizes the budget the way vLLM sizes
+its pool (``gpu_memory_utilization``): on a GPU, :data:`GPU_MEMORY_FRACTION` of the device memory
+free once the model is loaded; on a CPU, where a pool as large as the machine would never evict,
+:data:`CPU_PATH_FACTOR` x the longest active path of the slice (its prompt plus one thought), times
+``concurrency``, so the memory manager has work to do on the default task. ``null`` is unbounded.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -16,6 +25,19 @@ from tasks.base import Problem, Task
 
 #: keys of conf/policy/*.yaml that the CLI consumes (not fields of the policy classes)
 RUN_KEYS = ("budget_ratio", "budget_reference")
+#: ``budget_tokens: auto`` on a GPU: this share of the device memory free after the model loads
+GPU_MEMORY_FRACTION = 0.9
+#: ``budget_tokens: auto`` on a CPU: this many times the longest active path (prompt + one thought)
+CPU_PATH_FACTOR = 2
+AUTO = "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class AutoBudget:
+    """The budget ``auto`` chose and how (one line for the console)."""
+
+    tokens: int
+    note: str
 
 
 class PolicyFactory:
@@ -29,11 +51,27 @@ class PolicyFactory:
         node = OmegaConf.to_container(policy_cfg, resolve=True)
         self.ratio = node.pop("budget_ratio", None)
         reference = node.pop("budget_reference", None)
+        tokens = node.get("budget_tokens")
+        if self.ratio is not None and tokens not in (None, AUTO):
+            raise ValueError(
+                f"policy.budget_ratio={self.ratio} and policy.budget_tokens={tokens} are both set (the ratio "
+                "decides each problem's budget): pass one of them, the other null"
+            )
+        #: ``budget_tokens: auto``, chosen by :meth:`resolve_auto` once the model is loaded
+        self.auto = tokens == AUTO and self.ratio is None
+        if tokens == AUTO:
+            node["budget_tokens"] = None
+        self.chosen: AutoBudget | None = None
         self.node = node
         self.peaks: dict[int, int] = {}
         if self.ratio is not None:
             self.peaks = _reference_peaks(float(self.ratio), reference, problems)
-        self.build(problems[0].index if problems else None)  # validates fields now, before any work
+        policy = self.build(problems[0].index if problems else None)  # validates fields now, before any work
+        if tokens == AUTO and not policy.frees_memory:
+            raise ValueError(
+                f"policy.budget_tokens=auto: {type(policy).__name__} keeps every token, so any budget is an OOM; "
+                "use policy.budget_tokens=null (or a policy that manages memory, e.g. policy=arbor)"
+            )
 
     def build(self, index: int | None) -> Any:
         node = dict(self.node)
@@ -46,6 +84,38 @@ class PolicyFactory:
 
     def budget_for(self, index: int) -> int | None:
         return self.build(index).budget_tokens
+
+    def resolve_auto(self, chosen: AutoBudget) -> None:
+        """Fix ``budget_tokens: auto`` to what :func:`auto_budget` chose."""
+        self.node["budget_tokens"], self.chosen, self.auto = chosen.tokens, chosen, False
+
+
+def auto_budget(task: Task, problems: list[Problem], loaded, concurrency: int = 1) -> AutoBudget:
+    """The budget ``auto`` means on the loaded model's device (module docstring)."""
+    cfg = loaded.model.config
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    per_token = 2 * cfg.num_hidden_layers * (getattr(cfg, "num_key_value_heads", None) or heads) * head_dim
+    per_token *= next(loaded.model.parameters()).element_size()
+    device = loaded.device
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        tokens = int(GPU_MEMORY_FRACTION * free // per_token)
+        how = f"{GPU_MEMORY_FRACTION:g} of the {free / 2**30:.1f} GiB free on {device} after the model loaded"
+    else:
+        prompt = max(len(loaded.tokenizer(task.prompt(p))["input_ids"]) for p in problems) if problems else 1
+        path = prompt + task.max_thought_tokens
+        tokens = CPU_PATH_FACTOR * path * concurrency
+        times = f" x concurrency {concurrency}" if concurrency > 1 else ""
+        how = (
+            f"{CPU_PATH_FACTOR} x the longest active path (prompt {prompt} + one thought {task.max_thought_tokens})"
+            f"{times} on {device.type}"
+        )
+    note = (
+        f"policy.budget_tokens=auto: {tokens:,} KV tokens ({tokens * per_token / 2**20:,.0f} MiB) = {how}; "
+        "set policy.budget_tokens=N to choose, null for no budget"
+    )
+    return AutoBudget(max(tokens, 1), note)
 
 
 def check_budget(factory: PolicyFactory, task: Task, problems: list[Problem], tokenizer) -> dict[int, str]:

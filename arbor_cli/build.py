@@ -17,7 +17,8 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from arbor_cli.budget import PolicyFactory
+from arbor_cli.budget import PolicyFactory, auto_budget
+from arbor_cli.validate import validate_config
 from arbor_runtime import ArborError, LoadedModel, Policy, Runtime, load_model
 from controllers.base import Controller
 from tasks.base import Problem, Task
@@ -74,16 +75,21 @@ class Setup:
 def build(cfg: DictConfig, loaded: LoadedModel | None = None, device: str | None = None) -> Setup:
     """Task, verifier, policies and model from ``cfg``; user errors raise one of :data:`USER_ERRORS`.
 
-    The cheap parts are built and checked first, so a bad value fails before the model loads.
-    ``loaded`` reuses a model loaded before (it must be the one ``cfg.model`` names); ``device``
-    overrides ``cfg.model.device`` (a driver whose workers run the model keeps it on the CPU).
+    The cheap parts are built and the whole config checked first (:func:`arbor_cli.validate.validate_config`),
+    so a bad value fails before the model loads; ``policy.budget_tokens: auto`` is chosen once it has
+    loaded (``setup.policies.chosen`` says how). ``loaded`` reuses a model loaded before (it must be
+    the one ``cfg.model`` names); ``device`` overrides ``cfg.model.device`` (a driver whose workers
+    run the model keeps it on the CPU).
     """
     task = build_task(cfg)
     verifier = build_verifier(cfg, task)
     problems = task.problems()
     policies = PolicyFactory(cfg.policy, problems)
-    check_concurrency(cfg, policies)
+    concurrency = check_concurrency(cfg, policies)
+    validate_config(cfg, policies, device=device)
     loaded = loaded or load_model(**model_kwargs(cfg.model) | ({"device": device} if device else {}))
+    if policies.auto:
+        policies.resolve_auto(auto_budget(task, problems, loaded, concurrency))
     return Setup(cfg, task, verifier, problems, policies, loaded)
 
 

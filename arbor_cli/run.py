@@ -31,6 +31,8 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
     try:
         runner = build_runner(cfg)  # first: runner=ray without Ray fails before the model loads
         setup = build(cfg, device=runner.driver_device)
+        if setup.policies.chosen is not None:  # policy.budget_tokens=auto: the budget and how it was chosen
+            console.print(setup.policies.chosen.note, soft_wrap=True)
         infeasible = check_budget(setup.policies, setup.task, setup.problems, setup.loaded.tokenizer)
         run_dir = resolve_run_dir(cfg)
         lock = claim(run_dir, cfg, setup.task, setup.problems)  # this run alone writes run_dir until its last row

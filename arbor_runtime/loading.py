@@ -7,9 +7,12 @@ downloaded by the runtime itself; ``trust_remote_code`` stays off unless asked f
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
+import mmap
 import os
 import shutil
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,8 +81,208 @@ def load_model(
         model, tok = _load_dir(Path(spec).expanduser(), torch_dtype, trust_remote_code)
     else:
         model, tok = _load_hub_id(spec, torch_dtype, trust_remote_code)
-    model = model.to(device=device, dtype=torch_dtype if spec == "tiny-random" else None).eval()
+    # "auto" (the default on a GPU) means the checkpoint's own dtype: the tiny model is built in fp32
+    cast = torch_dtype if spec == "tiny-random" and isinstance(torch_dtype, torch.dtype) else None
+    model = model.to(device=device, dtype=cast).eval()
     return LoadedModel(model=model, tokenizer=tok, spec=spec)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelGeometry:
+    """What a model's files say about it, read without loading any weight.
+
+    Attributes:
+        layers / kv_heads / head_dim: the KV geometry.
+        dtype_bytes: bytes of one KV element in the dtype the model will load in.
+        weight_bytes: the weights' size in memory once loaded (an estimate: parameters x dtype).
+    """
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    weight_bytes: int
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Device bytes one cached token takes: K and V of every layer and KV head."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+def inspect_model(
+    spec: str = "smollm2", device: str | None = None, dtype: str | None = None, cache_dir: str | Path | None = None
+) -> ModelGeometry:
+    """Check a spec's files the way :func:`load_model` will read them, without loading weights (~ms).
+
+    A GGUF file must parse to its last tensor; a safetensors checkpoint must hold ``lm_head.weight``
+    unless its config ties it to the embeddings. Raises :class:`ModelSpecError` naming the file.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelSpecError(f"model spec {spec!r} is empty; valid: {', '.join(KNOWN_SPECS)}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch_dtype = _resolve_dtype(dtype, device)
+    if spec == "tiny-random":
+        cfg = tiny_random_config().to_dict()
+    elif spec == "smollm2":
+        converted = default_cache_dir(cache_dir) / "smollm2-135m-instruct"
+        cfg = _dir_config(converted) if (converted / "config.json").is_file() else _gguf_config(smollm2_gguf_path())
+    elif spec.endswith(".gguf"):
+        cfg = _gguf_config(Path(spec).expanduser())
+    elif Path(spec).expanduser().is_dir():
+        cfg = _dir_config(Path(spec).expanduser())
+    else:
+        cfg = _hub_config(spec)
+    return _geometry(cfg, torch_dtype)
+
+
+def _geometry(cfg: dict, torch_dtype: torch.dtype | str) -> ModelGeometry:
+    text = cfg.get("text_config") or cfg  # multimodal configs nest the language model's
+    heads = int(text["num_attention_heads"])
+    head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+    if isinstance(torch_dtype, str):  # "auto": the checkpoint's dtype (GGUF is dequantized to fp32)
+        torch_dtype = getattr(torch, str(text.get("dtype") or text.get("torch_dtype") or "float32"), torch.float32)
+    size = torch.empty((), dtype=torch_dtype).element_size()
+    params = int(cfg.get("_parameters") or 0)
+    return ModelGeometry(
+        int(text["num_hidden_layers"]), int(text.get("num_key_value_heads") or heads), head_dim, size, params * size
+    )
+
+
+def _dir_config(path: Path) -> dict:
+    """config.json of a model folder, plus its parameter count; refuses a checkpoint without its head."""
+    if not (path / "config.json").is_file():
+        raise ModelSpecError(f"model directory {str(path)!r} has no config.json; is it a transformers model folder?")
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelSpecError(f"{path / 'config.json'} is not a readable JSON config ({exc})") from exc
+    names, params = _safetensors_names(path)
+    tied = (cfg.get("text_config") or cfg).get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
+    if names is not None and not tied and not any(n.endswith("lm_head.weight") for n in names):
+        raise ModelSpecError(
+            f"checkpoint {str(path)!r} has no lm_head.weight and its config does not tie it to the embeddings "
+            "(tie_word_embeddings: false): it would load a random output head; give a complete checkpoint"
+        )
+    return cfg | {"_parameters": params}
+
+
+def _safetensors_names(path: Path) -> tuple[set[str] | None, int]:
+    """Tensor names and parameter count of a folder's safetensors files (None: not safetensors)."""
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return None, 0
+    names, params = set(), 0
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():
+                    names.add(key)
+                    shape = f.get_slice(key).get_shape()
+                    params += int(torch.tensor(shape).prod()) if shape else 1
+        except Exception as exc:  # safetensors raises its own error types for a corrupt header
+            raise ModelSpecError(f"{file} is not a readable safetensors file ({exc})") from exc
+    return names, params
+
+
+def _hub_config(spec: str) -> dict:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(spec, local_files_only=True).to_dict()
+    except (OSError, ValueError) as exc:
+        raise ModelSpecError(
+            f"model spec {spec!r} is neither a known name, a local directory, a .gguf file, "
+            f"nor an HF id available offline ({type(exc).__name__}); valid: {', '.join(KNOWN_SPECS)}"
+        ) from exc
+
+
+#: GGUF metadata value types: struct format of the fixed-size ones (8: string, 9: array)
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def _gguf_config(path: Path) -> dict:
+    """The KV geometry from a GGUF file's header, after checking the file holds every tensor it lists."""
+    if not path.is_file():
+        raise ModelSpecError(f"GGUF file {str(path)!r} does not exist")
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            meta, tensors_end, params = _read_gguf(data)
+    except (struct.error, ValueError, KeyError, OverflowError, UnicodeDecodeError) as exc:
+        raise ModelSpecError(f"GGUF file {str(path)!r} does not parse ({exc}); is it a complete GGUF file?") from None
+    size = path.stat().st_size
+    if tensors_end > size:
+        raise ModelSpecError(
+            f"GGUF file {str(path)!r} is truncated: its tensors end at byte {tensors_end}, the file has {size} bytes"
+        )
+    arch = meta.get("general.architecture", "llama")
+    try:
+        heads = int(meta[f"{arch}.attention.head_count"])
+        return {
+            "num_hidden_layers": int(meta[f"{arch}.block_count"]),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+            "hidden_size": int(meta[f"{arch}.embedding_length"]),
+            "head_dim": meta.get(f"{arch}.attention.key_length"),
+            "_parameters": params,
+        }
+    except KeyError as exc:
+        raise ModelSpecError(f"GGUF file {str(path)!r} lacks the metadata key {exc} ({arch} geometry)") from None
+
+
+def _read_gguf(data: mmap.mmap) -> tuple[dict, int, int]:
+    """(scalar metadata, end byte of the last tensor, parameter count) of GGUF ``data``."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    if data[:4] != b"GGUF":
+        raise ValueError("no GGUF magic number")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
+    pos, meta = 24, {}
+
+    def take(fmt: str):
+        nonlocal pos
+        value = struct.unpack_from(fmt, data, pos)
+        pos += struct.calcsize(fmt)
+        return value[0]
+
+    def string() -> str:
+        nonlocal pos
+        n = take("<Q")
+        if pos + n > len(data):
+            raise ValueError(f"a string runs past the end of the file (version {version})")
+        pos += n
+        return bytes(data[pos - n : pos]).decode("utf-8")
+
+    def value(kind: int):
+        nonlocal pos
+        if kind == 8:
+            return string()
+        if kind == 9:
+            item, count = take("<I"), take("<Q")
+            if item in _GGUF_SCALARS:  # skip fixed-size items at once
+                pos += count * struct.calcsize(_GGUF_SCALARS[item])
+            else:
+                for _ in range(count):
+                    value(item)
+            return None
+        return take("<" + _GGUF_SCALARS[kind])
+
+    for _ in range(n_kv):
+        key = string()
+        meta[key] = value(take("<I"))
+    tensors_end, params = 0, 0
+    for _ in range(n_tensors):
+        string()
+        dims = [take("<Q") for _ in range(take("<I"))]
+        kind, offset = take("<I"), take("<Q")
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        count = int(torch.tensor(dims).prod()) if dims else 1
+        params += count
+        tensors_end = max(tensors_end, offset + count // block * type_size)
+    align = int(meta.get("general.alignment") or 32)
+    start = (pos + align - 1) // align * align
+    return meta, start + tensors_end, params
 
 
 def default_cache_dir(cache_dir: str | Path | None = None) -> Path:
@@ -151,8 +354,7 @@ def _save_converted(model: torch.nn.Module, tokenizer: object, target: Path) -> 
 def _load_gguf(path: Path, torch_dtype: torch.dtype | str) -> tuple[torch.nn.Module, object]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not path.is_file():
-        raise ModelSpecError(f"GGUF file {str(path)!r} does not exist")
+    _gguf_config(path)  # a missing, cut or foreign file: one error naming it, not a struct.error
     kwargs = {"gguf_file": path.name}
     tok = AutoTokenizer.from_pretrained(path.parent, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch_dtype, **kwargs)
@@ -162,8 +364,7 @@ def _load_gguf(path: Path, torch_dtype: torch.dtype | str) -> tuple[torch.nn.Mod
 def _load_dir(path: Path, torch_dtype: torch.dtype | str, trust_remote_code: bool) -> tuple[torch.nn.Module, object]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not (path / "config.json").is_file():
-        raise ModelSpecError(f"model directory {str(path)!r} has no config.json; is it a transformers model folder?")
+    _dir_config(path)  # no config.json, or no lm_head.weight that the config does not tie: refused here
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
     return model, tok

@@ -21,6 +21,7 @@ Faithfulness rules every built-in controller follows (docs/controllers.md):
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable
@@ -90,6 +91,17 @@ class Candidate:
         return (self.score, self.thought.mean_logprob)
 
 
+def is_number(value: Any) -> bool:
+    """A real number (int or float), not a bool or a string."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_int(name: str, value: Any, least: int, valid: str = "") -> None:
+    """Refuse ``value`` unless it is an integer >= ``least`` (ValueError naming it)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{name}={value!r} must be an integer >= {least}{valid}")
+
+
 class Controller(ABC):
     """Base class of search algorithms.
 
@@ -120,10 +132,9 @@ class Controller(ABC):
         max_model_calls: int | None = None,
         vote_quorum: int = 3,
     ) -> None:
-        if max_model_calls is not None and max_model_calls < 1:
-            raise ValueError(f"max_model_calls={max_model_calls} must be >= 1 or None (no cap)")
-        if vote_quorum < 0:
-            raise ValueError(f"vote_quorum={vote_quorum} must be >= 0 (0: never stop on a vote)")
+        Controller.check_params(
+            temperature=temperature, top_p=top_p, max_model_calls=max_model_calls, vote_quorum=vote_quorum
+        )
         self.rt, self.task, self.verifier = runtime, task, verifier
         verifier.bind(runtime, task)
         self.sampling = SamplingParams(
@@ -133,6 +144,35 @@ class Controller(ABC):
         self.problem: Problem | None = None
         self.root: Node | None = None  # the tree of the last search
         self._reset_search()
+
+    @classmethod
+    def check_params(
+        cls,
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        release_pruned: bool = True,
+        max_model_calls: int | None = None,
+        vote_quorum: int = 3,
+        **own: Any,
+    ) -> None:
+        """Refuse bad settings with a ValueError naming the value and what is valid; no runtime needed,
+        so ``arbor-solve`` checks a config before the model loads. ``own``: the subclass's settings
+        (:meth:`check_own`)."""
+        if not is_number(temperature) or not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature={temperature!r} must be a finite number >= 0 (0: greedy)")
+        if not is_number(top_p) or not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p={top_p!r} must be a number in (0, 1] (1: the whole distribution)")
+        if not isinstance(release_pruned, bool):
+            raise ValueError(f"release_pruned={release_pruned!r} must be true or false")
+        if max_model_calls is not None:
+            check_int("max_model_calls", max_model_calls, 1, " or None (no cap)")
+        check_int("vote_quorum", vote_quorum, 0, " (0: never stop on a vote)")
+        cls.check_own(**own)
+
+    @classmethod
+    def check_own(cls) -> None:
+        """Refuse bad values of the subclass's own settings (keyword arguments with its defaults)."""
+        return None  # the base has none
 
     def _reset_search(self) -> None:
         """Per-search state (a controller instance runs one search at a time)."""

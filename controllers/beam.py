@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from arbor_runtime import Node
-from controllers.base import Candidate, Controller, SearchResult
+from controllers.base import Candidate, Controller, SearchResult, check_int
 
 
 class BeamController(Controller):
@@ -32,16 +32,19 @@ class BeamController(Controller):
     def __init__(
         self, *args, beam_width: int = 4, samples_per_node: int = 4, max_depth: int | None = None, **kwargs
     ) -> None:
+        self.check_own(beam_width=beam_width, samples_per_node=samples_per_node, max_depth=max_depth)
         super().__init__(*args, **kwargs)
-        if beam_width < 1 or samples_per_node < 1 or (max_depth is not None and max_depth < 1):
-            raise ValueError(
-                f"beam needs beam_width >= 1, samples_per_node >= 1 and max_depth >= 1 or None, "
-                f"got {beam_width}, {samples_per_node} and {max_depth}"
-            )
         self.beam_width, self.samples_per_node, self.max_depth = beam_width, samples_per_node, max_depth
         self.beam: list[Candidate] = []
         self.finished: list[Candidate] = []  # the terminal beam, best first
         self._unfinished: Candidate | None = None  # the best open candidate of the deepest beam
+
+    @classmethod
+    def check_own(cls, beam_width: int = 4, samples_per_node: int = 4, max_depth: int | None = None) -> None:
+        check_int("beam_width", beam_width, 1, " (open candidates kept per step)")
+        check_int("samples_per_node", samples_per_node, 1, " (thoughts per beam entry)")
+        if max_depth is not None:
+            check_int("max_depth", max_depth, 1, " or None (the task's max_steps)")
 
     def search(self, root: Node) -> tuple[int, Candidate | None]:
         self.beam, self.finished, self._unfinished, steps = [self.root_candidate(root)], [], None, 0

@@ -6,7 +6,7 @@ import heapq
 import itertools
 
 from arbor_runtime import Node
-from controllers.base import Candidate, Controller
+from controllers.base import Candidate, Controller, check_int
 
 
 class BestFirstController(Controller):
@@ -28,14 +28,16 @@ class BestFirstController(Controller):
     name = "best_first"
 
     def __init__(self, *args, n_generate: int = 5, max_expansions: int = 50, **kwargs) -> None:
+        self.check_own(n_generate=n_generate, max_expansions=max_expansions)
         super().__init__(*args, **kwargs)
-        if n_generate < 1 or max_expansions < 1:
-            raise ValueError(
-                f"best_first needs n_generate >= 1 and max_expansions >= 1, got {n_generate} and {max_expansions}"
-            )
         self.n_generate, self.max_expansions = n_generate, max_expansions
         self._queue: list[tuple[float, float, int, Candidate]] = []
         self._current: Candidate | None = None
+
+    @classmethod
+    def check_own(cls, n_generate: int = 5, max_expansions: int = 50) -> None:
+        check_int("n_generate", n_generate, 1, " (thoughts per expansion)")
+        check_int("max_expansions", max_expansions, 1, " (expanded nodes at most)")
 
     def search(self, root: Node) -> tuple[int, Candidate | None]:
         order, self._queue, self._current, steps = itertools.count(), [], None, 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from arbor_runtime import Node
-from controllers.base import Candidate, Controller
+from controllers.base import Candidate, Controller, check_int
 
 
 class BFSController(Controller):
@@ -23,11 +23,15 @@ class BFSController(Controller):
     name = "bfs"
 
     def __init__(self, *args, n_generate: int = 5, breadth: int = 3, **kwargs) -> None:
+        self.check_own(n_generate=n_generate, breadth=breadth)
         super().__init__(*args, **kwargs)
-        if n_generate < 1 or breadth < 1:
-            raise ValueError(f"bfs needs n_generate >= 1 and breadth >= 1, got {n_generate} and {breadth}")
         self.n_generate, self.breadth = n_generate, breadth
         self._frontier: list[Candidate] = []
+
+    @classmethod
+    def check_own(cls, n_generate: int = 5, breadth: int = 3) -> None:
+        check_int("n_generate", n_generate, 1, " (thoughts per frontier node)")
+        check_int("breadth", breadth, 1, " (nodes kept per level)")
 
     def search(self, root: Node) -> tuple[int, Candidate | None]:
         self._frontier, steps = [self.root_candidate(root)], 0

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 from arbor_runtime import Node
-from controllers.base import Candidate, Controller, SearchResult
+from controllers.base import Candidate, Controller, SearchResult, check_int, is_number
 
 
 class DFSController(Controller):
@@ -32,14 +34,20 @@ class DFSController(Controller):
     def __init__(
         self, *args, n_generate: int = 5, value_threshold: float | None = None, max_visits: int = 100, **kwargs
     ) -> None:
+        self.check_own(n_generate=n_generate, value_threshold=value_threshold, max_visits=max_visits)
         super().__init__(*args, **kwargs)
-        if n_generate < 1 or max_visits < 1:
-            raise ValueError(f"dfs needs n_generate >= 1 and max_visits >= 1, got {n_generate} and {max_visits}")
         self.n_generate, self.max_visits = n_generate, max_visits
         self.value_threshold = self.verifier.scale.live if value_threshold is None else value_threshold
         self.visits, self.backtracks = 0, 0
         self._pending: list[list[Candidate]] = []  # per level of the descent: children not yet visited
         self._current: Candidate | None = None
+
+    @classmethod
+    def check_own(cls, n_generate: int = 5, value_threshold: float | None = None, max_visits: int = 100) -> None:
+        check_int("n_generate", n_generate, 1, " (thoughts per expansion)")
+        check_int("max_visits", max_visits, 1, " (expanded states at most)")
+        if value_threshold is not None and not (is_number(value_threshold) and math.isfinite(value_threshold)):
+            raise ValueError(f"value_threshold={value_threshold!r} must be a finite number or None (the verifier's)")
 
     def search(self, root: Node) -> tuple[int, Candidate | None]:
         self.visits, self.backtracks, self._pending = 0, 0, []

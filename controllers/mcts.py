@@ -6,7 +6,7 @@ import math
 from dataclasses import replace
 
 from arbor_runtime import Node
-from controllers.base import Candidate, Controller, SearchResult
+from controllers.base import Candidate, Controller, SearchResult, check_int, is_number
 
 
 class MCTSController(Controller):
@@ -49,15 +49,22 @@ class MCTSController(Controller):
         rollout: bool = False,
         **kwargs,
     ) -> None:
+        self.check_own(iterations=iterations, n_generate=n_generate, exploration=exploration, rollout=rollout)
         super().__init__(*args, **kwargs)
-        if iterations < 1 or n_generate < 1 or exploration < 0:
-            raise ValueError(
-                f"mcts needs iterations >= 1, n_generate >= 1 and exploration >= 0, "
-                f"got {iterations}, {n_generate} and {exploration}"
-            )
         self.iterations, self.n_generate, self.exploration, self.rollout = iterations, n_generate, exploration, rollout
         self.rollout_sampling = replace(self.sampling, temperature=0.0)
         self._reset()
+
+    @classmethod
+    def check_own(
+        cls, iterations: int = 50, n_generate: int = 3, exploration: float = 1.0, rollout: bool = False
+    ) -> None:
+        check_int("iterations", iterations, 1, " (simulations)")
+        check_int("n_generate", n_generate, 1, " (thoughts per expansion)")
+        if not is_number(exploration) or not math.isfinite(exploration) or exploration < 0:
+            raise ValueError(f"exploration={exploration!r} must be a finite number >= 0 (the UCT weight c)")
+        if not isinstance(rollout, bool):
+            raise ValueError(f"rollout={rollout!r} must be true or false")
 
     def search(self, root: Node) -> tuple[int, Candidate | None]:
         self._reset()

@@ -153,10 +153,15 @@ def check_slice(start: int, end: int | None, size: int, name: str) -> tuple[int,
 def _read_csv(path: Path, required: Sequence[str]) -> list[Row]:
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
+        fields = reader.fieldnames  # read while the file is open (an empty file has none)
         rows = list(reader)
-    missing = [key for key in required if key not in (reader.fieldnames or [])]
+    if not fields:
+        raise ValueError(f"{path} is empty; expected a CSV header with column(s) {list(required)} and rows")
+    missing = [key for key in required if key not in fields]
     if missing:
-        raise ValueError(f"{path}: no column(s) {missing}; found columns {reader.fieldnames}")
+        raise ValueError(f"{path}: no column(s) {missing}; found columns {fields}")
+    if not rows:
+        raise ValueError(f"{path} has a header but no rows; expected one problem per row")
     return rows
 
 

@@ -68,7 +68,7 @@ def test_a_verifier_that_does_not_fit_the_task_is_a_clear_error(data_dir, tmp_pa
 
 
 def test_cli_runs_one_puzzle_and_resumes(data_dir, tmp_path):
-    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.start=900", "task.end=901"))
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.start=900", "task.end=901", "task.propose=sample"))
     console = Console(record=True, width=200)
     assert run(cfg, console=console) == 0
     rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
@@ -80,7 +80,7 @@ def test_cli_runs_one_puzzle_and_resumes(data_dir, tmp_path):
     assert "game24" in console.export_text()
     assert (tmp_path / "results.csv").is_file() and (tmp_path / "traces.jsonl").is_file()
     # widen the slice and rerun in the same dir: 900 is skipped (not appended twice), 901 is added
-    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.start=900", "task.end=902"))
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.start=900", "task.end=902", "task.propose=sample"))
     assert run(cfg, console=Console(width=200)) == 0
     rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [r["index"] for r in rows] == [900, 901]
@@ -197,7 +197,7 @@ def test_ratio_budgets_too_small_for_a_problem_are_recorded_as_oom(data_dir, tmp
 
 def test_sparse_policy_over_arbor_runs_and_reports_its_index(data_dir, tmp_path):
     over = ["policy=lychee", "policy.memory=arbor", "policy.budget_tokens=900", "policy.min_block_tokens=8"]
-    over += ["policy.token_budget=24", "task.start=901", "task.end=902"]
+    over += ["policy.token_budget=24", "task.start=901", "task.end=902", "task.propose=sample"]
     cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, *over))
     assert run(cfg, console=Console(width=200)) == 0
     row = read_rows(tmp_path)[0]

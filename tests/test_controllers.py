@@ -31,7 +31,8 @@ SMALL = {
     "mcts": {"n_generate": 2, "iterations": 4},
 }
 #: task options shortened for the tiny model (applied when the task config has the key)
-SHORT_TASK = {"max_steps": 2, "max_thought_tokens": 8}
+# propose: game24 only; sampled thoughts are what record_nodes sees (legal steps come from rt.choose)
+SHORT_TASK = {"max_steps": 2, "max_thought_tokens": 8, "propose": "sample"}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

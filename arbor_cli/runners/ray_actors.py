@@ -92,12 +92,38 @@ class RayRunner:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"runner.{name}={value!r} must be an integer >= 0")
         self.local = dict(self.local or {})
+        if self.address is None:  # a local instance: this machine's resources, known before Ray starts
+            gpus = self.local.get("num_gpus")
+            cpus = self.local.get("num_cpus")
+            self.check_resources(
+                torch_gpus() if gpus is None else gpus, (os.cpu_count() or 1) if cpus is None else cpus, "this machine"
+            )
+
+    def check_resources(self, gpus: float, cpus: float, where: str) -> None:
+        """Refuse actors that could never be placed (Ray would wait for them forever)."""
+        need = self.gpus_per_actor or 0
+        if need > gpus:
+            raise RunnerError(
+                f"runner.gpus_per_actor={self.gpus_per_actor} but {where} has {gpus:g} GPU(s); valid: "
+                f"{'0 or null (actors on CPU)' if not gpus else f'at most {gpus:g}, or null (1 each)'}"
+            )
+        if need and self.actors is not None and self.actors * need > gpus:
+            raise RunnerError(
+                f"runner.actors={self.actors} x runner.gpus_per_actor={self.gpus_per_actor} needs "
+                f"{self.actors * need:g} GPUs, {where} has {gpus:g}; valid: at most {int(gpus // need)} actors, or null"
+            )
+        if self.cpus_per_actor > cpus:
+            raise RunnerError(
+                f"runner.cpus_per_actor={self.cpus_per_actor} but {where} has {cpus:g} CPU(s); valid: at most {cpus:g}"
+            )
 
     def searches(self, setup: Setup, problems: list[Problem]) -> Iterator[Finished]:
         """One record per problem, as actors finish them; the actors are ended afterwards."""
         if not problems:
             return
         ray = self.connect()
+        resources = ray.cluster_resources()
+        self.check_resources(resources.get("GPU", 0), resources.get("CPU", 0), "the Ray cluster")
         concurrency = int(setup.cfg.get("concurrency", 1))
         schedule = Schedule(ray, setup, self.actor_factory(ray, setup, concurrency), concurrency, self.max_retries)
         try:
@@ -150,6 +176,13 @@ def shipment(setup: Setup) -> dict[str, Any]:
     """What every actor receives: the config as plain data and the :data:`SHIPPED` objects, which Ray
     pickles (cloudpickle); each must pickle without its process-local state (locks, runtimes)."""
     return {"cfg": OmegaConf.to_container(setup.cfg, resolve=True)} | {k: getattr(setup, k) for k in SHIPPED}
+
+
+def torch_gpus() -> int:
+    """CUDA devices this process sees (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 class SearchActor:
