@@ -1,6 +1,6 @@
 """ArborKV runtime: tree-structured LLM reasoning with per-thought-block KV cache management."""
 
-from arbor_runtime.errors import ArborError, BudgetError, KVBudgetExceeded, ModelSpecError
+from arbor_runtime.errors import ArborError, BudgetError, KVBudgetExceeded, ModelSpecError, NodeError, TokenIdError
 from arbor_runtime.loading import LoadedModel, load_model
 from arbor_runtime.metrics import RuntimeMetrics
 from arbor_runtime.policies import Policy, build_policy
@@ -15,10 +15,12 @@ __all__ = [
     "LoadedModel",
     "ModelSpecError",
     "Node",
+    "NodeError",
     "Policy",
     "Runtime",
     "RuntimeMetrics",
     "SamplingParams",
+    "TokenIdError",
     "build_policy",
     "load_model",
 ]

@@ -323,14 +323,19 @@ class Engine:
         self._end(job)
 
     def _fail(self, job: ExpandJob, error: BaseException) -> None:
-        """An expansion that cannot finish: its rows leave, its finished children are released."""
+        """An expansion that cannot finish: its rows leave, its finished children go as if never
+        made (as a failed prefill's node does: out of the store, the memory manager's active set and
+        frontier, the node tables and the counts of the job's account)."""
         rt = self.rt
         for row in [r for r in self.running if r.job is job]:
             self.running.remove(row)
             rt.free_slots(row.extents)
         self.waiting = [r for r in self.waiting if r.job is not job]
-        for child in job.children.values():
-            rt.forget_subtree(child)
+        with rt.accounting(job):  # the children were counted there when they finished
+            for child in job.children.values():
+                if not child.released:
+                    rt._release(child)
+                rt._discard(child)
         if job in self.jobs:
             self.jobs.remove(job)
         job.error = error

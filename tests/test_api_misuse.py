@@ -16,9 +16,11 @@ import torch
 
 from arbor_runtime import ArborError, Node, Runtime, SamplingParams
 from arbor_runtime.errors import NodeError, TokenIdError
+from arbor_runtime.policies.allocation import fit_floors, water_fill
 
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0, stop_at_eos=False)
 SHORT = SamplingParams(max_new_tokens=4, temperature=0.0, stop_at_eos=False)
+FIXED = {"temperature": 0.0, "stop_at_eos": False}
 
 
 @pytest.fixture(autouse=True)
@@ -357,6 +359,35 @@ def test_a_failure_while_a_child_is_stored_takes_the_child_and_its_slots(tiny, m
     assert root.children == []
 
 
+def test_a_failed_expansion_takes_its_finished_children_as_a_failed_prefill_does(tiny, monkeypatch):
+    """One request's row finishes, the other's forward then fails: the finished child goes from the
+    store, the live and all-node tables, the memory manager's active set and the node counts of the
+    runtime and of the caller's account, as a node whose prefill failed does."""
+    rt = Runtime(tiny, policy="h2o", budget_tokens=40)
+    root = rt.new_tree_ids(list(range(1, 15)))
+    quick, slow = SamplingParams(max_new_tokens=2, **FIXED), SamplingParams(max_new_tokens=10, **FIXED)
+    counts = (rt.metrics.nodes_created, rt.metrics.nodes_released)
+    finished: list[Node] = []
+    real_child = rt.child_from_row
+
+    def child_from_row(row):
+        finished.append(real_child(row))
+        return finished[-1]
+
+    monkeypatch.setattr(rt, "child_from_row", child_from_row)
+    failing_forward(rt, monkeypatch, after=4)  # the quick row is done by then, the slow one is not
+    with rt.account() as account, pytest.raises(DeviceLost):
+        rt.expand_many([(root, 1), (root, 1)], [quick, slow])
+    assert len(finished) == 1 and finished[0].released
+    assert list(rt.nodes) == list(rt.all_nodes) == [root.id] and root.children == []
+    assert (rt.metrics.nodes_created, rt.metrics.nodes_released) == counts
+    assert (account.metrics.nodes_created, account.metrics.nodes_released) == (0, 0)
+    assert rt.memory.active <= set(rt.store.block_ids())
+    assert rt.store.pool.used == 14 == held_by_live_nodes(rt)
+    monkeypatch.undo()
+    assert [k.length for k in rt.expand_many([(root, 1), (root, 1)], [quick, slow])[0]] == [2]
+
+
 # ---- sampling parameters and values -------------------------------------------------------------
 @pytest.mark.parametrize(
     "kwargs",
@@ -428,3 +459,34 @@ def test_arbor_evicts_after_a_refused_nan_value(tiny):
         node = high
     assert rt.store.counters.evicted_tokens > 0
     assert rt.store.pool.used == held_by_live_nodes(rt) <= 40
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_water_fill_counts_a_non_finite_weight_as_the_lowest(bad):
+    """A non-finite weight reaching the allocation (a value assigned to ``node.value`` directly)
+    is the lowest weight, not a crash ("cannot convert float NaN to integer")."""
+    sizes, floors, capacity = [10, 10, 10], [1, 1, 1], 15
+    assert water_fill(sizes, floors, [0.9, bad, 0.4], capacity) == water_fill(sizes, floors, [0.9, 0.0, 0.4], capacity)
+    alloc = water_fill(sizes, floors, [0.9, bad, 0.4], capacity)
+    assert sum(alloc) <= capacity and alloc[1] == 1 and alloc[0] > alloc[2] > 1
+    assert fit_floors([4, 4, 4], [0.9, bad, 0.4], 8) == [4, 0, 4]  # its floor goes first
+
+
+def test_arbor_evicts_around_a_nan_value_assigned_directly(tiny):
+    """``node.value = nan`` bypasses ``set_value``; arbor's next eviction ranks that block lowest."""
+    rt = Runtime(tiny, policy="arbor", budget_tokens=40)
+    four = SamplingParams(max_new_tokens=4, temperature=0.0, stop_at_eos=False)
+    root = rt.new_tree_ids([1, 2, 3, 4])
+    nan_kid, node = rt.expand(root, 2, four)
+    nan_kid.value = math.nan
+    for _ in range(4):  # 44 tokens of blocks for 40 slots: arbor must evict
+        _, node = rt.expand(node, 2, four)
+    assert rt.store.counters.evicted_tokens > 0 and rt.residency(nan_kid)["device"] < nan_kid.length
+    assert rt.store.pool.used == held_by_live_nodes(rt) <= 40
+
+
+def test_node_and_token_id_errors_are_exported():
+    import arbor_runtime
+
+    assert {"NodeError", "TokenIdError"} <= set(arbor_runtime.__all__)
+    assert arbor_runtime.NodeError is NodeError and arbor_runtime.TokenIdError is TokenIdError

@@ -2,17 +2,38 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Sequence
 
 import torch
+
+log = logging.getLogger(__name__)
+
+
+def finite_weights(weights: Sequence[float]) -> list[float]:
+    """``weights`` with every non-finite one (nan, inf) made the lowest (the smallest finite weight,
+    or 0 when that is higher): a block whose value is not a number is evicted first, never a crash.
+
+    ``Runtime.set_value`` refuses such values, but ``node.value`` can be assigned directly.
+    """
+    weights = [float(w) for w in weights]
+    bad = [i for i, w in enumerate(weights) if not math.isfinite(w)]
+    if not bad:
+        return weights
+    lowest = min([w for w in weights if math.isfinite(w)] + [0.0])
+    log.warning("non-finite block weights at %s (of %d) counted as the lowest, %g", bad, len(weights), lowest)
+    return [w if math.isfinite(w) else lowest for w in weights]
 
 
 def water_fill(sizes: Sequence[int], floors: Sequence[int], weights: Sequence[float], capacity: int) -> list[int]:
     """Tokens per block: ``min(size, floor + lam * weight * size)`` with the largest lam that fits.
 
     Floors are granted first (they are the protected tokens); if even the floors do not fit, the
-    floors are returned and the caller sees the overrun.
+    floors are returned and the caller sees the overrun. A non-finite weight counts as the lowest
+    (:func:`finite_weights`).
     """
+    weights = finite_weights(weights)
     floors = [min(f, s) for f, s in zip(floors, sizes, strict=True)]
     if sum(floors) >= capacity:
         return floors
@@ -35,8 +56,10 @@ def fit_floors(floors: Sequence[int], weights: Sequence[float], capacity: int) -
     """Zero the floors of the lowest-weight blocks until the floors fit ``capacity``.
 
     Protected tokens (block tails, a minimum per block) are a preference, not a promise: when the
-    budget cannot hold them all, the least valuable blocks lose theirs first.
+    budget cannot hold them all, the least valuable blocks lose theirs first (a non-finite weight
+    is the lowest).
     """
+    weights = finite_weights(weights)
     floors = list(floors)
     total = sum(floors)
     for i in sorted(range(len(floors)), key=lambda i: weights[i]):
