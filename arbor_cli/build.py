@@ -72,25 +72,48 @@ class Setup:
         return instantiate(self.cfg.controller, runtime=runtime, task=self.task, verifier=self.verifier)
 
 
-def build(cfg: DictConfig, loaded: LoadedModel | None = None, device: str | None = None) -> Setup:
-    """Task, verifier, policies and model from ``cfg``; user errors raise one of :data:`USER_ERRORS`.
+@dataclass(slots=True)
+class Prepared:
+    """The cheap half of a run, built and checked before the model loads (see :func:`prepare`)."""
 
-    The cheap parts are built and the whole config checked first (:func:`arbor_cli.validate.validate_config`),
-    so a bad value fails before the model loads; ``policy.budget_tokens: auto`` is chosen once it has
-    loaded (``setup.policies.chosen`` says how). ``loaded`` reuses a model loaded before (it must be
-    the one ``cfg.model`` names); ``device`` overrides ``cfg.model.device`` (a driver whose workers
-    run the model keeps it on the CPU).
-    """
+    cfg: DictConfig
+    task: Task
+    verifier: Verifier
+    problems: list[Problem]
+    policies: PolicyFactory
+    concurrency: int
+
+
+def prepare(cfg: DictConfig, device: str | None = None) -> Prepared:
+    """Task, verifier, problems and policies from ``cfg``, with the whole config checked
+    (:func:`arbor_cli.validate.validate_config`): a bad value fails here, before the model loads."""
     task = build_task(cfg)
     verifier = build_verifier(cfg, task)
     problems = task.problems()
     policies = PolicyFactory(cfg.policy, problems)
     concurrency = check_concurrency(cfg, policies)
     validate_config(cfg, policies, device=device)
-    loaded = loaded or load_model(**model_kwargs(cfg.model) | ({"device": device} if device else {}))
-    if policies.auto:
-        policies.resolve_auto(auto_budget(task, problems, loaded, concurrency))
-    return Setup(cfg, task, verifier, problems, policies, loaded)
+    return Prepared(cfg, task, verifier, problems, policies, concurrency)
+
+
+def load(prepared: Prepared, loaded: LoadedModel | None = None, device: str | None = None) -> Setup:
+    """The model for a prepared run (``loaded`` reuses one loaded before); ``policy.budget_tokens: auto``
+    is chosen once it has loaded (``setup.policies.chosen`` says how)."""
+    p = prepared
+    loaded = loaded or load_model(**model_kwargs(p.cfg.model) | ({"device": device} if device else {}))
+    if p.policies.auto:
+        p.policies.resolve_auto(auto_budget(p.task, p.problems, loaded, p.concurrency))
+    return Setup(p.cfg, p.task, p.verifier, p.problems, p.policies, loaded)
+
+
+def build(cfg: DictConfig, loaded: LoadedModel | None = None, device: str | None = None) -> Setup:
+    """Task, verifier, policies and model from ``cfg``; user errors raise one of :data:`USER_ERRORS`.
+
+    :func:`prepare` then :func:`load`: a bad value fails before the model loads. ``loaded`` reuses a
+    model loaded before (it must be the one ``cfg.model`` names); ``device`` overrides
+    ``cfg.model.device`` (a driver whose workers run the model keeps it on the CPU).
+    """
+    return load(prepare(cfg, device=device), loaded=loaded, device=device)
 
 
 def check_concurrency(cfg: DictConfig, policies: PolicyFactory) -> int:

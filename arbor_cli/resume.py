@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from arbor_cli.residency import RESIDENCY_FILE
 from arbor_cli.results import EVENTS_FILE, RESULTS_FILE, TRACES_FILE, clean_jsonl, load_done
 
 if TYPE_CHECKING:
@@ -129,10 +130,10 @@ def claim(run_dir: Path, cfg: DictConfig, task: Task | None = None, problems: Se
 
 def clean_run_dir(run_dir: Path) -> None:
     """Torn or corrupt lines of the JSON-lines files to ``<file>.corrupt``; one record per problem;
-    events and traces only of problems with a results row (the others run again)."""
+    events, traces and residency records only of problems with a results row (the others run again)."""
     corrupt, _ = clean_jsonl(run_dir / RESULTS_FILE)
     done = load_done(run_dir)
-    for name in (EVENTS_FILE, TRACES_FILE):
+    for name in (EVENTS_FILE, TRACES_FILE, RESIDENCY_FILE):
         moved, dropped = clean_jsonl(run_dir / name, keep=done.__contains__)
         corrupt += moved
         if dropped:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from arbor_cli.budget import check_budget
-from arbor_cli.build import USER_ERRORS, Setup, build
+from arbor_cli.build import USER_ERRORS, Setup, load, prepare
 from arbor_cli.report import results_table
 from arbor_cli.residency import RESIDENCY_FILE
 from arbor_cli.results import CSV_FILE, EVENTS_FILE, RESULTS_FILE, TRACES_FILE, append_jsonl, load_done, write_csv
@@ -30,13 +30,18 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
     console = console or Console()
     try:
         runner = build_runner(cfg)  # first: runner=ray without Ray fails before the model loads
-        setup = build(cfg, device=runner.driver_device)
+        prepared = prepare(cfg, device=runner.driver_device)  # every setting checked; no model yet
+        run_dir = resolve_run_dir(cfg)
+        lock = claim(run_dir, cfg, prepared.task, prepared.problems)  # this run alone writes run_dir until its last row
+    except USER_ERRORS as exc:
+        return _error(exc)
+    try:
+        setup = load(prepared, device=runner.driver_device)
         if setup.policies.chosen is not None:  # policy.budget_tokens=auto: the budget and how it was chosen
             console.print(setup.policies.chosen.note, soft_wrap=True)
         infeasible = check_budget(setup.policies, setup.task, setup.problems, setup.loaded.tokenizer)
-        run_dir = resolve_run_dir(cfg)
-        lock = claim(run_dir, cfg, setup.task, setup.problems)  # this run alone writes run_dir until its last row
     except USER_ERRORS as exc:
+        lock.release()
         return _error(exc)
     with lock:
         try:

@@ -490,3 +490,17 @@ def test_node_and_token_id_errors_are_exported():
 
     assert {"NodeError", "TokenIdError"} <= set(arbor_runtime.__all__)
     assert arbor_runtime.NodeError is NodeError and arbor_runtime.TokenIdError is TokenIdError
+
+
+def test_arbor_refuses_a_negative_host_budget():
+    from arbor_runtime.policies import ArborPolicy
+
+    with pytest.raises(ValueError, match="host_budget_tokens=-1 must be an integer >= 0"):
+        ArborPolicy(budget_tokens=100, host_budget_tokens=-1)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_msve_features_count_a_non_finite_value_as_zero(value):
+    from arbor_runtime.policies.msve import _unit
+
+    assert _unit(value) == 0.0

@@ -64,7 +64,7 @@ def refused(capsys, data_dir, tmp_path, *overrides: str) -> str:
         ("controller=dfs controller.max_visits=-3", "controller.max_visits=-3 must be an integer >= 1"),
         ("controller=best_first controller.max_expansions=0", "controller.max_expansions=0 must be an integer >= 1"),
         ("seed=abc", "seed='abc' must be an integer"),
-        ("policy=arbor policy.host_budget_tokens=-1", "policy.host_budget_tokens=-1 must be an integer >= 0"),
+        ("policy=arbor policy.host_budget_tokens=-1", "host_budget_tokens=-1 must be an integer >= 0"),
         (
             "policy.budget_ratio=0.5 policy.budget_tokens=100",
             "policy.budget_ratio=0.5 and policy.budget_tokens=100 are both set",

@@ -68,6 +68,9 @@ class ArborPolicy(Policy):
             raise ValueError(f"distance_decay={self.distance_decay} must be in (0, 1]")
         if self.token_scorer not in TOKEN_SCORERS:
             raise ValueError(f"arbor token_scorer={self.token_scorer!r}; valid: {', '.join(TOKEN_SCORERS)}")
+        host = self.host_budget_tokens
+        if host is not None and (isinstance(host, bool) or not isinstance(host, int) or host < 0):
+            raise ValueError(f"host_budget_tokens={host!r} must be an integer >= 0, or None (unbounded)")
         self.weights = MSVEWeights.load(self.calibration)
         self.kvp = KVPScores(self.kvp_weights) if self.token_scorer == "kvp" else None
 
