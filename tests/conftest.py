@@ -61,6 +61,30 @@ def full_data() -> Path:
     return FULL_DATA
 
 
+#: folders a run writes when it is given no run dir (conf/paths: output_dir=outputs, sweeps under it or multirun/)
+RUN_OUTPUT_DIRS = ("outputs", "multirun")
+
+
+def _run_outputs(roots: set[Path]) -> set[Path]:
+    """The run-output folders of ``roots`` and everything under them."""
+    found = set()
+    for folder in (root / name for root in roots for name in RUN_OUTPUT_DIRS):
+        if folder.exists():
+            found |= {folder, *folder.rglob("*")}
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_run_outputs_in_the_checkout():
+    """Fail the session if a test let a run write ``outputs/`` or ``multirun/`` into the repo root
+    or the working directory (every run a test starts must get a run dir under tmp_path)."""
+    roots = {REPO, Path.cwd().resolve()}
+    before = _run_outputs(roots)
+    yield
+    new = sorted(str(p) for p in _run_outputs(roots) - before)
+    assert not new, f"the tests wrote run outputs into the checkout: {new[:5]}"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "full_data" in getattr(item, "fixturenames", ()):
