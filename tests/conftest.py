@@ -8,6 +8,7 @@ the summary at the end says which happened.
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: see arbor_cli/__init__.py
@@ -51,6 +52,20 @@ def one_torch_thread():
 def data_dir(tmp_path_factory) -> Path:
     """The synthetic data folder (a few rows per task in the real file formats; see synthetic_data.py)."""
     return write_data_dir(tmp_path_factory.mktemp("data"))
+
+
+#: rows of the real data sets that tests address by index (tests/fixtures/README.md)
+REAL_ROWS = Path(__file__).resolve().parent / "fixtures" / "real_rows"
+
+
+@pytest.fixture(scope="session")
+def real_rows() -> dict[str, dict[int, dict]]:
+    """Task ("gsm8k", "math500", "aime") -> row index in its real test file -> that row, from the fixtures."""
+    out = {}
+    for path in sorted(REAL_ROWS.glob("*.jsonl")):
+        lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+        out[path.stem] = {line["index"]: line["row"] for line in lines}
+    return out
 
 
 @pytest.fixture(scope="session")
