@@ -8,6 +8,7 @@ the summary at the end says which happened.
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: see arbor_cli/__init__.py
@@ -53,12 +54,50 @@ def data_dir(tmp_path_factory) -> Path:
     return write_data_dir(tmp_path_factory.mktemp("data"))
 
 
+#: rows of the real data sets that tests address by index (tests/fixtures/README.md)
+REAL_ROWS = Path(__file__).resolve().parent / "fixtures" / "real_rows"
+
+
+@pytest.fixture(scope="session")
+def real_rows() -> dict[str, dict[int, dict]]:
+    """Task ("gsm8k", "math500", "aime") -> row index in its real test file -> that row, from the fixtures."""
+    out = {}
+    for path in sorted(REAL_ROWS.glob("*.jsonl")):
+        lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+        out[path.stem] = {line["index"]: line["row"] for line in lines}
+    return out
+
+
 @pytest.fixture(scope="session")
 def full_data() -> Path:
     """The real data sets (README: Data); tests taking this are skipped when the folder is absent."""
     if not (FULL_DATA / "gsm8k" / "test.jsonl").is_file():
         pytest.skip(f"full data sets not found at {FULL_DATA} (set ARBOR_DATA_DIR)")
     return FULL_DATA
+
+
+#: folders a run writes when it is given no run dir (conf/paths: output_dir=outputs, sweeps under it or multirun/)
+RUN_OUTPUT_DIRS = ("outputs", "multirun")
+
+
+def _run_outputs(roots: set[Path]) -> set[Path]:
+    """The run-output folders of ``roots`` and everything under them."""
+    found = set()
+    for folder in (root / name for root in roots for name in RUN_OUTPUT_DIRS):
+        if folder.exists():
+            found |= {folder, *folder.rglob("*")}
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_run_outputs_in_the_checkout():
+    """Fail the session if a test let a run write ``outputs/`` or ``multirun/`` into the repo root
+    or the working directory (every run a test starts must get a run dir under tmp_path)."""
+    roots = {REPO, Path.cwd().resolve()}
+    before = _run_outputs(roots)
+    yield
+    new = sorted(str(p) for p in _run_outputs(roots) - before)
+    assert not new, f"the tests wrote run outputs into the checkout: {new[:5]}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

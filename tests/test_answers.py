@@ -1,5 +1,5 @@
-"""Answer matchers on GSM8K / MATH-500 / AIME rows (synthetic ones always, the real files when the
-full data sets are present), hand-made equivalences, and voting."""
+"""Answer matchers on GSM8K / MATH-500 / AIME rows (synthetic ones, real rows inlined under
+tests/fixtures, whole real files when the full data sets are present), hand-made equivalences, and voting."""
 
 from __future__ import annotations
 
@@ -67,6 +67,16 @@ def test_aime_synthetic_rows_match_their_integer(row):
     assert not aime_match(str((value + 1) % 1000), row["answer"])
 
 
+# --- real rows inlined as fixtures ---------------------------------------------------------------
+
+
+def test_fixture_rows_are_the_rows_of_the_full_files(real_rows, gsm8k, math500, aime):
+    full = {"gsm8k": gsm8k, "math500": math500, "aime": aime}
+    assert set(real_rows) == set(full)
+    for name, rows_by_index in real_rows.items():
+        assert rows_by_index and all(full[name][i] == row for i, row in rows_by_index.items()), name
+
+
 # --- GSM8K --------------------------------------------------------------------------------------
 
 #: row -> gold; includes thousands separators (146, 611) and a negative answer (489)
@@ -74,11 +84,12 @@ GSM8K_GOLDS = {0: "18", 1: "3", 2: "70000", 146: "2125", 489: "-10", 611: "14500
 
 
 @pytest.mark.parametrize("index", sorted(GSM8K_GOLDS))
-def test_gsm8k_gold_on_real_rows(gsm8k, index):
-    gold = extract_gsm8k_gold(gsm8k[index]["answer"])
+def test_gsm8k_gold_on_real_rows(real_rows, index):
+    answer = real_rows["gsm8k"][index]["answer"]
+    gold = extract_gsm8k_gold(answer)
     assert gold == GSM8K_GOLDS[index]
     assert gsm8k_match(gold, gold)
-    assert extract_number(gsm8k[index]["answer"]) == gold  # "#### N" is an answer marker
+    assert extract_number(answer) == gold  # "#### N" is an answer marker
     assert not gsm8k_match(str(int(gold) + 1), gold)
     assert gsm8k_match(f"${int(gold):,}.00", gold)
 
@@ -151,8 +162,8 @@ MATH_OTHER_FORM = {
 
 
 @pytest.mark.parametrize("index", MATH_ROWS)
-def test_math500_boxed_solution_matches_answer(math500, index):
-    row = math500[index]
+def test_math500_boxed_solution_matches_answer(real_rows, index):
+    row = real_rows["math500"][index]
     assert math_equal(extract_boxed(row["solution"]), row["answer"])
 
 
@@ -162,13 +173,13 @@ def test_math500_every_boxed_solution_matches(math500):
 
 
 @pytest.mark.parametrize("index", sorted(MATH_WRONG))
-def test_math500_perturbed_answer_is_wrong(math500, index):
-    assert not math_equal(MATH_WRONG[index], math500[index]["answer"])
+def test_math500_perturbed_answer_is_wrong(real_rows, index):
+    assert not math_equal(MATH_WRONG[index], real_rows["math500"][index]["answer"])
 
 
 @pytest.mark.parametrize("index", sorted(MATH_OTHER_FORM))
-def test_math500_answer_in_other_form(math500, index):
-    assert math_equal(MATH_OTHER_FORM[index], math500[index]["answer"])
+def test_math500_answer_in_other_form(real_rows, index):
+    assert math_equal(MATH_OTHER_FORM[index], real_rows["math500"][index]["answer"])
 
 
 @pytest.mark.parametrize(

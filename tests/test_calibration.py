@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from floats import reassociation_tol
 
 from arbor_cli.calibration import continuation_loglik, fit_weights, leave_one_out
@@ -81,13 +82,35 @@ def test_shipped_calibration_is_loaded_by_default():
         ArborPolicy(weights=MSVEWeights())  # read from the calibration, never passed
 
 
-def test_regenerate_with_nothing_masked_reproduces_greedy_thought(tiny):
+def greedy_without(loaded, path, hidden, new_tokens: int) -> list[int]:
+    """Greedy tokens after ``path`` by plain forwards over the whole path in which the rows from its
+    last token on may not attend to block ``hidden``'s tokens (every other block keeps the KV it
+    was computed with, hidden block included, as the runtime's blocks do)."""
+    ids, out = [t for node in path for t in node.token_ids], []
+    for _ in range(new_tokens):
+        n = len(ids)
+        allowed = torch.ones(n, n, dtype=torch.bool).tril()
+        rows = torch.arange(path[-1].end_pos - 1, n).unsqueeze(1)
+        allowed[rows, torch.arange(hidden.start_pos, hidden.end_pos).unsqueeze(0)] = False
+        mask = torch.zeros(1, 1, n, n).masked_fill(~allowed, float("-inf"))
+        with torch.inference_mode():
+            out.append(int(loaded.model(torch.tensor([ids]), attention_mask=mask).logits[0, -1].argmax()))
+        ids.append(out[-1])
+    return out
+
+
+def test_regenerate_reproduces_greedy_thoughts_and_a_masked_block_changes_the_text(tiny):
     from arbor_cli.calibration import regenerate
 
     rt = Runtime(tiny, policy="arbor")
     node = rt.new_tree("Input: 4 4 6 8\nSteps:\n")
-    for _ in range(2):
+    for _ in range(3):
         node = rt.expand(node, 1, SamplingParams(max_new_tokens=6, temperature=0.0))[0]
-    assert regenerate(rt, node.path()[:-1], 6, []) == node.text
-    masked = regenerate(rt, [node.path()[0]], 6, [])  # the middle block masked
-    assert isinstance(masked, str) and masked
+    root, first, second, third = node.path()
+    for context, thought in (([root], first), ([root, first], second), ([root, first, second], third)):
+        assert regenerate(rt, context, 6, []) == thought.text
+    # the first thought masked: each regenerated token is the model's greedy choice when the
+    # queries after the second thought cannot see the first one's KV, and the text changes
+    masked = regenerate(rt, [root, second], 6, [])
+    assert masked == rt.tokenizer.decode(greedy_without(tiny, [root, first, second], first, 6))
+    assert masked != third.text

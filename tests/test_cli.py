@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -76,7 +78,8 @@ def test_cli_runs_one_puzzle_and_resumes(data_dir, tmp_path):
     assert rows[0]["question"] == puzzle(900) and rows[0]["prefill_tokens"] > 0
     # the search's counts: bfs makes one generation call per expanded node; game24 calls no model
     assert rows[0]["model_calls"] == rows[0]["generation_calls"] == rows[0]["nodes_expanded"] >= 1
-    assert rows[0]["verifier_calls"] == 0 and rows[0]["duplicates_dropped"] >= 0
+    assert rows[0]["verifier_calls"] == 0
+    assert rows[0]["duplicates_dropped"] == repeated_states(tmp_path / "trees" / "900.json")
     assert "game24" in console.export_text()
     assert (tmp_path / "results.csv").is_file() and (tmp_path / "traces.jsonl").is_file()
     # widen the slice and rerun in the same dir: 900 is skipped (not appended twice), 901 is added
@@ -84,6 +87,36 @@ def test_cli_runs_one_puzzle_and_resumes(data_dir, tmp_path):
     assert run(cfg, console=Console(width=200)) == 0
     rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [r["index"] for r in rows] == [900, 901]
+
+
+def repeated_states(tree_json: Path) -> int:
+    """Thoughts of an exported Game of 24 tree whose numbers left ("(left: ...)" in the step's text)
+    were already reached, in creation order (what the controller drops as duplicates); counted from
+    the tree's text alone. Checks that the tree flags exactly those nodes as duplicates. The forced
+    "Answer: ..." line under a terminal step is no thought of its own."""
+    tree = json.loads(tree_json.read_text())
+    nodes = sorted(tree["nodes"], key=lambda n: n["id"])
+    seen, repeats = {tuple(sorted(Fraction(x) for x in tree["question"].split()))}, []
+    for node in nodes:
+        left = re.search(r"\(left: ([^)]*)\)", node["text"])
+        if node["parent"] is None or not node["meta"].get("valid") or left is None:
+            continue
+        key = tuple(sorted(Fraction(x) for x in left.group(1).split()))
+        if key in seen:
+            repeats.append(node["id"])
+        seen.add(key)
+    assert repeats == [n["id"] for n in nodes if n["meta"].get("duplicate")]
+    return len(repeats)
+
+
+def test_duplicate_states_are_dropped_and_counted(data_dir, tmp_path):
+    """Legal steps reach one multiset of numbers along several paths (from 4 4 4 5, "-3 4" follows
+    both 4 + 4 then 5 - 8 and 5 - 4 then 1 - 4): the row counts each repeat the tree shows."""
+    over = ["task.start=900", "task.end=901", "task.propose=legal", "task.n_shots=1"]
+    over += ["controller.n_generate=3", "controller.breadth=2"]
+    assert run(compose_cfg(*tiny_overrides(data_dir, tmp_path, *over)), console=Console(width=200)) == 0
+    (row,) = read_rows(tmp_path)
+    assert row["duplicates_dropped"] == repeated_states(tmp_path / "trees" / "900.json") > 0
 
 
 def test_budget_overrun_is_recorded_as_oom(data_dir, tmp_path):
@@ -144,7 +177,8 @@ def test_console_script_end_to_end(data_dir, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((tmp_path / "results.jsonl").read_text())["index"] == 901
-    bad = subprocess.run([*cmd[:-1], "task.start=5", "task.end=2"], capture_output=True, text=True, timeout=300)
+    bad_cmd = [*cmd[:-3], "task.start=5", "task.end=2", f"hydra.run.dir={tmp_path / 'bad'}"]  # a run dir of its own
+    bad = subprocess.run(bad_cmd, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "task.start=5 is greater than task.end=2" in bad.stderr
     assert "Traceback" not in bad.stderr
 

@@ -3,6 +3,8 @@ correctness, the answer verifier; the real files when the full data sets are pre
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from synthetic_data import SIZES
 
@@ -255,7 +257,7 @@ def test_answer_verifier_scores_a_path_that_runs_out_of_steps(data_dir):
 
 # --- the real files -----------------------------------------------------------------------------
 
-#: (task, row, right, wrong) on real rows of the full data sets
+#: (task, row, right, wrong) on real rows of the full data sets (inlined under tests/fixtures)
 FULL_CASES = [
     ("gsm8k", 0, "The answer is 18.", "The answer is 16."),
     ("gsm8k", 146, "The answer is $2,125.", "The answer is 2,152."),
@@ -284,9 +286,17 @@ def test_full_rows_and_meta(full_data):
     assert aime.answer == "025" and aime.meta == {"id": "aime_2024_I_2", "contest": "aime_2024_I", "split": "test"}
 
 
+#: where each task reads its test rows under a data dir
+TEST_FILES = {"gsm8k": "gsm8k/test.jsonl", "math500": "math500/test.jsonl", "aime": "aime/aime_2024_2025.jsonl"}
+
+
 @pytest.mark.parametrize(("name", "index", "right", "wrong"), FULL_CASES)
-def test_is_correct_on_real_rows(name, index, right, wrong, full_data):
-    task = make(name, full_data, start=index, end=index + 1)
+def test_is_correct_on_real_rows(name, index, right, wrong, real_rows, tmp_path):
+    """The real row (inlined under tests/fixtures), as the one row of a data dir's test file."""
+    path = tmp_path / TEST_FILES[name]
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(real_rows[name][index]) + "\n", encoding="utf-8")
+    task = make(name, tmp_path, start=0, end=1)
     problem = task.problems()[0]
     assert task.is_correct(problem, task.step(problem, task.initial_state(problem), right).answer)
     assert not task.is_correct(problem, task.step(problem, task.initial_state(problem), wrong).answer)

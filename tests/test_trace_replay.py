@@ -6,6 +6,7 @@ import csv
 import json
 
 import pytest
+import torch
 from floats import reassociation_tol
 
 from arbor_cli.bench import ReplayRun, Trace, budgets_for, load_trace, record_trace, replay_lockstep, replay_trace
@@ -52,12 +53,33 @@ def test_full_replay_reproduces_recorded_logprobs(tiny, trace):
     assert not run.oom
     assert fid.positions == trace.scored_positions
     # the recording sampled them in batched decode, the replay teacher-forces each block in one
-    # prefill: the same math summed in another order, so equal up to rounding
-    assert 0 < fid.recorded_max_abs_diff <= reassociation_tol(tiny, recorded_logprobs(trace))
+    # prefill: the same math summed in another order, so equal up to rounding (or exactly)
+    assert fid.recorded_max_abs_diff <= reassociation_tol(tiny, recorded_logprobs(trace))
     # the replay and its full reference run the same kernels on the same shapes: bit-identical
     assert fid.top1_agree == fid.positions and fid.kl_max == 0.0 and fid.dll_sum == 0.0
     assert run.metrics["peak_device_tokens"] == trace.full_replay_peak()
     assert run.metrics["prefill_tokens"] == trace.total_tokens  # every block once
+
+
+def test_full_replay_of_a_greedy_search_regenerates_its_tokens(tiny):
+    """Under full the replay is exact: at every generated position of a greedy recording its
+    greedy choice is the recorded token, and every recorded log-prob is reproduced up to rounding."""
+    greedy = record_trace(tiny, lambda rt: synthetic_search(rt, temperature=0.0))
+    run = ReplayRun("full")
+    run.start(tiny)
+    checked = 0
+    tol = reassociation_tol(tiny, recorded_logprobs(greedy))
+    for op in greedy.replay_ops():
+        logp = run.apply(op, greedy)  # (T, V) for the T tokens of the block the op made, else None
+        if logp is None:
+            continue
+        rec = greedy.nodes[op.child]
+        mine = logp.gather(-1, torch.tensor(rec.token_ids).view(-1, 1)).squeeze(-1).double()
+        assert float((mine - torch.tensor(rec.logprobs, dtype=torch.float64)).abs().max()) <= tol
+        if rec.kind == GENERATED:
+            assert logp.argmax(-1).tolist() == rec.token_ids
+            checked += len(rec.token_ids)
+    assert checked >= 8 * 8  # eight expansions of up to 8 tokens, two rows each
 
 
 def test_full_replay_rebuilds_the_same_tree(tiny, trace):
