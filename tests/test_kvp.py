@@ -253,11 +253,12 @@ def test_scripts_collect_train_bench_and_write_results(tmp_path, data_dir, monke
     assert bench_main([*bench, "--policies", "kvp,streaming"]) == 0
     budget_out = kvp / "bench-budget.json"
     budget_argv = [*common, "--out", str(budget_out), "--contexts", "gsm8k:1:0", "--shares", "0.5,0.25", "--steps", "2"]
-    assert bench_main([*budget_argv, "--policies", "kvp,h2o", "--protocol", "budget"]) == 0
+    variant = ["--variants", "kvp-pure=recent_ratio:0"]
+    assert bench_main([*budget_argv, "--policies", "kvp,h2o", *variant, "--protocol", "budget"]) == 0
     budget = json.loads(budget_out.read_text())
     assert budget["protocol"] == "budget" and budget["cost"] == {}
     assert {(r["policy"], r["kept_share"]) for r in budget["rows"] if "mean_kl" in r} == {
-        (p, s) for p in ("kvp", "h2o") for s in (0.5, 0.25)
+        (p, s) for p in ("kvp", "h2o", "kvp-pure") for s in (0.5, 0.25)
     }
     context_tokens = budget["contexts"][0]["context_tokens"]
     for run in budget["per_context"][0]["runs"]:  # the context tokens still kept fit the budget
@@ -270,6 +271,8 @@ def test_scripts_collect_train_bench_and_write_results(tmp_path, data_dir, monke
     oracle = next(r["retained"] for r in rows if r["policy"] == "oracle")
     assert all(r["retained"] <= oracle + 1e-6 for r in rows)
     assert bench_main(["--shares", "1.5"]) == 2 and "--shares '1.5' must be in (0, 1)" in capsys.readouterr().err
+    assert bench_main(["--variants", "x=recent_ratio:half"]) == 2
+    assert "recent_ratio:'half' is not a number" in capsys.readouterr().err
     page = tmp_path / "docs" / "results.md"
     page.parent.mkdir()
     page.write_text("# Results\n\n## Speed\n\nfast\n")

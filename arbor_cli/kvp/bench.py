@@ -86,12 +86,12 @@ def run_context(
     policies: list[str],
     ratios: list[float],
     steps: int,
-    variants: dict[str, str] | None = None,
+    variants: dict[str, dict[str, Any]] | None = None,
     protocol: str = "compress",
 ) -> dict[str, Any]:
     """Every policy x ratio on one context: KL / top-1 per step and retained future attention.
 
-    ``variants`` adds kvp runs under other names: name -> weights file. ``protocol``: ``compress``
+    ``variants`` adds kvp runs under other names: name -> KVPPolicy arguments. ``protocol``: ``compress``
     (prefill whole, compress once) or ``budget`` (the budget from the start: :func:`budget_run`).
     """
     if protocol not in PROTOCOLS:
@@ -108,7 +108,7 @@ def run_context(
         }
         for r in ratios
     ]
-    named = {p: (p, {}) for p in policies} | {n: ("kvp", {"weights": w}) for n, w in (variants or {}).items()}
+    named = {p: (p, {}) for p in policies} | {n: ("kvp", kw) for n, kw in (variants or {}).items()}
     for policy, (kind, kwargs) in named.items():
         pre = prefill(loaded, ctx, kind, **kwargs) if protocol == "compress" else None
         for ratio in ratios:

@@ -239,7 +239,11 @@ def bench_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--contexts", default=",".join(DEFAULT_CONTEXTS), help="TASK:SHOTS:QUESTION,... (gsm8k|math500)")
     ap.add_argument("--shares", default="0.1,0.2,0.5", help="kept shares of the context, each in (0, 1)")
     ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="project policies")
-    ap.add_argument("--variants", default="", help="extra kvp runs NAME=WEIGHTS,... (e.g. kvp-budgets=w.safetensors)")
+    ap.add_argument(
+        "--variants",
+        default="",
+        help="extra kvp runs NAME=WEIGHTS or NAME=recent_ratio:X,... (e.g. kvp-pure=recent_ratio:0)",
+    )
     ap.add_argument("--steps", type=int, default=32, help="tokens of the reference continuation")
     ap.add_argument("--model", default="smollm2", help="model spec")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -267,13 +271,23 @@ def bench_main(argv: Sequence[str] | None = None, console: Console | None = None
     return 0
 
 
-def _variants(text: str) -> dict[str, str]:
+def _variants(text: str) -> dict[str, dict]:
+    """Items ``NAME=WEIGHTS`` (a weights file) or ``NAME=recent_ratio:X`` -> KVPPolicy arguments per name."""
     out = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
-        name, sep, path = item.partition("=")
-        if not sep or not name or not Path(path).is_file():
-            raise ValueError(f"--variants item {item!r} must be NAME=PATH of an existing weights file")
-        out[name] = path
+        name, sep, value = item.partition("=")
+        key, _, ratio = value.partition(":")
+        if sep and name and key == "recent_ratio":
+            try:
+                out[name] = {"recent_ratio": float(ratio)}
+            except ValueError:
+                raise ValueError(f"--variants item {item!r}: recent_ratio:{ratio!r} is not a number") from None
+            continue
+        if not sep or not name or not Path(value).is_file():
+            raise ValueError(
+                f"--variants item {item!r} must be NAME=PATH of an existing weights file or NAME=recent_ratio:X"
+            )
+        out[name] = {"weights": value}
     return out
 
 
