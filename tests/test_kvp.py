@@ -212,9 +212,12 @@ def test_kvp_plan_keeps_exactly_the_top_tokens(tiny):
     view = rt.memory.view(target=10)
     scores = rt.policy.scores.token_scores(view)
     plan = rt.policy.plan(view)
-    kept = torch.cat([plan.keep.get(b.node.id, b.kv.kept) for b in view.blocks])
-    assert kept.numel() == 10
-    assert float(scores.topk(10).values.min()) >= float(scores.topk(11).values[-1])
+    keep = torch.cat([torch.isin(b.kv.kept, plan.keep.get(b.node.id, b.kv.kept)) for b in view.blocks])
+    assert int(keep.sum()) == 10
+    window = rt.policy.recent_window(10)  # the newest tokens of the pool, then the top scores of the rest
+    assert window == 5 and bool(keep[-window:].all())
+    rest = scores[:-window]
+    assert set(torch.nonzero(keep[:-window]).squeeze(1).tolist()) == set(rest.topk(10 - window).indices.tolist())
 
 
 def test_kvp_configuration_errors():
@@ -248,12 +251,28 @@ def test_scripts_collect_train_bench_and_write_results(tmp_path, data_dir, monke
     assert info["sequences"]["train"] == 5 and info["sequences"]["held_out"] == 1 and info["loss"] == "listnet"
     bench = [*common, "--out", str(kvp / "bench.json"), "--contexts", "gsm8k:1:0", "--shares", "0.5", "--steps", "2"]
     assert bench_main([*bench, "--policies", "kvp,streaming"]) == 0
+    budget_out = kvp / "bench-budget.json"
+    budget_argv = [*common, "--out", str(budget_out), "--contexts", "gsm8k:1:0", "--shares", "0.5,0.25", "--steps", "2"]
+    variant = ["--variants", "kvp-pure=recent_ratio:0"]
+    assert bench_main([*budget_argv, "--policies", "kvp,h2o", *variant, "--protocol", "budget"]) == 0
+    budget = json.loads(budget_out.read_text())
+    assert budget["protocol"] == "budget" and budget["cost"] == {}
+    assert {(r["policy"], r["kept_share"]) for r in budget["rows"] if "mean_kl" in r} == {
+        (p, s) for p in ("kvp", "h2o", "kvp-pure") for s in (0.5, 0.25)
+    }
+    context_tokens = budget["contexts"][0]["context_tokens"]
+    for run in budget["per_context"][0]["runs"]:  # the context tokens still kept fit the budget
+        if "kl" in run:
+            assert 0 < run["kept_tokens"] <= int(context_tokens * (1 - run["compression_ratio"]))
+            assert len(run["kl"]) == 2 and all(x >= 0 for x in run["kl"])
     rows = json.loads((kvp / "bench.json").read_text())["rows"]
     assert {r["policy"] for r in rows} == {"oracle", "kvp", "streaming"}
     assert all(0 <= r["retained"] <= 1 + 1e-6 for r in rows)
     oracle = next(r["retained"] for r in rows if r["policy"] == "oracle")
     assert all(r["retained"] <= oracle + 1e-6 for r in rows)
     assert bench_main(["--shares", "1.5"]) == 2 and "--shares '1.5' must be in (0, 1)" in capsys.readouterr().err
+    assert bench_main(["--variants", "x=recent_ratio:half"]) == 2
+    assert "recent_ratio:'half' is not a number" in capsys.readouterr().err
     page = tmp_path / "docs" / "results.md"
     page.parent.mkdir()
     page.write_text("# Results\n\n## Speed\n\nfast\n")

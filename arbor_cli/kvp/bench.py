@@ -9,6 +9,12 @@ the uncompressed model's question and continuation queries pay to the context th
 kept tokens (per layer and KV head, averaged; the quantity KVP is trained to keep), with the
 oracle (the best whole-token set for that quantity) as the ceiling. The scoring cost of kvp per
 decode step is measured on the same contexts (:func:`scoring_cost`).
+
+Two protocols (``--protocol``): ``compress`` is the one above (prefill whole, one ``rt.compress``,
+then teacher-force with nothing evicted); ``budget`` is the user's path (``arbor-solve
+policy.budget_tokens=B``): a runtime whose budget is the kept share of the context from the start
+prefills the context through its normal chunked path, compressing while it grows, then teacher-forces
+question + continuation under the same budget (:func:`budget_run`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import torch
 
 from arbor_cli.bench.linear import (
     Context,
+    ProjectRun,
     compare,
     kept_tokens,
     prefill,
@@ -28,11 +35,12 @@ from arbor_cli.bench.linear import (
     reference_continuation,
 )
 from arbor_cli.kvp.collect import future_attention
-from arbor_runtime import Runtime, SamplingParams
+from arbor_runtime import Runtime, SamplingParams, build_policy
 from arbor_runtime.loading import LoadedModel
 
 log = logging.getLogger(__name__)
 DEFAULT_POLICIES = ("kvp", "h2o", "snapkv", "streaming")
+PROTOCOLS = ("compress", "budget")
 
 
 def context_attention(loaded: LoadedModel, ctx: Context) -> torch.Tensor:
@@ -53,18 +61,41 @@ def oracle_retained(att: torch.Tensor, count: int) -> float:
     return retained(att, att.mean(dim=(0, 1)).topk(count).indices)
 
 
+def budget_run(loaded: LoadedModel, ctx: Context, policy: str, ratio: float, **kwargs: Any) -> ProjectRun:
+    """The user's path at one kept share: ``budget_tokens`` = the kept share of the context from the
+    start, the context prefilled through the runtime's chunked path (compressed while it grows), then
+    question + continuation teacher-forced under the same budget. ``kept``: the context tokens
+    (root block-local indices) still on the device at the end."""
+    start = time.perf_counter()
+    budget = kept_tokens(len(ctx.context_ids), ratio)
+    rt = Runtime(loaded, build_policy(policy, budget_tokens=budget, **kwargs))
+    blocks: dict[int, torch.Tensor] = {}
+    rt.logits_hook = lambda node, logp: blocks.__setitem__(node.id, logp)
+    root = rt.new_tree_ids(ctx.context_ids)
+    node = rt.append_ids(root, ctx.question_ids + ctx.continuation_ids)
+    kept = rt.store.get(root.id).kept.clone()
+    if rt.metrics.peak_device_tokens > budget:
+        raise RuntimeError(f"{policy} used {rt.metrics.peak_device_tokens} device tokens over its budget of {budget}")
+    logp = blocks[node.id][len(ctx.question_ids) :].float()
+    return ProjectRun(logp, int(kept.numel()), time.perf_counter() - start, kept)
+
+
 def run_context(
     loaded: LoadedModel,
     ctx: Context,
     policies: list[str],
     ratios: list[float],
     steps: int,
-    variants: dict[str, str] | None = None,
+    variants: dict[str, dict[str, Any]] | None = None,
+    protocol: str = "compress",
 ) -> dict[str, Any]:
     """Every policy x ratio on one context: KL / top-1 per step and retained future attention.
 
-    ``variants`` adds kvp runs under other names: name -> weights file.
+    ``variants`` adds kvp runs under other names: name -> KVPPolicy arguments. ``protocol``: ``compress``
+    (prefill whole, compress once) or ``budget`` (the budget from the start: :func:`budget_run`).
     """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol={protocol!r}; valid: {', '.join(PROTOCOLS)}")
     base = prefill(loaded, ctx, "full")
     reference_continuation(base, ctx, steps)
     full = project_run(base, ctx, None)
@@ -77,20 +108,21 @@ def run_context(
         }
         for r in ratios
     ]
-    named = {p: (p, {}) for p in policies} | {n: ("kvp", {"weights": w}) for n, w in (variants or {}).items()}
+    named = {p: (p, {}) for p in policies} | {n: ("kvp", kw) for n, kw in (variants or {}).items()}
     for policy, (kind, kwargs) in named.items():
-        pre = prefill(loaded, ctx, kind, **kwargs)
+        pre = prefill(loaded, ctx, kind, **kwargs) if protocol == "compress" else None
         for ratio in ratios:
-            run = project_run(pre, ctx, ratio)
+            run = project_run(pre, ctx, ratio) if pre is not None else budget_run(loaded, ctx, kind, ratio, **kwargs)
             kl, top1 = compare(full.logp, run.logp)
+            seconds = {"prefill_seconds": pre.seconds} if pre is not None else {"seconds": run.seconds}
             runs.append(
                 {"policy": policy, "compression_ratio": ratio, "kept_tokens": run.kept_tokens, "kl": kl,
-                 "top1": top1, "retained": retained(att, run.kept), "prefill_seconds": pre.seconds}
+                 "top1": top1, "retained": retained(att, run.kept)} | seconds
             )  # fmt: skip
             log.info(
                 "%s %s %.2f: KL %.4f retained %.3f", ctx.name, policy, ratio, sum(kl) / len(kl), runs[-1]["retained"]
             )
-    return {"name": ctx.name, "context_tokens": len(ctx.context_ids), "runs": runs}
+    return {"name": ctx.name, "context_tokens": len(ctx.context_ids), "protocol": protocol, "runs": runs}
 
 
 def summarize(contexts: list[dict[str, Any]]) -> list[dict[str, Any]]:

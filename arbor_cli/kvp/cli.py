@@ -19,7 +19,7 @@ from arbor_cli.bench.cli import _floats, _threads
 from arbor_cli.bench.linear import DEFAULT_CONTEXTS, build_context
 from arbor_cli.bench.trace import load_trace
 from arbor_cli.build import USER_ERRORS
-from arbor_cli.kvp.bench import DEFAULT_POLICIES, run_context, scoring_cost, summarize
+from arbor_cli.kvp.bench import DEFAULT_POLICIES, PROTOCOLS, run_context, scoring_cost, summarize
 from arbor_cli.kvp.collect import collect, read_shards, shard_fingerprint
 from arbor_cli.kvp.plots import plot_training
 from arbor_cli.kvp.replay import selector_replay
@@ -221,12 +221,29 @@ def bench_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="kvp vs h2o / snapkv / streaming on held-out few-shot contexts (bench_linear's protocol): "
         "retained future attention, KL(full || compressed) and top-1 per kept share; kvp's scoring cost per step.",
     )
-    ap.add_argument("--out", default="bench/kvp/bench.json", help="JSON with every per-step value and the table")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON with every per-step value and the table "
+        "(default bench/kvp/bench.json; with --protocol budget bench/kvp/bench-budget.json)",
+    )
+    ap.add_argument(
+        "--protocol",
+        default="compress",
+        choices=PROTOCOLS,
+        help="compress: prefill the context whole, compress once, teacher-force with nothing evicted; "
+        "budget: the budget (kept share of the context) set from the start, the context prefilled "
+        "in chunks and compressed while it grows, question + continuation under the same budget",
+    )
     ap.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"), help="the shared data folder")
     ap.add_argument("--contexts", default=",".join(DEFAULT_CONTEXTS), help="TASK:SHOTS:QUESTION,... (gsm8k|math500)")
     ap.add_argument("--shares", default="0.1,0.2,0.5", help="kept shares of the context, each in (0, 1)")
     ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="project policies")
-    ap.add_argument("--variants", default="", help="extra kvp runs NAME=WEIGHTS,... (e.g. kvp-budgets=w.safetensors)")
+    ap.add_argument(
+        "--variants",
+        default="",
+        help="extra kvp runs NAME=WEIGHTS or NAME=recent_ratio:X,... (e.g. kvp-pure=recent_ratio:0)",
+    )
     ap.add_argument("--steps", type=int, default=32, help="tokens of the reference continuation")
     ap.add_argument("--model", default="smollm2", help="model spec")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
@@ -235,6 +252,8 @@ def bench_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def bench_main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
     args = bench_args(argv)
+    if args.out is None:
+        args.out = "bench/kvp/bench.json" if args.protocol == "compress" else "bench/kvp/bench-budget.json"
     console = console or Console()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -245,19 +264,30 @@ def bench_main(argv: Sequence[str] | None = None, console: Console | None = None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result))
-    console.print(kvp_table(result["rows"]))
-    console.print(f"kvp scoring per decode step: {result['cost']}")
+    console.print(kvp_table(result["rows"], args.protocol))
+    if result["cost"]:
+        console.print(f"kvp scoring per decode step: {result['cost']}")
     console.print(f"wrote {out}")
     return 0
 
 
-def _variants(text: str) -> dict[str, str]:
+def _variants(text: str) -> dict[str, dict]:
+    """Items ``NAME=WEIGHTS`` (a weights file) or ``NAME=recent_ratio:X`` -> KVPPolicy arguments per name."""
     out = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
-        name, sep, path = item.partition("=")
-        if not sep or not name or not Path(path).is_file():
-            raise ValueError(f"--variants item {item!r} must be NAME=PATH of an existing weights file")
-        out[name] = path
+        name, sep, value = item.partition("=")
+        key, _, ratio = value.partition(":")
+        if sep and name and key == "recent_ratio":
+            try:
+                out[name] = {"recent_ratio": float(ratio)}
+            except ValueError:
+                raise ValueError(f"--variants item {item!r}: recent_ratio:{ratio!r} is not a number") from None
+            continue
+        if not sep or not name or not Path(value).is_file():
+            raise ValueError(
+                f"--variants item {item!r} must be NAME=PATH of an existing weights file or NAME=recent_ratio:X"
+            )
+        out[name] = {"weights": value}
     return out
 
 
@@ -282,25 +312,29 @@ def run_bench(args: argparse.Namespace, console: Console) -> dict:
         task = bar.add_task("contexts", total=len(contexts), info="")
         for ctx in contexts:
             bar.update(task, info=f"{ctx.name} ({len(ctx.context_ids)} tokens)")
-            results.append(run_context(loaded, ctx, policies, ratios, args.steps, variants))
+            results.append(run_context(loaded, ctx, policies, ratios, args.steps, variants, args.protocol))
             bar.advance(task)
     seconds = time.perf_counter() - start
-    cost = scoring_cost(loaded, contexts[-1]) if "kvp" in policies else {}
+    cost = scoring_cost(loaded, contexts[-1]) if "kvp" in policies and args.protocol == "compress" else {}
     return {
         "date": dt.date.today().isoformat(),
         "command": "python scripts/bench_kvp.py " + " ".join(sys.argv[1:]),
         "threads": args.threads,
+        "protocol": args.protocol,
         "steps": args.steps,
         "contexts": [{"name": c.name, "context_tokens": len(c.context_ids)} for c in contexts],
         "seconds": seconds,
-        "cost": cost | {"context": contexts[-1].name},
+        "cost": (cost | {"context": contexts[-1].name}) if cost else {},
         "rows": summarize(results),
         "per_context": results,
     }
 
 
-def kvp_table(rows: list[dict]) -> Table:
-    table = Table(title="retained future attention, KL(full || compressed), top-1 (mean over contexts and steps)")
+def kvp_table(rows: list[dict], protocol: str = "compress") -> Table:
+    table = Table(
+        title=f"protocol {protocol}: retained future attention, KL(full || compressed), top-1 "
+        "(mean over contexts and steps)"
+    )
     for col in ("kept", "policy", "retained", "KL", "top-1"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in rows:
