@@ -211,11 +211,20 @@ def run_cli(data_dir, run_dir, *extra):
 
 
 def test_cli_concurrency_gives_every_problem_the_same_result(data_dir, tmp_path):
-    keys = ("solved", "answer", "best_path", "nodes_created", "decode_tokens", "prefill_tokens", "oom", "error")
+    keys = ("solved", "answer", "best_path", "decode_tokens", "oom", "error")
     one = run_cli(data_dir, tmp_path / "c1")
     four = run_cli(data_dir, tmp_path / "c4", "concurrency=4")
     assert sorted(one) == sorted(four) == [900, 901, 902, 903]
     assert {i: {k: r[k] for k in keys} for i, r in one.items()} == {i: {k: r[k] for k in keys} for i, r in four.items()}
+    # llm_value's few-shot value prefix is a tree of its own, prefilled once per runtime: four fresh
+    # runtimes build it four times, one shared runtime once (in whichever search asks first)
+    assert sum(r["verifier_calls"] for r in one.values()) > 0
+    extra_nodes = {i: one[i]["nodes_created"] - four[i]["nodes_created"] for i in one}
+    extra_prefill = {i: one[i]["prefill_tokens"] - four[i]["prefill_tokens"] for i in one}
+    assert sorted(extra_nodes.values()) == [0, 1, 1, 1]
+    prefix_tokens = max(extra_prefill.values())
+    assert prefix_tokens > 0 and sorted(extra_prefill.values()) == [0] + [prefix_tokens] * 3
+    assert [i for i in one if extra_nodes[i] == 0] == [i for i in one if extra_prefill[i] == 0]
     again = run_cli(data_dir, tmp_path / "c4", "concurrency=2")  # resume: nothing left to do, nothing written twice
     assert again.keys() == four.keys()
 
@@ -264,6 +273,7 @@ def test_bench_concurrency_runs_every_level_and_naive_tot_on_the_same_problems(d
 
     over = ["model=tiny-random", f"paths.data_dir={data_dir}", "task.start=900", "task.end=902"]
     over += ["controller.n_generate=2", "controller.breadth=2", "verifier=llm_value"]
+    over += ["task.propose=sample"]  # naive ToT samples its proposals (with legal ones it decodes nothing)
     assert concurrency_main(["--levels", "1,2", "--naive", "--out", str(tmp_path), *over]) == 0
     rows = [json.loads(line) for line in (tmp_path / "concurrency.jsonl").read_text().splitlines()]
     assert [(r["policy"], r["concurrency"]) for r in rows] == [("policy=full", 1), ("policy=full", 2), ("naive ToT", 1)]

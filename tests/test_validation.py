@@ -94,7 +94,11 @@ def test_kvp_weights_missing_or_for_another_model(no_model, data_dir, tmp_path, 
 def test_kvp_weights_shipped_for_the_tiny_model_pass_validation(no_model, data_dir, tmp_path):
     # validation passes, so the (refused) model load is reached: the error is ours, not a user error
     with pytest.raises(ModelLoaded):
-        run(compose_config(["model=tiny-random", f"paths.data_dir={data_dir}", "task.end=901", "policy=kvp"]))
+        run(
+            compose_config(
+                ["model=tiny-random", f"paths.data_dir={data_dir}", "task.end=901", "policy=kvp", f"run_dir={tmp_path}"]
+            )
+        )
 
 
 def test_a_budget_no_machine_could_allocate_is_refused(no_model, data_dir, tmp_path, capsys):
