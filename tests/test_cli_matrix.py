@@ -11,13 +11,14 @@ results.jsonl, events.jsonl and traces.jsonl, no row is an OOM or an error, and 
 device bytes (KV, plus a sparse policy's index) stay within its budget.
 
 Ray cells share one local Ray instance (:func:`local_ray`: 2 CPUs, no GPUs, no dashboard), started
-once for the module. Every actor imports torch and loads its own model (~10-20 s on a busy 2-core
-machine), so the full ray product (90 cells) would take far more than the ~3 minutes this file
-allows; the ray cells are a subset: policy ``i`` of :data:`POLICIES` (sorted) runs with controller
-``i mod 5`` of :data:`CONTROLLERS` (sorted) at concurrency ``1 + i mod 2``. That covers every
-policy and every controller on ray at least once, and both concurrencies (:data:`RAY_CELLS`).
-Local cells run the full product. The in-process model loader is memoized per model spec (the
-same tiny model object for every local cell, as one run shares it between its problems).
+once for the module. Every actor imports torch and loads its own model, so a ray cell took 20-50 s
+on a busy 2-core machine and the full ray product (90 cells) would take far more than the ~3
+minutes this file allows for ray; the ray cells are a subset: policy ``i`` of :data:`POLICIES`
+(sorted) runs with controller ``i mod 5`` of :data:`CONTROLLERS` (sorted) at concurrency
+``1 + i mod 2``. That covers every policy and every controller on ray at least once, and both
+concurrencies (:data:`RAY_CELLS`). Local cells run the full product. The in-process model loader
+is memoized per model spec (the same tiny model object for every local cell, as one run shares it
+between its problems).
 """
 
 from __future__ import annotations
@@ -45,12 +46,13 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 POLICIES = sorted(p.stem for p in (CONF / "policy").glob("*.yaml"))
 CONTROLLERS = sorted(p.stem for p in (CONF / "controller").glob("*.yaml"))
 PROBLEMS = (900, 901, 902)
-#: budget_tokens set from the start. The prompt is 504 tokens and a thought at most 24, so every
-#: active path fits in 576, below the 600-648 tokens the default searches peak at under full: the
-#: policies that evict or drop (arbor, h2o, kvp, snapkv, streaming, thinkv) must manage. lychee and
-#: quest decide only what decode reads; their memory policy is full (it never frees a token), so
-#: their budget holds whole trees (two at once at concurrency 2) plus the index reserve.
-BUDGETS: dict[str, int | None] = {p: 576 for p in POLICIES} | {"full": None, "lychee": 2048, "quest": 2048}
+#: budget_tokens set from the start. The prompt is 504 tokens; arbor keeps the active path whole and
+#: its deepest path (game24's max_steps, legal or sampled steps) fits in 640, below the 648 tokens
+#: the sampled-step searches peak at under full (817-1176 with legal steps): the policies that evict
+#: or drop (arbor, h2o, kvp, snapkv, streaming, thinkv) must manage. lychee and quest decide only
+#: what decode reads; their memory policy is full (it never frees a token), so their budget holds
+#: whole trees (two at once at concurrency 2: up to ~2,400 tokens) plus the 3% index reserve.
+BUDGETS: dict[str, int | None] = {p: 640 for p in POLICIES} | {"full": None, "lychee": 4096, "quest": 4096}
 LOCAL_CELLS = list(itertools.product(POLICIES, CONTROLLERS, (1, 2)))
 RAY_CELLS = [(p, CONTROLLERS[i % len(CONTROLLERS)], 1 + i % 2) for i, p in enumerate(POLICIES)]
 ERROR = "arbor-solve: error:"
