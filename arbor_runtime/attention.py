@@ -32,19 +32,17 @@ import contextvars
 import importlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import AttentionInterface
 
-if TYPE_CHECKING:
-    from arbor_runtime.backend import TreeBatch
+from arbor_runtime.batch import BatchView
 
 IMPLEMENTATION = "arbor_tree"
 #: key / query tile sizes of the fallback kernel and of the statistics pass (bounded scratch)
 KEY_CHUNK = 1024
 QUERY_CHUNK = 512
-_ACTIVE: contextvars.ContextVar[TreeBatch | None] = contextvars.ContextVar("arbor_tree_batch", default=None)
+_ACTIVE: contextvars.ContextVar[BatchView | None] = contextvars.ContextVar("arbor_tree_batch", default=None)
 
 
 # ---- kernels ------------------------------------------------------------------------------
@@ -241,7 +239,7 @@ AttentionInterface.register(IMPLEMENTATION, _tree_attention)
 
 
 @contextmanager
-def tree_attention(model: torch.nn.Module, batch: TreeBatch) -> Iterator[None]:
+def tree_attention(model: torch.nn.Module, batch: BatchView) -> Iterator[None]:
     """Route the model's attention through the tree attention of ``batch`` while the block runs.
 
     The model's attention implementation is restored in ``finally`` whatever happens. No mask is

@@ -13,41 +13,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from arbor_runtime.attention import Kernel, attention_mass, merge_partials, tree_attention
+from arbor_runtime.batch import Group, Piece  # their home is batch.py; importable from here too
 from arbor_runtime.kv.pool import DevicePool, Extent
-from arbor_runtime.kv.store import KVShape, KVStore
+from arbor_runtime.kv.shape import KVShape
+from arbor_runtime.kv.store import KVStore
 
 if TYPE_CHECKING:
     from arbor_runtime.sparse import SparseAttention, SparseStep
-
-
-@dataclass(slots=True)
-class Piece:
-    """One pool segment of a context block: slots [start, start + length), token ids ``idx``."""
-
-    block_id: int
-    start: int
-    idx: torch.Tensor  # (length,) block-local token indices held in those slots
-
-    @property
-    def length(self) -> int:
-        return int(self.idx.numel())
-
-
-@dataclass(slots=True)
-class Group:
-    """A context block and the batch rows whose path holds it (``rows`` None = every row)."""
-
-    block_id: int
-    rows: torch.Tensor | None
-    n_rows: int
-    pieces: list[Piece]
-    mass: list[torch.Tensor] | None = None  # per piece (length,) float32 when statistics are on
 
 
 class TreeBatch:

@@ -19,16 +19,20 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from arbor_runtime.engine import EngineHost
 from arbor_runtime.errors import KVBudgetExceeded, NotYet
 from arbor_runtime.kv import BlockKV
 from arbor_runtime.tree import FORCED, Node
 
 if TYPE_CHECKING:
-    from arbor_runtime.runtime import Runtime
+    from collections.abc import Callable
+
+    from arbor_runtime.backend import TreeBatch
+    from arbor_runtime.engine import Engine, Work
 
 #: how choices are ranked and normalized
 RANKINGS = ("sum", "mean")
@@ -119,6 +123,27 @@ class ChoosePlan:
         return cls(choices, ids, given, best, by)
 
 
+class ChooseHost(EngineHost, Protocol):
+    """What a choose pass uses of the runtime (:class:`~arbor_runtime.runtime.Runtime`): the engine's
+    share and some of the runtime's internals (today's coupling, written down; see :class:`EngineHost`)."""
+
+    engine: Engine
+    _work: Work | None
+    logits_hook: Callable[[Node, torch.Tensor], None] | None
+
+    def _check_live(self, node: Node) -> None: ...
+
+    def _batch(
+        self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool, stats_from: int = 0
+    ) -> TreeBatch: ...
+
+    def _forward(self, batch: TreeBatch, ids: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor: ...
+
+    def _new_node(
+        self, parent: Node | None, ids: list[int], text: str, kind: str, start_pos: int, node_id: int | None = None
+    ) -> Node: ...
+
+
 @dataclass(eq=False, slots=True)
 class ChooseWork:
     """One batched forward of some choices under ``node`` (run by the engine's driver).
@@ -127,7 +152,7 @@ class ChooseWork:
     kept children. Returns (token log-probs per row, kept children in ``write`` order).
     """
 
-    rt: Runtime
+    rt: ChooseHost
     node: Node
     ids: list[list[int]]
     rows: list[int]

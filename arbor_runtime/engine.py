@@ -19,8 +19,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -34,7 +35,10 @@ from arbor_runtime.sampling import row_seed
 from arbor_runtime.tree import Node
 
 if TYPE_CHECKING:
-    from arbor_runtime.runtime import Runtime
+    from arbor_runtime.backend import ModelBackend, TreeBatch
+    from arbor_runtime.kv import KVStore
+    from arbor_runtime.memory import MemoryManager
+    from arbor_runtime.policies.base import Policy
 
 #: pool slots a generating row is given at a time (like a KV page): its first PAGE tokens at
 #: admission, then PAGE more whenever it fills them
@@ -74,10 +78,52 @@ class ExpandJob(Work):
     children: dict[int, Node] = field(default_factory=dict)
 
 
+class EngineHost(Protocol):
+    """What the engine uses of the runtime that owns it (:class:`~arbor_runtime.runtime.Runtime`).
+
+    Declared here so the engine names no module above it. It is today's coupling, written down:
+    the scheduler of issue 22 is to replace it with the collaborators themselves.
+    """
+
+    store: KVStore
+    memory: MemoryManager
+    backend: ModelBackend
+    policy: Policy
+
+    @property
+    def budget_tokens(self) -> int | None: ...
+
+    def accounting(self, work: Work) -> AbstractContextManager[None]: ...
+
+    def targets(self, work: Work | None = None) -> list[RuntimeMetrics]: ...
+
+    def tree_seed(self, node: Node) -> int: ...
+
+    def next_id(self) -> int: ...
+
+    def take_attention(self, batch: TreeBatch) -> None: ...
+
+    def recompute_all(self, nodes: Sequence[Node]) -> None: ...
+
+    def free_slots(self, extents: Sequence[Extent]) -> None: ...
+
+    def child_from_row(self, row: Row) -> Node: ...
+
+    def order_nodes(self, created: list[Node]) -> None: ...
+
+    def log_op(self, entry: dict) -> None: ...
+
+    def end_op(self, work: Work) -> None: ...
+
+    def _release(self, node: Node) -> None: ...
+
+    def _discard(self, node: Node) -> None: ...
+
+
 class Engine:
     """Runs the runtime's work: immediate operations, and the rows of every expansion in flight."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: EngineHost) -> None:
         self.rt = rt
         self.waiting: list[Row] = []
         self.running: list[Row] = []

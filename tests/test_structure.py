@@ -1,7 +1,9 @@
 """The import graph of the project: no cycles, and the layering of DESIGN.md.
 
 Every ``import`` that runs counts, also those inside functions (a cycle hidden in a function is
-still a cycle); imports under ``if TYPE_CHECKING:`` never run, so they are left out.
+still a cycle); imports under ``if TYPE_CHECKING:`` never run, so they are left out of ``GRAPH``.
+``TYPED_GRAPH`` counts them too: inside the runtime package a module does not even name, for its
+types, a module that imports it (such a circle is a layering that only works by not running).
 """
 
 from __future__ import annotations
@@ -22,24 +24,46 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph() -> nx.DiGraph:
-    """Module -> project module it imports (``from a import b`` counts as ``a.b`` when that is a module)."""
+def import_graph(type_checking: bool = False) -> nx.DiGraph:
+    """Module -> project module it imports (``from a import b`` counts as ``a.b`` when that is a module).
+
+    ``type_checking``: count the imports under ``if TYPE_CHECKING:`` too.
+    """
     files = {module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
     graph = nx.DiGraph()
     graph.add_nodes_from(files)
     for name, path in files.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in _runtime_nodes(ast.parse(path.read_text())):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
-            graph.add_edges_from((name, t) for t in targets if t in files and t != name)
+        targets = imported_names(path.read_text(), name, path.name == "__init__.py", set(files), type_checking)
+        graph.add_edges_from((name, t) for t in targets if t in files and t != name)
     return graph
+
+
+def imported_names(
+    source: str, module: str, is_package: bool, modules: set[str], type_checking: bool = True
+) -> list[str]:
+    """Absolute names ``source`` (the text of ``module``) imports: relative imports resolved, and
+    ``from a import b`` read as ``a.b`` when that is one of ``modules``, else as ``a``; also the
+    string given to ``importlib.import_module``."""
+    package = module if is_package else module.rpartition(".")[0]
+    tree = ast.parse(source)
+    names: list[str] = []
+    for node in ast.walk(tree) if type_checking else _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).strip(".")
+            names += [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        elif (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func).endswith("import_module")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            names.append(node.args[0].value)
+    return names
 
 
 def _runtime_nodes(tree: ast.AST):
@@ -56,6 +80,9 @@ def _runtime_nodes(tree: ast.AST):
 
 
 GRAPH = import_graph()
+TYPED_GRAPH = import_graph(type_checking=True)
+#: top-level packages that may come later and that the installed packages must never import
+OUTSIDE_THE_PRODUCT = {"benchmarks", "research"}
 
 
 def imports_of(prefix: str) -> set[tuple[str, str]]:
@@ -92,3 +119,79 @@ def test_the_runtime_package_stands_alone():
     assert outside == set()
     sources = " ".join(p.read_text() for p in (REPO / "arbor_runtime").rglob("*.py"))
     assert "import hydra" not in sources and "from hydra" not in sources and "import rich" not in sources
+
+
+def test_the_typed_graph_counts_type_checking_imports():
+    # backend names SparseAttention / SparseStep for its annotations only
+    assert ("arbor_runtime.backend", "arbor_runtime.sparse") in TYPED_GRAPH.edges
+    assert ("arbor_runtime.backend", "arbor_runtime.sparse") not in GRAPH.edges
+    assert set(GRAPH.edges) <= set(TYPED_GRAPH.edges)
+
+
+def test_no_import_cycles_in_the_runtime_counting_type_checking_imports():
+    runtime = TYPED_GRAPH.subgraph(n for n in TYPED_GRAPH if n.split(".")[0] == "arbor_runtime")
+    assert sorted(sorted(c) for c in nx.simple_cycles(runtime)) == []
+
+
+def test_a_cycle_through_a_type_checking_import_is_found():
+    modules = {"pkg", "pkg.a", "pkg.b"}
+    a = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\n"
+    b = "from .a import thing\n"
+    graph = nx.DiGraph()
+    for name, source in (("pkg.a", a), ("pkg.b", b)):
+        graph.add_edges_from((name, t) for t in imported_names(source, name, False, modules) if t in modules)
+    assert list(nx.simple_cycles(graph)) != []
+    assert imported_names(a, "pkg.a", False, modules, type_checking=False) == ["typing"]
+
+
+def test_the_product_never_imports_benchmarks_or_research():
+    modules = set(GRAPH)
+    bad = []
+    for pkg in ("arbor_runtime", "arbor_cli"):
+        for path in (REPO / pkg).rglob("*.py"):
+            name = module_name(path)
+            names = imported_names(path.read_text(), name, path.name == "__init__.py", modules)
+            bad += [(name, n) for n in names if n.split(".")[0] in OUTSIDE_THE_PRODUCT]
+    assert bad == []
+
+
+def test_imports_of_benchmarks_or_research_are_seen():
+    source = (
+        "import importlib\nfrom typing import TYPE_CHECKING\n"
+        "def f():\n    from benchmarks.speed import run\n    return importlib.import_module('research.kvp')\n"
+        "if TYPE_CHECKING:\n    import research.msve\n"
+    )
+    names = imported_names(source, "arbor_cli.x", False, set())
+    assert {n.split(".")[0] for n in names} >= OUTSIDE_THE_PRODUCT
+    assert {"benchmarks.speed", "research.kvp", "research.msve"} <= set(names)
+
+
+def _class_members(path: Path, cls: str) -> set[str]:
+    """Names a class defines: methods, annotated fields, and ``self.x`` its methods assign."""
+    node = next(n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef) and n.name == cls)
+    names = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+    names |= {n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store) and ast.unparse(sub.value) == "self":
+            names.add(sub.attr)
+    return names
+
+
+def _runtime_uses(path: Path) -> set[str]:
+    """Attributes read off the runtime in ``path``: ``rt.x`` and ``self.rt.x``."""
+    return {
+        n.attr
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Attribute) and ast.unparse(n.value) in ("rt", "self.rt")
+    }
+
+
+def test_the_engine_and_choose_use_of_the_runtime_is_their_protocols_and_the_runtime_has_it():
+    # engine.py and choose.py name no Runtime; what they use of it is written down as protocols
+    engine, choose = REPO / "arbor_runtime/engine.py", REPO / "arbor_runtime/choose.py"
+    engine_host = _class_members(engine, "EngineHost")
+    choose_host = engine_host | _class_members(choose, "ChooseHost")
+    assert _runtime_uses(engine) - engine_host == set()
+    assert _runtime_uses(choose) - choose_host == set()
+    assert choose_host - _class_members(REPO / "arbor_runtime/runtime.py", "Runtime") == set()
+    assert "arbor_runtime.runtime" not in set(TYPED_GRAPH.successors("arbor_runtime.engine"))

@@ -2,6 +2,7 @@
 
 from arbor_runtime.kv.block import BlockKV, Segment
 from arbor_runtime.kv.pool import DevicePool, Extent, PoolExhausted
-from arbor_runtime.kv.store import KVShape, KVStore
+from arbor_runtime.kv.shape import KVShape
+from arbor_runtime.kv.store import KVStore
 
 __all__ = ["BlockKV", "DevicePool", "Extent", "KVShape", "KVStore", "PoolExhausted", "Segment"]

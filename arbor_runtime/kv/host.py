@@ -34,7 +34,7 @@ from arbor_runtime.kv.pool import DevicePool, Extent
 from arbor_runtime.kv.streams import DONE, SyncStreams, default_streams
 
 if TYPE_CHECKING:
-    from arbor_runtime.kv.store import KVShape
+    from arbor_runtime.kv.shape import KVShape
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from arbor_runtime.policies.arbor import ArborPolicy
-from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.base import Capabilities, MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.full import FullPolicy
 from arbor_runtime.policies.h2o import H2OPolicy
 from arbor_runtime.policies.kvp import KVPPolicy
@@ -39,6 +39,7 @@ __all__ = [
     "MEMORY_POLICIES",
     "POLICIES",
     "ArborPolicy",
+    "Capabilities",
     "FullPolicy",
     "H2OPolicy",
     "KVPPolicy",

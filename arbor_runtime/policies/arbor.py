@@ -19,7 +19,7 @@ import torch
 
 from arbor_runtime.events import BranchSwitch, Event
 from arbor_runtime.policies.allocation import fit_floors, top_tokens, water_fill
-from arbor_runtime.policies.base import BlockView, MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.base import BlockView, Capabilities, MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.kvp import KVPScores
 from arbor_runtime.policies.msve import MSVEWeights, block_values
 
@@ -46,9 +46,7 @@ class ArborPolicy(Policy):
     """
 
     name = "arbor"
-    offload = True
-    keep_active_whole = True
-    needs_attention = True
+    CAPABILITIES = Capabilities(offload=True, keep_active_whole=True, needs_attention=True)
 
     sink_tokens: int = 4
     tail_tokens: int = 2

@@ -66,6 +66,43 @@ class RetentionPlan:
         return len(self.keep) + len(self.drop_host)
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a policy asks of the runtime, declared once; the memory manager, the engine, the runtime
+    and the sparse wrapper branch on these and on nothing else of a policy's kind.
+
+    Attributes:
+        offload: evicted tokens go to the host tier (True) or are gone for good (False).
+        keep_active_whole: the active path is never evicted from; the runtime restores (rehydrates
+            / recomputes) it before each expansion.
+        needs_attention: the runtime records attention statistics for this policy.
+        frees_memory: the policy's plans can free device memory (full's cannot: over budget is an OOM).
+        observation_window: when set (W), attention statistics come only from an observation window:
+            the last W queries of each prefilled block (prompt, forced block, prefill chunk), which
+            replace the earlier record of every token they see; decode queries are not counted (SnapKV).
+        restores_active_path: the runtime makes the active path whole (rehydrate / recompute) before
+            each expansion. Default (None): ``keep_active_whole``; a sparse wrapper that brings the
+            path's evicted spans back on demand (``rehydrate=ranked``) says False.
+        shrinks_active_path: the policy may evict from the active path itself (tree-blind policies):
+            a prompt larger than the budget is then prefilled in chunks, evicting between them.
+            Default (None): ``frees_memory and not keep_active_whole``.
+    """
+
+    offload: bool = False
+    keep_active_whole: bool = False
+    needs_attention: bool = False
+    frees_memory: bool = True
+    observation_window: int | None = None
+    restores_active_path: bool | None = None
+    shrinks_active_path: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.restores_active_path is None:
+            object.__setattr__(self, "restores_active_path", self.keep_active_whole)
+        if self.shrinks_active_path is None:
+            object.__setattr__(self, "shrinks_active_path", self.frees_memory and not self.keep_active_whole)
+
+
 @dataclass(slots=True)
 class Policy:
     """Base policy: holds the budget and the threshold; ``plan`` says what stays.
@@ -80,18 +117,9 @@ class Policy:
     """
 
     name = "base"
-    #: evicted tokens go to the host tier (True) or are gone for good (False)
-    offload = False
-    #: the runtime restores (rehydrates / recomputes) the active path before each expansion
-    keep_active_whole = False
-    #: the runtime records attention statistics for this policy
-    needs_attention = False
-    #: the policy's plans can free device memory (full's cannot: over budget is an OOM)
-    frees_memory = True
-    #: when set (W), attention statistics come only from an observation window: the last W queries
-    #: of each prefilled block (prompt, forced block, prefill chunk), which replace the earlier
-    #: record of every token they see; decode queries are not counted (SnapKV)
-    observation_window: ClassVar[int | None] = None
+    #: what this kind of policy asks of the runtime; a subclass declares its own (or, where it
+    #: depends on the policy's fields, overrides :attr:`capabilities`)
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities()
 
     budget_tokens: int | None = None
     threshold: float = 0.9
@@ -106,18 +134,38 @@ class Policy:
             raise ValueError(f"prefill_chunk={self.prefill_chunk} must be a positive number of tokens or None")
 
     @property
-    def restores_active_path(self) -> bool:
-        """The runtime makes the active path whole (rehydrate / recompute) before each expansion.
+    def capabilities(self) -> Capabilities:
+        """What this policy asks of the runtime; every name below reads it (the one place they are decided)."""
+        return self.CAPABILITIES
 
-        True for ``keep_active_whole`` policies, unless a sparse wrapper brings the path's evicted
-        spans back on demand, in the order its index ranks them (``rehydrate=ranked``)."""
-        return self.keep_active_whole
+    # ---- the capabilities under their old names (read-only) -------------------------------------
+    @property
+    def offload(self) -> bool:
+        return self.capabilities.offload
+
+    @property
+    def keep_active_whole(self) -> bool:
+        return self.capabilities.keep_active_whole
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.capabilities.needs_attention
+
+    @property
+    def frees_memory(self) -> bool:
+        return self.capabilities.frees_memory
+
+    @property
+    def observation_window(self) -> int | None:
+        return self.capabilities.observation_window
+
+    @property
+    def restores_active_path(self) -> bool:
+        return self.capabilities.restores_active_path
 
     @property
     def shrinks_active_path(self) -> bool:
-        """The policy may evict from the active path itself (tree-blind policies): a prompt larger
-        than the budget is then prefilled in chunks, evicting between them."""
-        return self.frees_memory and not self.keep_active_whole
+        return self.capabilities.shrinks_active_path
 
     @property
     def kv_budget_tokens(self) -> int | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from arbor_runtime.policies.base import Policy
+from arbor_runtime.policies.base import Capabilities, Policy
 
 
 @dataclass(slots=True)
@@ -12,4 +12,4 @@ class FullPolicy(Policy):
     """Retains everything (the exactness reference). Never frees room."""
 
     name = "full"
-    frees_memory = False
+    CAPABILITIES = Capabilities(frees_memory=False)

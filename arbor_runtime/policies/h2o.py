@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from arbor_runtime.policies.allocation import flat_pool, plan_from_mask
-from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.base import Capabilities, MemoryView, Policy, RetentionPlan
 
 
 @dataclass(slots=True)
@@ -22,7 +22,7 @@ class H2OPolicy(Policy):
     """
 
     name = "h2o"
-    needs_attention = True
+    CAPABILITIES = Capabilities(needs_attention=True)
     heavy_ratio: float = 0.1
     recent_ratio: float = 0.1
 

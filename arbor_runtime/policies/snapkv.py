@@ -22,7 +22,7 @@ import torch
 from torch.nn import functional as F
 
 from arbor_runtime.policies.allocation import flat_pool, plan_from_mask
-from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.base import Capabilities, MemoryView, Policy, RetentionPlan
 
 POOLINGS = ("avg", "max")
 
@@ -32,7 +32,6 @@ class SnapKVPolicy(Policy):
     """Observation-window attention, pooled, plus the window itself (SnapKV defaults of kvpress: 64, 5, avg)."""
 
     name = "snapkv"
-    needs_attention = True
     window_size: int = 64
     kernel_size: int = 5
     pooling: str = "avg"
@@ -47,8 +46,8 @@ class SnapKVPolicy(Policy):
             raise ValueError(f"snapkv pooling={self.pooling!r}; valid: {', '.join(POOLINGS)}")
 
     @property
-    def observation_window(self) -> int:
-        return self.window_size
+    def capabilities(self) -> Capabilities:
+        return Capabilities(needs_attention=True, observation_window=self.window_size)
 
     def plan(self, view: MemoryView) -> RetentionPlan | None:
         pos, tok, _ = flat_pool(view.blocks)

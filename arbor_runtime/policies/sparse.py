@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from arbor_runtime.events import Event
-from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.base import Capabilities, MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.registry import MEMORY_POLICIES
 from arbor_runtime.sparse import SelectConfig, SparseAttention
 
@@ -116,28 +116,10 @@ class SparsePolicy(Policy):
 
     # ---- the memory policy decides residency ---------------------------------------------------
     @property
-    def offload(self) -> bool:
-        return self.inner.offload
-
-    @property
-    def keep_active_whole(self) -> bool:
-        return self.inner.keep_active_whole
-
-    @property
-    def restores_active_path(self) -> bool:
-        return self.inner.restores_active_path and self.rehydrate == "whole"
-
-    @property
-    def needs_attention(self) -> bool:
-        return self.inner.needs_attention
-
-    @property
-    def frees_memory(self) -> bool:
-        return self.inner.frees_memory
-
-    @property
-    def observation_window(self) -> int | None:
-        return self.inner.observation_window
+    def capabilities(self) -> Capabilities:
+        """The memory policy's, except that ``rehydrate=ranked`` brings the active path back on demand."""
+        inner = self.inner.capabilities
+        return replace(inner, restores_active_path=inner.restores_active_path and self.rehydrate == "whole")
 
     @property
     def host_budget_tokens(self) -> int | None:

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from arbor_runtime.policies.allocation import fit_floors, top_tokens, water_fill
-from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.base import Capabilities, MemoryView, Policy, RetentionPlan
 
 
 @dataclass(slots=True)
 class ThinKVPolicy(Policy):
     name = "thinkv"
-    needs_attention = True
+    CAPABILITIES = Capabilities(needs_attention=True)
     #: tokens of each block kept whatever its importance (the thought's opening tokens)
     min_tokens_per_block: int = 1
 

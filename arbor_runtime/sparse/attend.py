@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from arbor_runtime.attention import merge_partials
+from arbor_runtime.batch import BatchView, Group
 from arbor_runtime.sparse.chunking import BoundaryTable
 
 if TYPE_CHECKING:
-    from arbor_runtime.backend import Group, TreeBatch
     from arbor_runtime.kv.store import KVStore
 
 
@@ -169,7 +169,7 @@ class SparseAttention:
         self.clock: Callable[[], float] = time.perf_counter
 
     # ---- per step ------------------------------------------------------------------------------
-    def prepare(self, batch: TreeBatch, positions: torch.Tensor) -> SparseStep:
+    def prepare(self, batch: BatchView, positions: torch.Tensor) -> SparseStep:
         """Lay out one decode step: positions (R,) are the rows' current token positions."""
         start, built = self.clock(), self.stats.build_seconds
         self._forget_released()
@@ -187,7 +187,7 @@ class SparseAttention:
         self.stats.index_seconds += layout
         return step
 
-    def _away(self, batch: TreeBatch) -> list[tuple[int, torch.Tensor | None]]:
+    def _away(self, batch: BatchView) -> list[tuple[int, torch.Tensor | None]]:
         """On demand: context blocks with every token on the host (no group in the batch), with the
         rows holding them (None = every row); their chunks are ranked for rehydration, not read."""
         if not self.on_demand or batch.context_ids is None:
@@ -339,7 +339,7 @@ class SparseStep:
     """
 
     owner: SparseAttention
-    batch: TreeBatch
+    batch: BatchView
     plans: list[_GroupPlan] = field(default_factory=list)
     parts: list[tuple] = field(default_factory=list)
     n_chunks: int = 0

@@ -1,0 +1,66 @@
+"""Batch data types: what one forward reads (a leaf; the attention hook, the sparse step and the backend share it).
+
+A batch is R rows of q new tokens each. Its context is a list of :class:`Group` (a block and the
+rows whose path holds it), each a list of :class:`Piece` (a run of pool slots of that block).
+:class:`~arbor_runtime.backend.TreeBatch` builds and attends them; :class:`BatchView` is the part
+of it that the attention hook (attention.py) and sparse decode (sparse/attend.py) read, so that
+neither imports the backend that runs them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from arbor_runtime.kv.pool import DevicePool
+
+
+@dataclass(slots=True)
+class Piece:
+    """One pool segment of a context block: slots [start, start + length), token ids ``idx``."""
+
+    block_id: int
+    start: int
+    idx: torch.Tensor  # (length,) block-local token indices held in those slots
+
+    @property
+    def length(self) -> int:
+        return int(self.idx.numel())
+
+
+@dataclass(slots=True)
+class Group:
+    """A context block and the batch rows whose path holds it (``rows`` None = every row)."""
+
+    block_id: int
+    rows: torch.Tensor | None
+    n_rows: int
+    pieces: list[Piece]
+    mass: list[torch.Tensor] | None = None  # per piece (length,) float32 when statistics are on
+
+
+class BatchView(Protocol):
+    """What readers of a :class:`~arbor_runtime.backend.TreeBatch` see of it.
+
+    Attributes:
+        pool: the device pool holding every context token.
+        groups: context blocks with their rows and segments.
+        rows: R, the batch rows.
+        stats: attention statistics are collected (``Group.mass``).
+        context_ids: decode steps: each row's context block ids in path order; else None.
+    """
+
+    pool: DevicePool
+    groups: list[Group]
+    rows: int
+    stats: bool
+    context_ids: list[list[int]] | None
+
+    def attend(
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """query (R, Hq, q, D); key/value (R, H_kv, q, D). Returns (R, q, Hq, D) in the query dtype."""
+        ...
