@@ -7,3 +7,11 @@ import os
 # linears took 17 s spinning vs 0.6 s passive). Set before torch loads OpenMP; a user's own
 # OMP_WAIT_POLICY wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# A source checkout run without installing it (the repository on PYTHONPATH): conf/, which
+# pyproject.toml installs as arbor_cli.conf, is this package's sibling, so subpackages are looked up
+# there too (see arbor_runtime/__init__.py). An installed wheel has no pyproject.toml beside it.
+_checkout = os.path.dirname(__path__[0])
+if all(os.path.exists(f"{_checkout}/{n}") for n in ("pyproject.toml", "conf/__init__.py")):
+    __path__.append(_checkout)
+del _checkout

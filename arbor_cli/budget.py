@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from arbor_cli.results import RESULTS_FILE, load_done
 from arbor_runtime import BudgetError
-from tasks.base import Problem, Task
+from arbor_runtime.tasks.base import Problem, Task
 
 #: keys of conf/policy/*.yaml that the CLI consumes (not fields of the policy classes)
 RUN_KEYS = ("budget_ratio", "budget_reference")

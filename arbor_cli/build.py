@@ -20,9 +20,9 @@ from omegaconf import DictConfig
 from arbor_cli.budget import PolicyFactory, auto_budget
 from arbor_cli.validate import validate_config
 from arbor_runtime import ArborError, LoadedModel, Policy, Runtime, load_model
-from controllers.base import Controller
-from tasks.base import Problem, Task
-from verifiers.base import Verifier
+from arbor_runtime.controllers.base import Controller
+from arbor_runtime.tasks.base import Problem, Task
+from arbor_runtime.verifiers.base import Verifier
 
 #: errors a user's config or data can cause: reported as one line, exit code 2
 USER_ERRORS = (ArborError, ValueError, FileNotFoundError, KeyError, TypeError)
@@ -32,7 +32,7 @@ MODEL_KEYS = ("spec", "device", "dtype", "trust_remote_code")
 
 def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
     """arbor-solve's config (``conf/config.yaml``) with command-line style ``overrides``."""
-    with initialize_config_module(config_module="conf", version_base="1.3"):
+    with initialize_config_module(config_module="arbor_cli.conf", version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
 
 

@@ -44,7 +44,7 @@ from arbor_cli.residency import RESIDENCY_FILE
 from arbor_cli.results import EVENTS_FILE, RESULTS_FILE, TRACES_FILE, clean_jsonl, load_done
 
 if TYPE_CHECKING:
-    from tasks.base import Problem, Task
+    from arbor_runtime.tasks.base import Problem, Task
 
 log = logging.getLogger(__name__)
 FINGERPRINT_FILE = "config_fingerprint.json"

@@ -21,7 +21,7 @@ GROUPS = ("task", "policy", "controller", "verifier", "model", "runner", "experi
 
 def group_options(group: str) -> list[str]:
     """The options of a config group (``experiment`` options in subfolders as ``folder/name``)."""
-    root = resources.files("conf").joinpath(group)
+    root = resources.files("arbor_cli.conf").joinpath(group)
     found = []
     for entry in root.iterdir():
         if entry.name.endswith(".yaml"):
@@ -48,7 +48,7 @@ def check_choices(argv: Sequence[str]) -> str | None:
     return None
 
 
-@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="pkg://arbor_cli.conf", config_name="config")
 def _solve(cfg: DictConfig) -> None:
     code = run(cfg)
     if code:

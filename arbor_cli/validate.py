@@ -22,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from arbor_cli.budget import PolicyFactory
 from arbor_runtime import ModelSpecError
+from arbor_runtime.controllers.base import Controller
 from arbor_runtime.loading import ModelGeometry, default_cache_dir, inspect_model
-from controllers.base import Controller
 
 #: policy settings that count tokens of a host tier or an index: an integer >= 0, or null
 COUNT_KEYS = ("host_budget_tokens",)

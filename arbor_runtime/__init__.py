@@ -24,3 +24,19 @@ __all__ = [
     "build_policy",
     "load_model",
 ]
+
+
+# A source checkout run without installing it (the repository on PYTHONPATH: scripts/gpu_check.sh,
+# the device run, a worktree next to another checkout's editable install): the folders that
+# pyproject.toml installs as arbor_runtime.controllers, .tasks and .verifiers are this package's
+# siblings, so subpackages are looked up there too. An installed wheel has no pyproject.toml beside
+# the package: nothing changes there.
+def _source_checkout() -> str | None:
+    import os
+
+    root = os.path.dirname(__path__[0])
+    return root if all(os.path.exists(f"{root}/{n}") for n in ("pyproject.toml", "tasks/__init__.py")) else None
+
+
+if _source_checkout():
+    __path__.append(_source_checkout())

@@ -1,11 +1,11 @@
 """Search algorithms written only against the public Runtime API."""
 
-from controllers.base import Candidate, Controller, SearchResult
-from controllers.beam import BeamController
-from controllers.best_first import BestFirstController
-from controllers.bfs import BFSController
-from controllers.dfs import DFSController
-from controllers.mcts import MCTSController
+from arbor_runtime.controllers.base import Candidate, Controller, SearchResult
+from arbor_runtime.controllers.beam import BeamController
+from arbor_runtime.controllers.best_first import BestFirstController
+from arbor_runtime.controllers.bfs import BFSController
+from arbor_runtime.controllers.dfs import DFSController
+from arbor_runtime.controllers.mcts import MCTSController
 
 __all__ = [
     "BFSController",

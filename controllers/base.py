@@ -29,9 +29,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from arbor_runtime import Node, Runtime, SamplingParams
-from tasks.answers import majority_vote
-from tasks.base import Problem, Proposal, StepResult, Task
-from verifiers.base import Verifier, charging
+from arbor_runtime.tasks.answers import majority_vote
+from arbor_runtime.tasks.base import Problem, Proposal, StepResult, Task
+from arbor_runtime.verifiers.base import Verifier, charging
 
 
 @dataclass(slots=True)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from arbor_runtime import Node
-from controllers.base import Candidate, Controller, SearchResult, check_int
+from arbor_runtime.controllers.base import Candidate, Controller, SearchResult, check_int
 
 
 class BeamController(Controller):
     """Beam search over thoughts, scored step by step by the verifier, with a terminal beam.
 
     Each step expands every open beam entry (one batch), drops candidates whose state was already
-    seen, and ranks the rest by :attr:`~controllers.base.Candidate.key`: finished paths go to the
+    seen, and ranks the rest by :attr:`~arbor_runtime.controllers.base.Candidate.key`: finished paths go to the
     *terminal beam* (the best ``beam_width`` finished paths; only the best stays resident), open
     ones compete for the ``beam_width`` slots of the next beam, so a finished path never takes an
     open path's slot (in llm-reasoners' ``BeamSearch`` a path holds a slot for the step it finishes
@@ -22,7 +22,7 @@ class BeamController(Controller):
         beam_width: open candidates kept after each step, and the terminal beam's size.
         samples_per_node: thoughts sampled from each open beam entry per step.
         max_depth: steps at most (None: the task's ``max_steps``).
-        **kwargs: see :class:`~controllers.base.Controller`.
+        **kwargs: see :class:`~arbor_runtime.controllers.base.Controller`.
 
     ``SearchResult.extra["finished"]`` counts the finished paths in the terminal beam.
     """

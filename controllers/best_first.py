@@ -6,7 +6,7 @@ import heapq
 import itertools
 
 from arbor_runtime import Node
-from controllers.base import Candidate, Controller, check_int
+from arbor_runtime.controllers.base import Candidate, Controller, check_int
 
 
 class BestFirstController(Controller):
@@ -22,7 +22,7 @@ class BestFirstController(Controller):
     Args:
         n_generate: thoughts sampled per expansion.
         max_expansions: cap on expanded nodes (= steps).
-        **kwargs: see :class:`~controllers.base.Controller`.
+        **kwargs: see :class:`~arbor_runtime.controllers.base.Controller`.
     """
 
     name = "best_first"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from arbor_runtime import Node
-from controllers.base import Candidate, Controller, check_int
+from arbor_runtime.controllers.base import Candidate, Controller, check_int
 
 
 class BFSController(Controller):
@@ -17,7 +17,7 @@ class BFSController(Controller):
     Args:
         n_generate: thoughts sampled per frontier node and level.
         breadth: nodes kept per level (the ``b`` of ToT BFS).
-        **kwargs: see :class:`~controllers.base.Controller`.
+        **kwargs: see :class:`~arbor_runtime.controllers.base.Controller`.
     """
 
     name = "bfs"

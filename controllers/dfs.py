@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from arbor_runtime import Node
-from controllers.base import Candidate, Controller, SearchResult, check_int, is_number
+from arbor_runtime.controllers.base import Candidate, Controller, SearchResult, check_int, is_number
 
 
 class DFSController(Controller):
@@ -23,7 +23,7 @@ class DFSController(Controller):
             verifier's "live" threshold (``verifier.scale.live``: 1.0 for the symbolic Game of 24
             check, a mean verdict of "likely" for ``llm_value``).
         max_visits: cap on visited (expanded) states.
-        **kwargs: see :class:`~controllers.base.Controller`.
+        **kwargs: see :class:`~arbor_runtime.controllers.base.Controller`.
 
     ``SearchResult.extra`` holds ``backtracks`` (visits that resumed at an earlier node instead of
     going deeper) and ``visits``.

@@ -6,7 +6,7 @@ import math
 from dataclasses import replace
 
 from arbor_runtime import Node
-from controllers.base import Candidate, Controller, SearchResult, check_int, is_number
+from arbor_runtime.controllers.base import Candidate, Controller, SearchResult, check_int, is_number
 
 
 class MCTSController(Controller):
@@ -35,7 +35,7 @@ class MCTSController(Controller):
         n_generate: thoughts sampled per expansion.
         exploration: UCT exploration weight ``c``.
         rollout: value a node on its first visit by a greedy rollout instead of its score alone.
-        **kwargs: see :class:`~controllers.base.Controller`.
+        **kwargs: see :class:`~arbor_runtime.controllers.base.Controller`.
     """
 
     name = "mcts"

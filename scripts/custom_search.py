@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from arbor_cli.run import run
 from arbor_runtime import Node
-from controllers import Candidate, Controller
+from arbor_runtime.controllers import Candidate, Controller
 
 
 class GreedyLookahead(Controller):
@@ -42,7 +42,7 @@ class GreedyLookahead(Controller):
         return steps, self.best
 
 
-@hydra.main(version_base="1.3", config_path="pkg://conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="pkg://arbor_cli.conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     keep = {k: cfg.controller[k] for k in ("n_generate", "temperature", "top_p") if k in cfg.controller}
     cfg.controller = OmegaConf.create({"_target_": f"{__name__}.{GreedyLookahead.__qualname__}", **keep})

@@ -1,5 +1,5 @@
 """Task definitions: prompts, data loading, thought parsing, answer checks."""
 
-from tasks.base import Problem, StepResult, Task
+from arbor_runtime.tasks.base import Problem, StepResult, Task
 
 __all__ = ["Problem", "StepResult", "Task"]

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import sympy
 
-from tasks.latex import latex_to_sympy
+from arbor_runtime.tasks.latex import latex_to_sympy
 
 #: absolute tolerance of numeric comparisons (decimals and integer fractions compare exactly)
 TOLERANCE = 1e-6

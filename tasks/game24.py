@@ -24,9 +24,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tasks.arith24 import apply_op, check_expression, format_number, parse_puzzle
-from tasks.base import Problem, Proposal, StepResult, Task, ValuePrompt, ValueQuery
-from tasks.data import DataUnavailable, check_slice, find_file, read_rows
+from arbor_runtime.tasks.arith24 import apply_op, check_expression, format_number, parse_puzzle
+from arbor_runtime.tasks.base import Problem, Proposal, StepResult, Task, ValuePrompt, ValueQuery
+from arbor_runtime.tasks.data import DataUnavailable, check_slice, find_file, read_rows
 
 INSTRUCTION = (
     "Use numbers and basic arithmetic operations (+ - * /) to obtain 24. "

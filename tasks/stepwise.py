@@ -6,8 +6,8 @@ The task keeps the steps so far; a step that states the final answer ("The answe
 examples and the question, all rendered by ``format_example`` so examples and query share one format.
 
 What differs between the data sets is data, given by each ``conf/task/<name>.yaml``: where the rows
-are (:class:`~tasks.data.DataSource`), which fields hold the question and the answer, the answer
-rule (:data:`~tasks.answers.ANSWER_RULES`), the instruction and the worked examples.
+are (:class:`~arbor_runtime.tasks.data.DataSource`), which fields hold the question and the answer, the answer
+rule (:data:`~arbor_runtime.tasks.answers.ANSWER_RULES`), the instruction and the worked examples.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from tasks.answers import ANSWER_RULES
-from tasks.base import Problem, Proposal, StepResult, Task, ValuePrompt, ValueQuery
-from tasks.data import DataSource, check_slice, load_rows
+from arbor_runtime.tasks.answers import ANSWER_RULES
+from arbor_runtime.tasks.base import Problem, Proposal, StepResult, Task, ValuePrompt, ValueQuery
+from arbor_runtime.tasks.data import DataSource, check_slice, load_rows
 
 #: stop strings of one thought, per step granularity
 STEP_STOPS: dict[str, tuple[str, ...]] = {"line": ("\n",), "sentence": (". ", ".\n", "\n")}
@@ -126,7 +126,7 @@ class StepwiseTask(Task):
         source: where the rows are: ``folder``, ``files`` (split -> file), ``hub`` (split -> dataset parts).
         question_field / answer_field: the row fields holding the question and the reference answer.
         meta_fields: row fields copied into ``Problem.meta`` (when present).
-        answer: the answer rule, a key of :data:`~tasks.answers.ANSWER_RULES`.
+        answer: the answer rule, a key of :data:`~arbor_runtime.tasks.answers.ANSWER_RULES`.
         instruction: the first line of the prompt.
         examples: worked examples (mappings with ``question``, ``steps``, ``answer``).
         data_dir: a folder with the task's files; None loads the hub datasets of ``source``.

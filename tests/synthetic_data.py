@@ -13,7 +13,7 @@ import itertools
 import json
 from pathlib import Path
 
-from tasks.arith24 import solvable
+from arbor_runtime.tasks.arith24 import solvable
 
 GAME24_HEADER = ("Rank", "Puzzles", "AMT (s)", "Solved rate", "1-sigma Mean (s)", "1-sigma STD (s)")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from synthetic_data import AIME, GSM8K_TEST, MATH500
 
-from tasks.answers import (
+from arbor_runtime.tasks.answers import (
     aime_match,
     extract_aime,
     extract_boxed,

@@ -19,7 +19,7 @@ from arbor_cli.budget import PolicyFactory
 from arbor_cli.build import build_task, build_verifier, compose_config
 from arbor_cli.run import run
 from arbor_runtime import Runtime
-from controllers.base import Controller
+from arbor_runtime.controllers.base import Controller
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

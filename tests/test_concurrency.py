@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from arbor_runtime import KVBudgetExceeded, Node, Runtime, SamplingParams
-from controllers.best_first import BestFirstController
-from controllers.bfs import BFSController
-from controllers.mcts import MCTSController
-from tasks.base import Problem, StepResult, Task, ValuePrompt, ValueQuery
-from verifiers.base import Verifier
+from arbor_runtime.controllers.best_first import BestFirstController
+from arbor_runtime.controllers.bfs import BFSController
+from arbor_runtime.controllers.mcts import MCTSController
+from arbor_runtime.tasks.base import Problem, StepResult, Task, ValuePrompt, ValueQuery
+from arbor_runtime.verifiers.base import Verifier
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 PROMPTS = [f"Problem {i}: count the steps.\nSteps:\n" for i in range(4)]
@@ -71,7 +71,7 @@ class ContentVerifier(Verifier):
 
 
 def llm_value():
-    from verifiers.llm_value import LLMValueVerifier
+    from arbor_runtime.verifiers.llm_value import LLMValueVerifier
 
     return LLMValueVerifier(n_evaluate=2, max_new_tokens=3)
 

@@ -17,9 +17,9 @@ from hydra.utils import get_class, instantiate
 
 from arbor_cli.build import build_task, build_verifier, compose_config
 from arbor_runtime import Node, Runtime
-from controllers import Controller, SearchResult
-from tasks.base import Problem, StepResult, Task
-from verifiers.base import Scale, Verifier
+from arbor_runtime.controllers import Controller, SearchResult
+from arbor_runtime.tasks.base import Problem, StepResult, Task
+from arbor_runtime.verifiers.base import Scale, Verifier
 
 REPO = Path(__file__).resolve().parents[1]
 #: tiny budgets per controller, so the whole file stays fast on two CPU cores

@@ -11,7 +11,7 @@ import pytest
 from synthetic_data import GSM8K_TEST, GSM8K_TRAIN
 
 from arbor_cli.build import build_task, compose_config
-from tasks.data import DataSource, DataUnavailable, HubPart, find_file, load_rows, read_rows
+from arbor_runtime.tasks.data import DataSource, DataUnavailable, HubPart, find_file, load_rows, read_rows
 
 GSM8K = DataSource.from_config(compose_config(["task=gsm8k"]).task.source)
 

@@ -15,14 +15,14 @@ import pytest
 from test_controllers import CONTROLLERS, NumberedTask, ScriptedVerifier
 
 from arbor_runtime import Runtime
-from controllers import Candidate, Controller
-from tasks.base import Problem, StepResult, ValuePrompt, ValueQuery
-from tasks.game24 import Game24Task
-from tasks.stepwise import StepwiseState, StepwiseTask
-from verifiers.answer_match import AnswerVerifier
-from verifiers.base import Scale, charge_model_call
-from verifiers.game24_oracle import Game24OracleVerifier
-from verifiers.llm_value import MAX_VERDICT_VALUE, Evaluation, LLMValueVerifier, raw_value
+from arbor_runtime.controllers import Candidate, Controller
+from arbor_runtime.tasks.base import Problem, StepResult, ValuePrompt, ValueQuery
+from arbor_runtime.tasks.game24 import Game24Task
+from arbor_runtime.tasks.stepwise import StepwiseState, StepwiseTask
+from arbor_runtime.verifiers.answer_match import AnswerVerifier
+from arbor_runtime.verifiers.base import Scale, charge_model_call
+from arbor_runtime.verifiers.game24_oracle import Game24OracleVerifier
+from arbor_runtime.verifiers.llm_value import MAX_VERDICT_VALUE, Evaluation, LLMValueVerifier, raw_value
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -14,10 +14,10 @@ from fractions import Fraction
 import pytest
 from synthetic_data import SIZES, game24_puzzles
 
-from tasks.arith24 import check_expression, parse_puzzle, solvable
-from tasks.base import Problem, StepResult
-from tasks.game24 import FEW_SHOT_EXAMPLES, Game24State, Game24Task, find_data_file
-from verifiers.game24_oracle import DEAD_END_SCORE, Game24OracleVerifier
+from arbor_runtime.tasks.arith24 import check_expression, parse_puzzle, solvable
+from arbor_runtime.tasks.base import Problem, StepResult
+from arbor_runtime.tasks.game24 import FEW_SHOT_EXAMPLES, Game24State, Game24Task, find_data_file
+from arbor_runtime.verifiers.game24_oracle import DEAD_END_SCORE, Game24OracleVerifier
 
 HAS_TOT = importlib.util.find_spec("tot") is not None
 

@@ -13,14 +13,14 @@ from hydra.utils import instantiate
 
 from arbor_cli.build import compose_config
 from arbor_runtime import Runtime
-from controllers import BFSController
-from tasks.base import Problem, StepResult
-from tasks.game24 import Game24Task
-from tasks.game24 import value_query as game24_query
-from tasks.stepwise import StepwiseState, StepwiseValuePrompt
-from tasks.stepwise import value_query as stepwise_query
-from verifiers import LLMValueVerifier
-from verifiers.llm_value import VALUE_MAP, parse_verdict, raw_value
+from arbor_runtime.controllers import BFSController
+from arbor_runtime.tasks.base import Problem, StepResult
+from arbor_runtime.tasks.game24 import Game24Task
+from arbor_runtime.tasks.game24 import value_query as game24_query
+from arbor_runtime.tasks.stepwise import StepwiseState, StepwiseValuePrompt
+from arbor_runtime.tasks.stepwise import value_query as stepwise_query
+from arbor_runtime.verifiers import LLMValueVerifier
+from arbor_runtime.verifiers.llm_value import VALUE_MAP, parse_verdict, raw_value
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 GAME24_PREFIX = Game24Task.value_prompt.prefix

@@ -9,10 +9,10 @@ import pytest
 from synthetic_data import SIZES
 
 from arbor_cli.build import compose_config, instantiate_user
-from tasks.base import Problem, StepResult
-from tasks.data import DataUnavailable
-from tasks.stepwise import StepwiseState, StepwiseTask, format_example
-from verifiers.answer_match import AnswerVerifier
+from arbor_runtime.tasks.base import Problem, StepResult
+from arbor_runtime.tasks.data import DataUnavailable
+from arbor_runtime.tasks.stepwise import StepwiseState, StepwiseTask, format_example
+from arbor_runtime.verifiers.answer_match import AnswerVerifier
 
 NAMES = ("aime", "gsm8k", "math500")
 FULL_SIZES = {"gsm8k": 1319, "math500": 500, "aime": 60}

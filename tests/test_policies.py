@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from test_budget import watch_forwards
 
 from arbor_runtime import KVBudgetExceeded, Runtime, SamplingParams
+from arbor_runtime.controllers.bfs import BFSController
 from arbor_runtime.events import replay_resident
 from arbor_runtime.policies import POLICIES, ArborPolicy, build_policy
-from controllers.bfs import BFSController
-from tasks.game24 import Game24Task, format_number
-from verifiers.game24_oracle import Game24OracleVerifier
+from arbor_runtime.tasks.game24 import Game24Task, format_number
+from arbor_runtime.verifiers.game24_oracle import Game24OracleVerifier
 
 PROMPT = "Input: 4 4 6 8\nSteps:\n"
 PARAMS = SamplingParams(max_new_tokens=4, temperature=1.0)

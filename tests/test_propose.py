@@ -12,13 +12,13 @@ import pytest
 
 from arbor_cli.build import build_task, compose_config
 from arbor_runtime import Runtime, SamplingParams
-from controllers import BFSController
-from tasks.arith24 import apply_op, format_number
-from tasks.base import Problem, Proposal
-from tasks.game24 import Game24State, Game24Task, Operand, legal_steps, step_regex
-from tasks.stepwise import answer_line_grammar
-from verifiers.likelihood import LikelihoodVerifier, path_likelihood
-from verifiers.llm_value import LLMValueVerifier
+from arbor_runtime.controllers import BFSController
+from arbor_runtime.tasks.arith24 import apply_op, format_number
+from arbor_runtime.tasks.base import Problem, Proposal
+from arbor_runtime.tasks.game24 import Game24State, Game24Task, Operand, legal_steps, step_regex
+from arbor_runtime.tasks.stepwise import answer_line_grammar
+from arbor_runtime.verifiers.likelihood import LikelihoodVerifier, path_likelihood
+from arbor_runtime.verifiers.llm_value import LLMValueVerifier
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

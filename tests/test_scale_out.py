@@ -144,8 +144,8 @@ def test_a_pickled_llm_value_verifier_leaves_its_runtime_behind_and_scores_the_s
     from ray import cloudpickle
 
     from arbor_runtime import Runtime
-    from tasks.game24 import Game24Task, legal_steps
-    from verifiers import LLMValueVerifier
+    from arbor_runtime.tasks.game24 import Game24Task, legal_steps
+    from arbor_runtime.verifiers import LLMValueVerifier
 
     task = Game24Task(data_dir=str(data_dir), start=900, end=901)
     problem = task.problems()[0]
@@ -290,7 +290,7 @@ def test_the_shipped_launcher_configs_compose_on_their_plugins(launcher, target,
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    with initialize_config_module(config_module="conf", version_base="1.3"):
+    with initialize_config_module(config_module="arbor_cli.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
     assert cfg.hydra.launcher._target_.endswith(target)
     for key, value in expected.items():

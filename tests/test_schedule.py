@@ -9,7 +9,7 @@ import pytest
 
 from arbor_cli.runners import RunnerError
 from arbor_cli.runners.schedule import Schedule
-from tasks.base import Problem
+from arbor_runtime.tasks.base import Problem
 
 
 class RayError(Exception):

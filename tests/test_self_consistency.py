@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from arbor_runtime import Runtime
-from controllers import BFSController, DFSController
-from tasks.answers import gsm8k_match
-from tasks.base import Problem, StepResult, Task
-from verifiers.base import Verifier
+from arbor_runtime.controllers import BFSController, DFSController
+from arbor_runtime.tasks.answers import gsm8k_match
+from arbor_runtime.tasks.base import Problem, StepResult, Task
+from arbor_runtime.verifiers.base import Verifier
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -1,27 +1,51 @@
-"""The import graph of the project: no cycles, and the layering of DESIGN.md.
+"""The import graph of the project: no cycles, and the layering of DESIGN.md; and the wheel's layout.
 
 Every ``import`` that runs counts, also those inside functions (a cycle hidden in a function is
 still a cycle); imports under ``if TYPE_CHECKING:`` never run, so they are left out of ``GRAPH``.
 ``TYPED_GRAPH`` counts them too: inside the runtime package a module does not even name, for its
 types, a module that imports it (such a circle is a layering that only works by not running).
+Modules go by their installed names: the top-level folders controllers/, tasks/, verifiers/ and
+conf/ install under the project's namespace (pyproject.toml ``[tool.setuptools.package-dir]``).
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import networkx as nx
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("arbor_runtime", "arbor_cli", "controllers", "verifiers", "tasks", "conf")
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+#: source folder -> the package it installs as
+PACKAGES = {"arbor_runtime": "arbor_runtime", "arbor_cli": "arbor_cli"} | {
+    folder: package for package, folder in PYPROJECT["package-dir"].items()
+}
 #: modules of the tasks package that verifiers may import: the interface and leaf modules
-TASK_INTERFACE = {"tasks", "tasks.base", "tasks.arith24", "tasks.answers", "tasks.latex"}
+TASK_INTERFACE = {f"arbor_runtime.tasks{m}" for m in ("", ".base", ".arith24", ".answers", ".latex")}
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    folder, *parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join([PACKAGES[folder], *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+
+def inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+#: installed module name -> its source file
+FILES = {module_name(p): p for folder in PACKAGES for p in sorted((REPO / folder).rglob("*.py"))}
+#: the runtime proper: the modules of the arbor_runtime/ folder (not the folders mapped into its namespace)
+CORE = {name for name, path in FILES.items() if path.relative_to(REPO).parts[0] == "arbor_runtime"}
 
 
 def import_graph(type_checking: bool = False) -> nx.DiGraph:
@@ -29,7 +53,7 @@ def import_graph(type_checking: bool = False) -> nx.DiGraph:
 
     ``type_checking``: count the imports under ``if TYPE_CHECKING:`` too.
     """
-    files = {module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
+    files = FILES
     graph = nx.DiGraph()
     graph.add_nodes_from(files)
     for name, path in files.items():
@@ -86,13 +110,15 @@ OUTSIDE_THE_PRODUCT = {"benchmarks", "research"}
 
 
 def imports_of(prefix: str) -> set[tuple[str, str]]:
-    return {(a, b) for a, b in GRAPH.edges if a == prefix or a.startswith(prefix + ".")}
+    return {(a, b) for a, b in GRAPH.edges if inside(a, prefix)}
 
 
 def test_the_graph_sees_the_project():
-    assert len(GRAPH) > 60 and ("tasks.game24", "tasks.arith24") in GRAPH.edges
-    assert ("verifiers.game24_oracle", "tasks.arith24") in GRAPH.edges
-    assert ("verifiers.base", "arbor_runtime") not in GRAPH.edges  # a TYPE_CHECKING import
+    assert len(GRAPH) > 60 and ("arbor_runtime.tasks.game24", "arbor_runtime.tasks.arith24") in GRAPH.edges
+    assert ("arbor_runtime.verifiers.game24_oracle", "arbor_runtime.tasks.arith24") in GRAPH.edges
+    assert ("arbor_runtime.verifiers.base", "arbor_runtime") not in GRAPH.edges  # a TYPE_CHECKING import
+    assert ("arbor_cli.build", "arbor_runtime.tasks.base") in GRAPH.edges
+    assert {"arbor_runtime", "arbor_runtime.tasks.base", "arbor_cli.conf"} <= set(GRAPH) and "tasks" not in GRAPH
 
 
 def test_no_import_cycles():
@@ -100,23 +126,29 @@ def test_no_import_cycles():
 
 
 def test_verifiers_depend_on_the_task_interface_not_on_task_modules():
-    bad = {(a, b) for a, b in imports_of("verifiers") if b.startswith("tasks") and b not in TASK_INTERFACE}
+    bad = {
+        (a, b)
+        for a, b in imports_of("arbor_runtime.verifiers")
+        if inside(b, "arbor_runtime.tasks") and b not in TASK_INTERFACE
+    }
     assert bad == set()
 
 
 def test_tasks_never_import_verifiers_controllers_or_the_runtime():
-    bad = {(a, b) for a, b in imports_of("tasks") if b.split(".")[0] in {"verifiers", "controllers", "arbor_runtime"}}
-    assert bad == set()
+    tasks = imports_of("arbor_runtime.tasks")
+    bad = {(a, b) for a, b in tasks if inside(b, "arbor_runtime") and not inside(b, "arbor_runtime.tasks")}
+    assert tasks and bad == set()
 
 
 def test_leaf_modules_import_nothing_but_leaves():
-    for leaf in ("tasks.arith24", "tasks.latex", "tasks.answers"):
-        assert set(GRAPH.successors(leaf)) <= {"tasks.latex"}, leaf
+    for leaf in ("arbor_runtime.tasks.arith24", "arbor_runtime.tasks.latex", "arbor_runtime.tasks.answers"):
+        assert set(GRAPH.successors(leaf)) <= {"arbor_runtime.tasks.latex"}, leaf
 
 
 def test_the_runtime_package_stands_alone():
-    outside = {(a, b) for a, b in imports_of("arbor_runtime") if not b.startswith("arbor_runtime")}
-    assert outside == set()
+    """The runtime proper imports neither the CLI nor the controllers, tasks and verifiers in its namespace."""
+    outside = {(a, b) for a, b in GRAPH.edges if a in CORE and b not in CORE}
+    assert len(CORE) > 20 and outside == set()
     sources = " ".join(p.read_text() for p in (REPO / "arbor_runtime").rglob("*.py"))
     assert "import hydra" not in sources and "from hydra" not in sources and "import rich" not in sources
 
@@ -195,3 +227,31 @@ def test_the_engine_and_choose_use_of_the_runtime_is_their_protocols_and_the_run
     assert _runtime_uses(choose) - choose_host == set()
     assert choose_host - _class_members(REPO / "arbor_runtime/runtime.py", "Runtime") == set()
     assert "arbor_runtime.runtime" not in set(TYPED_GRAPH.successors("arbor_runtime.engine"))
+
+
+def test_the_wheel_holds_only_the_projects_names_and_every_source_file(tmp_path):
+    """Build the wheel (about 3 s) from a copy of the sources (a stale build/ in the checkout would leak
+    into it) and list it: top level only arbor_runtime, arbor_cli and the dist-info, and each file of
+    the package folders at its installed path (a subpackage missing from pyproject's list fails here)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        (src / name).write_bytes((REPO / name).read_bytes())
+    sources = {}  # path in the wheel -> source file
+    for folder, package in PACKAGES.items():
+        for path in (REPO / folder).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts:
+                rel = path.relative_to(REPO / folder)
+                (src / folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                (src / folder / rel).write_bytes(path.read_bytes())
+                sources["/".join([*package.split("."), *rel.parts])] = path
+    out = tmp_path / "wheel"
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(src)]
+    build = subprocess.run(cmd, capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout + build.stderr  # needs setuptools>=77 here (the dev extra)
+    assert "absent from the `packages` configuration" not in build.stdout + build.stderr, build.stdout + build.stderr
+    [wheel] = out.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {n.split("/")[0] for n in names} == {"arbor_runtime", "arbor_cli", wheel.name.split("-py")[0] + ".dist-info"}
+    assert {n for n in names if ".dist-info/" not in n} == set(sources)
+    assert {"arbor_runtime/tasks/game24.py", "arbor_cli/conf/config.yaml", "arbor_cli/conf/policy/kvp.yaml"} <= names

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.base import Problem, StepResult
-from verifiers.base import Scale, Verifier
+from arbor_runtime.tasks.base import Problem, StepResult
+from arbor_runtime.verifiers.base import Scale, Verifier
 
 #: a terminal node that states an answer
 ANSWERED_SCORE = 1.0

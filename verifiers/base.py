@@ -1,8 +1,8 @@
 """Verifier interface: scores a node for the search controller.
 
-Verifiers read only the task-neutral interface of :mod:`tasks.base` (the problem, the
-:class:`~tasks.base.StepResult` of a thought, the task's declared value prompt) and leaf modules
-such as :mod:`tasks.arith24`; they never import a task module.
+Verifiers read only the task-neutral interface of :mod:`arbor_runtime.tasks.base` (the problem, the
+:class:`~arbor_runtime.tasks.base.StepResult` of a thought, the task's declared value prompt) and leaf modules
+such as :mod:`arbor_runtime.tasks.arith24`; they never import a task module.
 
 Every verifier declares its :class:`Scale` (what its scores mean: range, the "live" threshold,
 and whether some score certifies a correct answer) and the most model calls one score may make;
@@ -18,11 +18,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tasks.base import Problem, StepResult
+from arbor_runtime.tasks.base import Problem, StepResult
 
 if TYPE_CHECKING:
     from arbor_runtime import Node, Runtime
-    from tasks.base import Task
+    from arbor_runtime.tasks.base import Task
 
 
 @dataclass(frozen=True, slots=True)

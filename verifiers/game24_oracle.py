@@ -1,7 +1,7 @@
 """The exact Game of 24 solver as a verifier: an ORACLE, for upper-bound rows only.
 
 It scores a state 1.0 iff 24 is still reachable from the numbers left (exact search in
-:mod:`tasks.arith24`), so a search it steers is told the answer's existence at every step: its
+:mod:`arbor_runtime.tasks.arith24`), so a search it steers is told the answer's existence at every step: its
 accuracy is an upper bound on what a model-based value could reach, never a result of the model.
 It is no task's default; every results row records its verifier and tables label this one
 "oracle (upper bound)".
@@ -15,9 +15,9 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any, Protocol
 
-from tasks.arith24 import check_expression, format_number, parse_puzzle, solvable
-from tasks.base import Problem, StepResult
-from verifiers.base import Scale, Verifier
+from arbor_runtime.tasks.arith24 import check_expression, format_number, parse_puzzle, solvable
+from arbor_runtime.tasks.base import Problem, StepResult
+from arbor_runtime.verifiers.base import Scale, Verifier
 
 #: score of a valid state that can no longer reach 24: low, but above an invalid thought's 0.0
 DEAD_END_SCORE = 0.001

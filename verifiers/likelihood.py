@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from tasks.base import Problem, StepResult
-from verifiers.base import Scale, Verifier
+from arbor_runtime.tasks.base import Problem, StepResult
+from arbor_runtime.verifiers.base import Scale, Verifier
 
 if TYPE_CHECKING:
     from arbor_runtime import Node, Runtime
-    from tasks.base import Task
+    from arbor_runtime.tasks.base import Task
 
 
 class LikelihoodVerifier(Verifier):

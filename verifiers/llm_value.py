@@ -11,7 +11,7 @@ The model is asked whether a state can still succeed: "sure", "likely" or "impos
   the sum of 20 / 1 / 0.001 per verdict (unreadable samples add 0) and the score
   ``raw / (20 * n_evaluate)``: all "sure" gives 1.0, and the order of states is ToT's.
 
-The prompt is the task's own (:attr:`tasks.base.Task.value_prompt`): its few-shot prefix is a tree
+The prompt is the task's own (:attr:`arbor_runtime.tasks.base.Task.value_prompt`): its few-shot prefix is a tree
 root in the search's runtime, prefilled once; each state's query is a teacher-forced block appended
 to that root, sampled from, and released again, so only the prefix stays resident. Values are
 cached per state (ToT's value cache) for one runtime. Unlike ToT's prompt, the examples give the
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from arbor_runtime import Node, Runtime, SamplingParams
-from tasks.base import Problem, StepResult, Task, ValuePrompt, ValueQuery
-from verifiers.base import Scale, Verifier, charge_model_call
+from arbor_runtime.tasks.base import Problem, StepResult, Task, ValuePrompt, ValueQuery
+from arbor_runtime.verifiers.base import Scale, Verifier, charge_model_call
 
 #: ToT's value_map: value of one sampled verdict
 VALUE_MAP: dict[str, float] = {"sure": 20.0, "likely": 1.0, "impossible": 0.001}
@@ -167,7 +167,7 @@ class LLMValueVerifier(Verifier):
     def evaluate(self, query: ValueQuery) -> Evaluation:
         """Score ``query`` below the prefix root: verdict probabilities or samples (cached per state).
 
-        The asking search is charged one model call per state (:func:`~verifiers.base.charge_model_call`).
+        The asking search is charged one model call per state (:func:`~arbor_runtime.verifiers.base.charge_model_call`).
         """
         charge_model_call(query.key)
         if query.key in self.cache:

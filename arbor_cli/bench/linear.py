@@ -28,7 +28,7 @@ import torch
 
 from arbor_runtime import Node, Runtime, SamplingParams, build_policy
 from arbor_runtime.loading import LoadedModel, default_cache_dir
-from tasks.stepwise import format_example
+from arbor_runtime.tasks.stepwise import format_example
 
 log = logging.getLogger(__name__)
 

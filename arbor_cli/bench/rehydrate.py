@@ -36,7 +36,7 @@ from arbor_cli.results import append_jsonl, read_jsonl, write_csv
 from arbor_runtime import Runtime, SamplingParams, load_model
 from arbor_runtime.errors import KVBudgetExceeded
 from arbor_runtime.policies import LycheePolicy
-from tasks.data import DataSource, load_rows
+from arbor_runtime.tasks.data import DataSource, load_rows
 
 REPO = Path(__file__).resolve().parents[2]
 MODES = ("whole", "ranked", "position", "none")

@@ -32,7 +32,7 @@ from arbor_runtime import LoadedModel, Node, Runtime, SamplingParams
 from arbor_runtime.backend import TreeBatch
 from arbor_runtime.policies import LycheePolicy, Policy, QuestPolicy
 from arbor_runtime.sparse import SparseAttention
-from tasks.data import DataSource, load_rows
+from arbor_runtime.tasks.data import DataSource, load_rows
 
 METHODS = ("dense", "lychee", "quest")
 #: few-shot sources: (folder, shot split, file, question field, worked answer field)

@@ -22,7 +22,7 @@ from arbor_cli.runners.finished import Finished
 
 if TYPE_CHECKING:
     from arbor_cli.build import Setup
-    from tasks.base import Problem
+    from arbor_runtime.tasks.base import Problem
 
 __all__ = ["Finished", "Runner", "RunnerError", "build_runner"]
 

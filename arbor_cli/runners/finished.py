@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from arbor_cli.build import Setup
-    from tasks.base import Problem
+    from arbor_runtime.tasks.base import Problem
 
 
 @dataclass(slots=True)

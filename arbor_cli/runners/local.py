@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from arbor_cli.build import Setup
 from arbor_cli.runners.finished import Finished
 from arbor_cli.runners.search import solve
-from tasks.base import Problem
+from arbor_runtime.tasks.base import Problem
 
 
 class LocalRunner:

@@ -30,7 +30,7 @@ from arbor_cli.runners.errors import RunnerError
 from arbor_cli.runners.finished import Finished
 from arbor_cli.runners.schedule import Schedule, first_line
 from arbor_cli.runners.search import solve
-from tasks.base import Problem
+from arbor_runtime.tasks.base import Problem
 
 log = logging.getLogger(__name__)
 #: the fields of :class:`Setup` an actor receives from the driver (it loads its own model and

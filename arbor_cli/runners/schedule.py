@@ -15,7 +15,7 @@ from typing import Any
 from arbor_cli.build import Setup
 from arbor_cli.runners.errors import RunnerError
 from arbor_cli.runners.finished import Finished, unrun_row
-from tasks.base import Problem
+from arbor_runtime.tasks.base import Problem
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,10 @@ from arbor_cli.residency import ResidencyRecorder
 from arbor_cli.runners.finished import Finished, keeps_trees, search_fields
 from arbor_cli.tree_export import tree_record
 from arbor_runtime import KVBudgetExceeded, Node, Runtime
+from arbor_runtime.controllers.base import Controller, SearchResult
 from arbor_runtime.events import EventLog
 from arbor_runtime.metrics import RuntimeMetrics
-from controllers.base import Controller, SearchResult
-from tasks.base import Problem
+from arbor_runtime.tasks.base import Problem
 
 log = logging.getLogger(__name__)
 
