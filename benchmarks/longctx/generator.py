@@ -213,7 +213,7 @@ def _variable_tracking(hops: int = 2, chains: int = 2):
             chain = names[c * (hops + 1) : (c + 1) * (hops + 1)]
             depths = sorted(rng.random() for _ in chain)
             inserts.append((depths[0], f"VAR {chain[0]} = {values[c]}."))
-            inserts += [(d, f"VAR {b} = VAR {a}.") for d, a, b in zip(depths[1:], chain, chain[1:], strict=True)]
+            inserts += [(d, f"VAR {b} = VAR {a}.") for d, a, b in zip(depths[1:], chain[:-1], chain[1:], strict=True)]
         context = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n"
         context += _insert(_filler(rng, n), inserts) + "\n"
         question = f"Find all variables that are assigned the value {values[0]} in the text above. Answer:"
