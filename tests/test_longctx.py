@@ -120,9 +120,10 @@ def test_bench_runs_end_to_end(tmp_path, one_torch_thread):
     data = json.loads(out.read_text())
     assert data["settings"]["methods"] == ["dense", "lychee@25%", "lychee@1024", "h2o@25%", "h2o@1024"]
     rows = data["rows"]
-    assert len(rows) == 2 * 2 * 5 and len(data["items"]) == 4 and len(data["summary"]) == 2 * 5
+    assert len(rows) == 2 * 2 * 5 and len(data["items"]) == 4 and len(data["summary"]) == (2 + 1) * 5  # + all tasks
     fields = {"accuracy", "score", "agree", "first_agree", "kl_first", "decode_tok_s", "items"}
     assert all(fields <= set(s) for s in data["summary"])
+    assert {s["items"] for s in data["summary"] if s["task"] == "all"} == {4}
     for r in rows:
         assert 1 <= r["answer_tokens"] <= 16 and r["decode_tok_s"] > 0
         if r["method"] == "dense":

@@ -217,10 +217,14 @@ def run(loaded: LoadedModel, items: Sequence[Item], plan: Sequence[Method], max_
 
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (task, length, method): items, accuracy, mean score, agreement with dense, first-token
-    agreement, mean KL of the first answer token, median decode tokens/s."""
+    agreement, mean KL of the first answer token, median decode tokens/s; with several tasks, also
+    per (length, method) over all of them (task "all")."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["task"], r["length"], r["method"])].append(r)
+    if len({r["task"] for r in rows}) > 1:
+        for r in rows:
+            groups[("all", r["length"], r["method"])].append(r)
     out = []
     for (task, length, method), rs in groups.items():
         speeds = [r["decode_tok_s"] for r in rs if r["decode_tok_s"] is not None]
