@@ -104,22 +104,26 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     def progress(i, item):
         console.print(f"[{i + 1}/{len(items)}] {item.task} {item.length} #{item.index} ({item.tokens} tokens)")
 
+    command = f"python scripts/{PROG} " + " ".join(sys.argv[1:] if argv is None else argv)
+    settings = {k: v for k, v in cfg.items() if k != "plan"} | {"methods": [m.label for m in cfg["plan"]]}
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(rows, complete: bool = False):  # after every item: a long run leaves what it measured
+        out = {
+            "command": command, "settings": settings, "threads": torch.get_num_threads(), "complete": complete,
+            "items": [{k: v for k, v in it.to_dict().items() if k != "context"} for it in items],
+            "rows": rows, "summary": summarise(rows),
+        }  # fmt: skip
+        path.write_text(json.dumps(out, indent=1) + "\n")
+        return out
+
     try:
-        rows = run(loaded, items, cfg["plan"], cfg["max_new"], progress)
+        rows = run(loaded, items, cfg["plan"], cfg["max_new"], progress, write)
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    summary = summarise(rows)
-    command = f"python scripts/{PROG} " + " ".join(sys.argv[1:] if argv is None else argv)
-    settings = {k: v for k, v in cfg.items() if k != "plan"} | {"methods": [m.label for m in cfg["plan"]]}
-    out = {
-        "command": command, "settings": settings, "threads": torch.get_num_threads(),
-        "items": [{k: v for k, v in it.to_dict().items() if k != "context"} for it in items],
-        "rows": rows, "summary": summary,
-    }  # fmt: skip
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    summary = write(rows, complete=True)["summary"]
     console.print(fit_table(summary, COLUMNS, f"long-context fidelity · {cfg['model']}", console.width))
     console.print(f"wrote {path}")
     return 0

@@ -201,8 +201,9 @@ def run_item(loaded: LoadedModel, item: Item, plan: Sequence[Method], max_new: i
 
 
 # ---- the whole run ----------------------------------------------------------------------------------
-def run(loaded: LoadedModel, items: Sequence[Item], plan: Sequence[Method], max_new: int = 16, progress=None):
-    """Rows of every item (``progress(i, item)`` is called before each)."""
+def run(loaded: LoadedModel, items: Sequence[Item], plan: Sequence[Method], max_new: int = 16, progress=None,
+        done=None):  # fmt: skip
+    """Rows of every item (``progress(i, item)`` is called before each, ``done(rows so far)`` after each)."""
     limit = getattr(loaded.model.config, "max_position_embeddings", None)
     longest = max(it.tokens for it in items) + max_new + 8
     if limit is not None and longest > limit:
@@ -212,6 +213,8 @@ def run(loaded: LoadedModel, items: Sequence[Item], plan: Sequence[Method], max_
         if progress is not None:
             progress(i, item)
         rows += run_item(loaded, item, plan, max_new)
+        if done is not None:
+            done(rows)
     return rows
 
 
