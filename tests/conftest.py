@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: see arbor_cli/__init__.py
+# benchmarks/ sits beside the package and is not installed; appended, so installed packages still win
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pathlib import Path  # noqa: E402
 

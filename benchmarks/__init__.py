@@ -1,0 +1,1 @@
+"""Benchmarks: outside the installed package; they import arbor_runtime like a user would."""
