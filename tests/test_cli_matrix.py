@@ -4,8 +4,8 @@ value of issue 21 refused in one line before the model loads.
 
 Each cell is the shipped defaults of every config group (task=game24 with its llm_value verifier,
 the controller's and policy's own settings, runner=local / ray as shipped) on ``model=tiny-random``
-and three Game of 24 problems (rows 900-902 of the synthetic data). Only the budget is set, from
-the start, for the policies that take one (:data:`BUDGETS`; full gets none). A cell passes when the
+and two Game of 24 problems (rows 900-901 of the synthetic data; two keep CI near 25 min). Only the
+budget is set, from the start, for the policies that take one (:data:`BUDGETS`; full gets none). A cell passes when the
 run exits 0 with no traceback in its output, each problem is recorded exactly once in
 results.jsonl, events.jsonl and traces.jsonl, no row is an OOM or an error, and each row's peak
 device bytes (KV, plus a sparse policy's index) stay within its budget.
@@ -45,7 +45,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CONF = Path(__file__).resolve().parents[1] / "conf"
 POLICIES = sorted(p.stem for p in (CONF / "policy").glob("*.yaml"))
 CONTROLLERS = sorted(p.stem for p in (CONF / "controller").glob("*.yaml"))
-PROBLEMS = (900, 901, 902)
+PROBLEMS = (900, 901)
 #: budget_tokens set from the start. The prompt is 504 tokens; arbor keeps the active path whole and
 #: its deepest path (game24's max_steps, legal or sampled steps) fits in 640, below the 648 tokens
 #: the sampled-step searches peak at under full (817-1176 with legal steps): the policies that evict
