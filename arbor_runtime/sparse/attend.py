@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from arbor_runtime.attention import merge_partials
+from arbor_runtime.attention.merge import merge_partials
 from arbor_runtime.batch import BatchView, Group
 from arbor_runtime.sparse.chunking import BoundaryTable
 

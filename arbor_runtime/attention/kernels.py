@@ -1,16 +1,4 @@
-"""Tree attention: every row attends the blocks on its path where they lie, merged by log-sum-exp.
-
-A batch's rows are root-to-leaf paths that share blocks. For each layer, the attention function
-registered here attends each block segment once for all rows whose path contains it (their
-queries gathered, the keys read in place from the device pool), attends each row's own new
-tokens, and merges the partial results exactly:
-
-    s = logsumexp_i s_i,    o = sum_i exp(s_i - s) o_i          (DeFT, Hydragen, FlashInfer cascade)
-
-Nothing proportional to rows x context is ever materialized: scratch is the gathered queries and
-partial outputs (rows x new tokens) plus, when statistics are on, score tiles of bounded size.
-Attention statistics (the softmax mass each key receives, summed over heads and queries) come
-from the same partials: a second pass per segment with the final log-sum-exp.
+"""Attention kernels: attention over one key set with its log-sum-exp, and the softmax mass per key.
 
 Kernels (all return ``(out, lse)`` and read strided pool views without copying), chosen per
 call from the device, the dtype and the head size:
@@ -28,38 +16,16 @@ merged with the same function) is always available and tested.
 
 from __future__ import annotations
 
-import contextvars
 import importlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
-from transformers import AttentionInterface
 
-from arbor_runtime.batch import BatchView
+from arbor_runtime.attention.merge import merge_partials
 
-IMPLEMENTATION = "arbor_tree"
 #: key / query tile sizes of the fallback kernel and of the statistics pass (bounded scratch)
 KEY_CHUNK = 1024
 QUERY_CHUNK = 512
-_ACTIVE: contextvars.ContextVar[BatchView | None] = contextvars.ContextVar("arbor_tree_batch", default=None)
-
-
-# ---- kernels ------------------------------------------------------------------------------
-def merge_partials(
-    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact combination of attention over two disjoint key sets.
-
-    Args:
-        out_a, out_b: (..., M, D) normalized outputs; lse_a, lse_b: (..., M) log-sum-exp of the scores.
-    Returns:
-        (out, lse) of attention over the union, float32.
-    """
-    lse = torch.logaddexp(lse_a.float(), lse_b.float())
-    wa = torch.exp(lse_a.float() - lse).nan_to_num_(0.0).unsqueeze(-1)
-    wb = torch.exp(lse_b.float() - lse).nan_to_num_(0.0).unsqueeze(-1)
-    return out_a.float() * wa + out_b.float() * wb, lse
 
 
 def attention_reference(
@@ -223,33 +189,3 @@ def attention_mass(
                 p = p.masked_fill(kpos > qpos, 0.0)
             mass[c : c + kc.shape[-2]] += p.sum(dim=(0, 1, 2))
     return mass
-
-
-# ---- the attention function ---------------------------------------------------------------
-def _tree_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
-    """transformers attention interface: query (R, Hq, q, D); key/value (R, H_kv, q, D) = the new tokens."""
-    batch = _ACTIVE.get()
-    if batch is None:
-        raise RuntimeError("arbor_tree attention called outside a tree batch")
-    out = batch.attend(module.layer_idx, query, key, value, scaling or query.shape[-1] ** -0.5)
-    return out, None
-
-
-AttentionInterface.register(IMPLEMENTATION, _tree_attention)
-
-
-@contextmanager
-def tree_attention(model: torch.nn.Module, batch: BatchView) -> Iterator[None]:
-    """Route the model's attention through the tree attention of ``batch`` while the block runs.
-
-    The model's attention implementation is restored in ``finally`` whatever happens. No mask is
-    built by transformers for this implementation (it is not registered as a mask function).
-    """
-    previous = model.config._attn_implementation
-    token = _ACTIVE.set(batch)
-    model.config._attn_implementation = IMPLEMENTATION
-    try:
-        yield
-    finally:
-        model.config._attn_implementation = previous
-        _ACTIVE.reset(token)

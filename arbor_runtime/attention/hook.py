@@ -1,0 +1,49 @@
+"""The transformers hook: the ``arbor_tree`` attention implementation routes each layer to the batch.
+
+While :func:`tree_attention` is active, every attention layer of the model calls the running
+batch's ``attend`` (a :class:`~arbor_runtime.batch.BatchView`) with the layer's query and the new
+tokens' key / value; the batch decides what they attend (tree.py dense, sparse/step.py sparse).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from transformers import AttentionInterface
+
+from arbor_runtime.batch import BatchView
+
+IMPLEMENTATION = "arbor_tree"
+_ACTIVE: contextvars.ContextVar[BatchView | None] = contextvars.ContextVar("arbor_tree_batch", default=None)
+
+
+def _tree_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """transformers attention interface: query (R, Hq, q, D); key/value (R, H_kv, q, D) = the new tokens."""
+    batch = _ACTIVE.get()
+    if batch is None:
+        raise RuntimeError("arbor_tree attention called outside a tree batch")
+    out = batch.attend(module.layer_idx, query, key, value, scaling or query.shape[-1] ** -0.5)
+    return out, None
+
+
+AttentionInterface.register(IMPLEMENTATION, _tree_attention)
+
+
+@contextmanager
+def tree_attention(model: torch.nn.Module, batch: BatchView) -> Iterator[None]:
+    """Route the model's attention through the tree attention of ``batch`` while the block runs.
+
+    The model's attention implementation is restored in ``finally`` whatever happens. No mask is
+    built by transformers for this implementation (it is not registered as a mask function).
+    """
+    previous = model.config._attn_implementation
+    token = _ACTIVE.set(batch)
+    model.config._attn_implementation = IMPLEMENTATION
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = previous
+        _ACTIVE.reset(token)

@@ -1,0 +1,236 @@
+"""Dense tree attention: every row attends the blocks on its path where they lie, merged by log-sum-exp.
+
+A batch's rows are root-to-leaf paths that share blocks. For each layer, the attention hook
+(hook.py) hands :meth:`TreeBatch.attend` the layer's query and new tokens; it attends each block
+segment once for all rows whose path contains it (their queries gathered, the keys read in place
+from the device pool), attends each row's own new tokens, and merges the partial results exactly
+(merge.py):
+
+    s = logsumexp_i s_i,    o = sum_i exp(s_i - s) o_i          (DeFT, Hydragen, FlashInfer cascade)
+
+Nothing proportional to rows x context is ever materialized: scratch is the gathered queries and
+partial outputs (rows x new tokens) plus, when statistics are on, score tiles of bounded size.
+Attention statistics (the softmax mass each key receives, summed over heads and queries) come
+from the same partials: a second pass per segment with the final log-sum-exp.
+
+The batch is also the model's cache: transformers calls :meth:`TreeBatch.update` once per layer,
+which writes the new tokens' K/V straight into their pool slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from arbor_runtime.attention.kernels import Kernel, attention_mass
+from arbor_runtime.attention.merge import merge_partials
+from arbor_runtime.batch import Group, Piece
+from arbor_runtime.kv.pool import DevicePool, Extent
+from arbor_runtime.kv.store import KVStore
+
+if TYPE_CHECKING:
+    from arbor_runtime.sparse.step import SparseStep
+
+
+class TreeBatch:
+    """Plan of one forward: who attends what, where new K/V go, what statistics to collect.
+
+    Args:
+        pool: the device pool holding every context token.
+        groups: context blocks with their rows and segments.
+        rows / q: batch rows and new tokens per row.
+        write_slots: (R, q) long pool slot for each new token's K/V, -1 to not store it.
+        own_slots / own_valid: (R, n) long / bool, decode only: each row's generated tokens so far
+            *including* this step's token (written before attention reads it). None for a prefill,
+            where the new tokens attend each other causally from the layer's own K/V.
+        stats: collect attention mass per context token (``Group.mass``) and per own token (``own_mass``).
+        kernel: the (out, lse) attention kernel.
+        stats_from: only the queries of each row from this index on count in the statistics (an
+            observation window: the last ``q - stats_from`` tokens of a prefill); 0 = all of them.
+    """
+
+    def __init__(
+        self,
+        pool: DevicePool,
+        groups: list[Group],
+        rows: int,
+        q: int,
+        write_slots: torch.Tensor,
+        own_slots: torch.Tensor | None = None,
+        own_valid: torch.Tensor | None = None,
+        stats: bool = False,
+        kernel: Kernel | None = None,
+        stats_from: int = 0,
+    ) -> None:
+        if not 0 <= stats_from < q or (stats_from and own_slots is not None):
+            raise ValueError(f"stats_from={stats_from} must be in [0, q={q}), and 0 for a decode step")
+        self.pool, self.groups, self.rows, self.q, self.stats_from = pool, groups, rows, q, stats_from
+        self.kernel = kernel or Kernel(pool.device)
+        flat = write_slots.reshape(-1)
+        keep = flat >= 0
+        device = pool.device
+        self._write_sel = None if bool(keep.all()) else torch.nonzero(keep).squeeze(1).to(device)
+        self._write_slots = flat[keep].to(device)
+        for g in groups:  # index_select / index_copy on an accelerator need the index there too
+            if g.rows is not None:
+                g.rows = g.rows.to(device)
+        self.own_slots = None if own_slots is None else own_slots.to(device)
+        self.own_valid = None if own_valid is None else own_valid.to(device)
+        self.stats = stats
+        self.own_mass: torch.Tensor | None = None
+        #: a decode step's sparse layout (arbor_runtime/sparse); None = dense attention
+        self.sparse: SparseStep | None = None
+        #: decode steps: each row's context block ids in path order (blocks with no device token too)
+        self.context_ids: list[list[int]] | None = None
+        if stats:
+            for g in groups:
+                g.mass = [torch.zeros(p.length, dtype=torch.float32, device=device) for p in g.pieces]
+
+    # ---- Cache duck type: transformers calls this once per layer -------------------------------
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write the new tokens' (R, H_kv, q, D) K/V into their slots; hand them back unchanged."""
+        if self._write_slots.numel():
+            flat = [s.transpose(0, 1).reshape(s.shape[1], -1, s.shape[3]) for s in (key_states, value_states)]
+            if self._write_sel is not None:  # (H_kv, R*q, D) -> the tokens that are stored
+                flat = [f.index_select(1, self._write_sel) for f in flat]
+            self.pool.write_layer(layer_idx, self._write_slots, *flat)
+        return key_states, value_states
+
+    # ---- attention ------------------------------------------------------------------------------
+    def attend(self, layer: int, query, key, value, scale: float) -> torch.Tensor:
+        """query (R, Hq, q, D); key/value (R, H_kv, q, D). Returns (R, q, Hq, D) in the query dtype."""
+        if self.sparse is not None:
+            return self._attend_sparse(layer, query, key, value, scale)
+        r, hq, q, d = query.shape
+        hkv = key.shape[1]
+        g = hq // hkv
+        qg = query.reshape(r, hkv, g * q, d)  # query head h = kv * g + j: grouped, keys never repeated
+        own = self._attend_own(layer, qg, query, key, value, scale)
+        out, lse = own[0], own[1]
+        gathered = []
+        for grp in self.groups:
+            qf = _gather_queries(qg, grp.rows)  # (1, H_kv, rows * g * q, D)
+            gathered.append(qf)
+            for piece in grp.pieces:
+                k, v = self._piece_kv(layer, piece)
+                o, s = self.kernel(qf, k, v, scale)
+                out, lse = _merge_rows(out, lse, grp.rows, grp.n_rows, o, s)
+        if self.stats:
+            self._collect(layer, qg, gathered, own, lse, scale)
+        return out.to(query.dtype).view(r, hq, q, d).transpose(1, 2)
+
+    def _attend_sparse(self, layer: int, query, key, value, scale: float) -> torch.Tensor:
+        """Decode attention over the context chunks ``self.sparse`` picks, plus the own tokens."""
+        r, hq, q, d = query.shape
+        hkv = key.shape[1]
+        qg = query.reshape(r, hkv, (hq // hkv) * q, d)
+        own_out, own_lse, own_scores = self._attend_own(layer, qg, query, key, value, scale)
+        out, lse = self.sparse.attend(layer, qg, own_out, own_lse, scale)
+        if self.stats:  # the own tokens' mass under the final log-sum-exp
+            mass = torch.exp(own_scores - lse.unsqueeze(-1)).sum(dim=(1, 2))  # (R, n)
+            self.own_mass = mass if self.own_mass is None else self.own_mass + mass
+        return out.to(query.dtype).view(r, hq, q, d).transpose(1, 2)
+
+    def _attend_own(self, layer, qg, query, key, value, scale):
+        """Each row's own tokens: its generated tokens from the pool (decode) or causal new tokens.
+
+        Returns (out, lse, extra): (R, H_kv, g*q, D), (R, H_kv, g*q) float32, and what the
+        statistics pass needs: the own scores (decode) or the (query, repeated keys) pair (prefill).
+        """
+        if self.own_slots is None:
+            g = query.shape[1] // key.shape[1]
+            k, v = key.repeat_interleave(g, dim=1), value.repeat_interleave(g, dim=1)  # rows x new tokens only
+            o, s = self.kernel(query, k, v, scale, causal=True)  # (R, Hq, q, D), (R, Hq, q)
+            r, hkv, gq, d = qg.shape
+            return o.reshape(r, hkv, gq, d).float(), s.reshape(r, hkv, gq).float(), (query, k)
+        k, v = _rows_gather(self.pool, layer, self.own_slots)  # (R, H_kv, n, D) each
+        scores = torch.matmul(qg.float(), k.float().transpose(-1, -2)) * scale  # (R, H_kv, g*q, n)
+        scores = scores.masked_fill(~self.own_valid[:, None, None, :], float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        out = torch.matmul(torch.softmax(scores, dim=-1), v.float())
+        return out, lse, scores
+
+    def _piece_kv(self, layer: int, piece: Piece) -> tuple[torch.Tensor, torch.Tensor]:
+        """(1, H_kv, length, D) strided views into the pool: no copy."""
+        k, v = self.pool.layer_view(layer, Extent(piece.start, piece.length))
+        return k.unsqueeze(0), v.unsqueeze(0)
+
+    def _collect(self, layer, qg, gathered, own, lse, scale) -> None:
+        """Attention mass per key under the final log-sum-exp of each counted query."""
+        extra = own[2]
+        if self.stats_from:  # the observation window: queries stats_from.. of each row (prefill only)
+            qg, lse = _window(qg, self.q, self.stats_from), _window(lse, self.q, self.stats_from)
+            gathered = [_gather_queries(qg, grp.rows) for grp in self.groups]
+            query, k = extra
+            extra = (query[:, :, self.stats_from :], k)
+        for grp, qf in zip(self.groups, gathered, strict=True):
+            s = lse if grp.rows is None else lse.index_select(0, grp.rows)
+            s = s.transpose(0, 1).reshape(1, s.shape[1], -1)  # (1, H_kv, rows * g * q), query order of qf
+            for i, piece in enumerate(grp.pieces):
+                k, _ = self._piece_kv(layer, piece)
+                grp.mass[i] += attention_mass(qf, k, s, scale)
+        if isinstance(extra, torch.Tensor):  # decode: (R, H_kv, g*q, n) scores of the own tokens
+            mass = torch.exp(extra - lse.unsqueeze(-1)).sum(dim=(1, 2))  # (R, n)
+        else:  # prefill: causal mass over the new tokens, row by row
+            query, k = extra
+            final = lse.reshape(query.shape[0], query.shape[1], query.shape[2])  # (R, Hq, counted queries)
+            mass = torch.stack(
+                [
+                    attention_mass(query[i : i + 1], k[i : i + 1], final[i : i + 1], scale, causal=True)
+                    for i in range(query.shape[0])
+                ]
+            )
+        self.own_mass = mass if self.own_mass is None else self.own_mass + mass
+
+
+def _gather_queries(qg: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """(R, H_kv, G, D) -> (1, H_kv, r * G, D) for the given rows (all when None)."""
+    sub = qg if rows is None else qg.index_select(0, rows)
+    return sub.transpose(0, 1).reshape(1, qg.shape[1], -1, qg.shape[3])
+
+
+def _window(t: torch.Tensor, q: int, start: int) -> torch.Tensor:
+    """(R, H_kv, g*q, ...) per-query tensor -> (R, H_kv, g*(q-start), ...) of queries start.. of each row."""
+    r, hkv = t.shape[0], t.shape[1]
+    return t.view(r, hkv, -1, q, *t.shape[3:])[:, :, :, start:].reshape(r, hkv, -1, *t.shape[3:])
+
+
+def _merge_rows(out, lse, rows, n_rows, o, s):
+    """Merge a piece's partial (1, H_kv, rows * G, D) / (1, H_kv, rows * G) into the running rows."""
+    hkv, gq, d = out.shape[1], out.shape[2], out.shape[3]
+    o = o.view(hkv, n_rows, gq, d).transpose(0, 1)
+    s = s.view(hkv, n_rows, gq).transpose(0, 1)
+    if rows is None:
+        return merge_partials(out, lse, o, s)
+    mo, ms = merge_partials(out.index_select(0, rows), lse.index_select(0, rows), o, s)
+    return out.index_copy(0, rows, mo), lse.index_copy(0, rows, ms)
+
+
+def _rows_gather(pool: DevicePool, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's K and V at (R, n) slots -> (R, H_kv, n, D) each (a copy: rows x new tokens)."""
+    r, n = slots.shape
+    k, v = pool.gather_layer(layer, slots.reshape(-1))  # (H_kv, R*n, D)
+    return k.view(-1, r, n, k.shape[-1]).transpose(0, 1), v.view(-1, r, n, v.shape[-1]).transpose(0, 1)
+
+
+def context_groups(store: KVStore, contexts: Sequence[Sequence[int]]) -> list[Group]:
+    """Group the blocks of each row's context (block ids in path order) by block.
+
+    Blocks with no token on the device are skipped. Rows of a block shared by every row get
+    ``rows=None`` (their queries are used without gathering).
+    """
+    holders: dict[int, list[int]] = {}
+    for row, ids in enumerate(contexts):
+        for block_id in ids:
+            holders.setdefault(block_id, []).append(row)
+    groups = []
+    for block_id, rows in sorted(holders.items()):
+        blk = store.get(block_id)
+        pieces = [Piece(block_id, s.start, s.idx) for s in blk.segments if s.length]
+        if not pieces:
+            continue
+        every = len(rows) == len(contexts)
+        groups.append(Group(block_id, None if every else torch.tensor(rows), len(rows), pieces))
+    return groups
