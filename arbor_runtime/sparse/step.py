@@ -1,0 +1,290 @@
+"""One sparse decode step: its layout over the context blocks, and at every layer the selection and
+the attention.
+
+:meth:`~arbor_runtime.sparse.attend.SparseAttention.prepare` lays out the step once (every context
+block's chunks and the pool slots of their resident tokens, which chunks each row must read);
+then at every layer :meth:`SparseStep.attend`:
+
+1. retrieval: each indexed block ranks its chunks for the rows that hold it, per KV head
+   (batched over rows and heads); with the forced chunks (sinks, window, blocks read whole)
+   they are sorted and taken until ``token_budget`` resident tokens per row and head;
+2. attention: the chosen chunks' K/V are gathered from the pool (rows x heads x budget: bounded
+   scratch, never rows x context), attended with the row's own tokens, and merged by
+   log-sum-exp exactly as the dense path merges its pieces.
+
+Retrieval is over what is resident: chunks whose tokens a memory policy evicted are skipped, a
+partly evicted chunk is read for the tokens it still has (its bound still holds for them). On
+demand each layer also counts the rehydration demand (demand.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from arbor_runtime.attention.merge import merge_partials
+from arbor_runtime.batch import BatchView, Group
+from arbor_runtime.sparse.demand import count_demand
+from arbor_runtime.sparse.index import BlockIndex, BlockIndexes, _Entry, _GroupPlan
+
+
+@dataclass(slots=True)
+class SparseStep:
+    """One decode step's layout (made by :meth:`~arbor_runtime.sparse.attend.SparseAttention.prepare`)
+    and its per-layer attention.
+
+    Chunks of every context block get step-wide ids. Tables: ``slots`` (C, W) pool slots of each
+    chunk's resident tokens (-1 padded), ``length`` (C,) resident tokens, ``target`` (C, W) the
+    token's place in the concatenation of every group's pieces (for attention statistics),
+    ``forced`` (R, C) bool chunks a row always reads, ``visible`` (R, C) bool.
+    """
+
+    owner: BlockIndexes
+    batch: BatchView
+    plans: list[_GroupPlan] = field(default_factory=list)
+    parts: list[tuple] = field(default_factory=list)
+    n_chunks: int = 0
+    n_tokens: int = 0
+    piece_offsets: list[list[int]] = field(default_factory=list)
+    slots: torch.Tensor | None = None
+    length: torch.Tensor | None = None
+    target: torch.Tensor | None = None
+    forced: torch.Tensor | None = None
+    forced_ids: torch.Tensor | None = None
+    context: torch.Tensor | None = None
+    hosted_ids: list[torch.Tensor] = field(default_factory=list)
+    hosted: torch.Tensor | None = None  # (C,) bool: chunk has host-tier tokens its index covers (on demand)
+    demand: torch.Tensor | None = None  # (C,) float: selections each hosted chunk would have entered
+    whole_blocks: list[int] = field(default_factory=list)  # context blocks read whole (not indexed)
+
+    def add_group(self, grp: Group, entry: _Entry, start_pos: int) -> None:
+        """Lay out one context block's chunks (cached per block while its segments stay)."""
+        width = self.owner.select.width
+        key = tuple((p.start, p.length) for p in grp.pieces) + (entry.length, id(entry.index))
+        if entry.layout_key != key or entry.layout is None:
+            entry.layout = _layout(grp, entry.index, width)
+            entry.layout_key = key
+        slots, target, lo, hi = entry.layout
+        offsets, off = [], self.n_tokens
+        for p in grp.pieces:
+            offsets.append(off)
+            off += p.length
+        self.piece_offsets.append(offsets)
+        whole = entry.index is None
+        if whole:
+            self.whole_blocks.append(grp.block_id)
+        elif self.owner.on_demand:
+            self._note_hosted(grp.block_id, entry.index)
+        self.parts.append((grp.rows, slots, target + self.n_tokens, lo + start_pos, hi + start_pos, whole))
+        if not whole:
+            sel = self.owner.select
+            mean = max(entry.length / max(entry.index.n_chunks, 1), 1.0)
+            n = min(entry.index.n_chunks, math.ceil(sel.token_budget / mean) + 1)
+            self.plans.append(_GroupPlan(entry.index, grp.rows, self.n_chunks, n, grp.block_id))
+        self.n_chunks += int(slots.shape[0])
+        self.n_tokens = off
+
+    def add_away(self, block_id: int, rows: torch.Tensor | None, entry: _Entry) -> None:
+        """A context block with no token on the device: its chunks join the step unread (length 0),
+        so retrieval ranks them for rehydration; a block too short to index is wanted whole."""
+        if entry.index is None:
+            self.whole_blocks.append(block_id)
+            return
+        self._note_hosted(block_id, entry.index)
+        c, w = entry.index.n_chunks, self.owner.select.width
+        empty = torch.full((c, w), -1, dtype=torch.long)
+        lo, hi = torch.full((c,), 1 << 40), torch.full((c,), -(1 << 40))  # never a sink nor in the window
+        self.parts.append((rows, empty, empty, lo, hi, False))
+        mean = max(entry.length / max(c, 1), 1.0)
+        n = min(c, math.ceil(self.owner.select.token_budget / mean) + 1)
+        self.plans.append(_GroupPlan(entry.index, rows, self.n_chunks, n, block_id))
+        self.n_chunks += c
+
+    def _note_hosted(self, block_id: int, index: BlockIndex) -> None:
+        """Step chunk ids of the block's chunks that have host-tier tokens the index covers."""
+        idx = self.owner.store.host.indices(block_id)
+        if idx is None:
+            return
+        idx = idx[index.covered[idx]] if int(index.covered.numel()) else idx[:0]
+        chunk = torch.searchsorted(index.starts, idx, right=True) - 1
+        self.hosted_ids.append(torch.unique(chunk) + self.n_chunks)
+
+    def finish(self, positions: torch.Tensor) -> None:
+        """Step-wide tables and, per row, the chunks it must read (sinks, window, blocks read whole)."""
+        sel, r = self.owner.select, self.batch.rows
+        empty = torch.zeros(0, sel.width, dtype=torch.long)
+        self.slots = torch.cat([p[1] for p in self.parts]) if self.parts else empty
+        self.target = torch.cat([p[2] for p in self.parts]) if self.parts else empty
+        self.length = (self.slots >= 0).sum(-1)
+        visible = torch.zeros(r, self.n_chunks, dtype=torch.bool)
+        forced = torch.zeros(r, self.n_chunks, dtype=torch.bool)
+        pos = positions.view(-1, 1).cpu()
+        c = 0
+        for rows, slots, _, lo, hi, whole in self.parts:
+            n = int(slots.shape[0])
+            seen = torch.ones(r, dtype=torch.bool)
+            if rows is not None:
+                seen = torch.zeros(r, dtype=torch.bool).index_fill_(0, rows.cpu(), True)
+            visible[:, c : c + n] = seen.view(-1, 1)
+            must = (lo < sel.sink_tokens).view(1, -1) | (hi.view(1, -1) > pos - sel.window_tokens) | whole
+            forced[:, c : c + n] = must & seen.view(-1, 1)
+            c += n
+        usable = self.length > 0
+        self.forced = forced & usable
+        self.context = (visible & usable).long() @ self.length  # (R,) resident context tokens per row
+        width = max(int(self.forced.sum(1).max()) if r else 0, 1)
+        order = torch.sort(self.forced.int(), dim=1, descending=True, stable=True).indices[:, :width]
+        self.forced_ids = torch.where(self.forced.gather(1, order), order, -1)
+        device = self.batch.pool.device
+        if self.owner.on_demand:
+            self.hosted = torch.zeros(self.n_chunks, dtype=torch.bool, device=device)
+            if self.hosted_ids:
+                self.hosted[torch.cat(self.hosted_ids).to(device)] = True
+            self.demand = torch.zeros(self.n_chunks, dtype=torch.float32, device=device)
+        self.slots, self.target = self.slots.to(device), self.target.to(device)
+        self.length, self.forced = self.length.to(device), self.forced.to(device)
+        self.forced_ids = self.forced_ids.to(device)
+        for plan in self.plans:
+            plan.rows = None if plan.rows is None else plan.rows.to(device)
+
+    # ---- per layer -----------------------------------------------------------------------------
+    def attend(
+        self, layer: int, qg: torch.Tensor, own_out: torch.Tensor, own_lse: torch.Tensor, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention over the chosen chunks, merged with the own-token partials.
+
+        Args:
+            qg: (R, H, g, D) queries grouped by KV head (q = 1).
+            own_out / own_lse: (R, H, g, D) / (R, H, g) partials of the rows' own tokens.
+        Returns:
+            out (R, H, g, D) float32 and lse (R, H, g) over the chosen chunks and the own tokens;
+            with statistics on, the chosen keys' attention mass is added to their pieces.
+        """
+        owner = self.owner
+        start = owner.clock()
+        chosen, take = self._select(layer, qg)  # (R, H, K) step chunk ids, bool
+        mid = owner.clock()
+        slots = self.slots[chosen]  # (R, H, K, W)
+        valid = (slots >= 0) & take.unsqueeze(-1)
+        r, h, k, w = slots.shape
+        slots, valid = slots.view(r, h, k * w), valid.view(r, h, k * w)
+        keys, values = _gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)
+        q = qg.float()
+        scores = torch.matmul(q, keys.float().transpose(-1, -2)) * scale  # (R, H, g, S)
+        scores = scores.masked_fill(~valid.unsqueeze(2), float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        out = torch.matmul(torch.softmax(scores, dim=-1).nan_to_num_(0.0), values.float())
+        out, lse = merge_partials(own_out, own_lse, out, lse)
+        if self.batch.stats:
+            self._collect(scores, lse, chosen, valid)
+        owner.stats.index_seconds += mid - start
+        owner.stats.attention_seconds += owner.clock() - mid
+        owner.stats.read_tokens += int(valid.sum())
+        owner.stats.context_tokens += int(self.context.sum()) * h
+        return out, lse
+
+    def _select(self, layer: int, qg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row and KV head, the chunks to read: (R, H, K) step chunk ids and which are taken."""
+        sel = self.owner.select
+        r, h = qg.shape[0], qg.shape[1]
+        q = qg.float()
+        forced = self.forced_ids.unsqueeze(1).expand(r, h, -1)
+        ids = [forced.clamp(min=0)]
+        scores = [torch.where(forced >= 0, float("inf"), float("-inf"))]
+        retrieved = []  # (ids, bounds) before resident-only masking, for the rehydration demand
+        for plan in self.plans:
+            sub = q if plan.rows is None else q.index_select(0, plan.rows)
+            got, best = plan.index.retrieve(layer, sub, plan.n, sel.exact)  # (r', H, m)
+            got = got + plan.offset
+            if plan.rows is not None:
+                got = torch.zeros(r, h, got.shape[-1], dtype=got.dtype).index_copy_(0, plan.rows, got)
+                best = torch.full((r, h, best.shape[-1]), float("-inf")).index_copy_(0, plan.rows, best)
+            again = self.forced.gather(1, got.view(r, -1)).view_as(got) | (self.length[got] == 0)
+            retrieved.append((got, best))
+            ids.append(got)
+            scores.append(best.masked_fill(again, float("-inf")))
+        ids, scores = torch.cat(ids, -1), torch.cat(scores, -1)
+        scores, order = scores.sort(dim=-1, descending=True)
+        ids = ids.gather(-1, order)
+        size = self.length[ids]
+        before = size.cumsum(-1) - size
+        take = torch.isfinite(scores) & (before < sel.token_budget) | (scores == float("inf"))
+        if self.demand is not None and retrieved:
+            self._count_demand(retrieved, scores, take, size)
+        k = max(int(take.sum(-1).max()), 1)
+        return ids[..., :k], take[..., :k]
+
+    def _count_demand(self, retrieved, scores: torch.Tensor, take: torch.Tensor, size: torch.Tensor) -> None:
+        """This layer's rehydration demand into ``self.demand`` (:func:`~arbor_runtime.sparse.demand.count_demand`)."""
+        count_demand(self.demand, self.hosted, self.owner.select.token_budget, retrieved, scores, take, size)
+
+    def _collect(self, scores: torch.Tensor, lse: torch.Tensor, chosen: torch.Tensor, valid: torch.Tensor) -> None:
+        """Attention mass of the gathered keys into their blocks' pieces (``Group.mass``)."""
+        r, h, k = chosen.shape
+        mass = torch.exp(scores - lse.unsqueeze(-1)).sum(2)  # (R, H, S): zero where masked
+        target = self.target[chosen].view(r, h, -1)
+        flat = torch.zeros(self.n_tokens, dtype=torch.float32, device=mass.device)
+        flat.index_add_(0, target[valid], mass[valid])
+        for grp, offsets in zip(self.batch.groups, self.piece_offsets, strict=True):
+            for i, (piece, off) in enumerate(zip(grp.pieces, offsets, strict=True)):
+                grp.mass[i] += flat[off : off + piece.length]
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+def _layout(grp: Group, index: BlockIndex | None, width: int):
+    """One block's chunk tables from its pieces.
+
+    Returns slots (C, W) pool slots of each chunk's resident tokens (-1 padded), target (C, W)
+    each token's place in the concatenation of the block's pieces, and the chunks' block-local
+    token ranges lo / hi (C,). A block read whole is cut into runs of ``width`` resident tokens.
+    """
+    idx = torch.cat([p.idx for p in grp.pieces])
+    slot = torch.cat([torch.arange(p.start, p.start + p.length) for p in grp.pieces])
+    order = torch.argsort(idx)
+    if index is None:  # read whole: runs of ``width`` resident tokens, positions unused
+        chunk = torch.arange(int(idx.numel())) // width
+        c = -(-int(idx.numel()) // width)
+        lo = hi = torch.zeros(c, dtype=torch.long)
+    else:
+        chunk = torch.searchsorted(index.starts, idx[order], right=True) - 1
+        c = index.n_chunks
+        lo, hi = index.starts[:-1], index.starts[1:]
+    first = torch.searchsorted(chunk, chunk, right=False)
+    rank = torch.arange(int(idx.numel())) - first
+    slots = torch.full((c, width), -1, dtype=torch.long)
+    target = torch.full((c, width), -1, dtype=torch.long)
+    slots[chunk, rank] = slot[order]
+    target[chunk, rank] = order
+    return slots, target, lo, hi
+
+
+def _gather_heads(pool, layer: int, slots: torch.Tensor, groups) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V at per-head slots (R, H, S) of one layer: (R, H, S, D) each (a copy).
+
+    Restores in flight into the context's segments are waited for first (on CUDA, per layer).
+    """
+    prefetcher = getattr(pool, "prefetcher", None)
+    if prefetcher is not None and prefetcher.busy:
+        for grp in groups:
+            for p in grp.pieces:
+                prefetcher.wait(layer, p.start, p.start + p.length)
+    r, h, s = slots.shape
+    heads = torch.arange(h, device=slots.device).view(1, h, 1)
+    d = pool.shape.head_dim
+    keys = values = None
+    for arena in pool.arenas:  # the first arena gathers every slot; the others fix up their own few
+        cap = arena.capacity
+        keys_l = arena.keys[layer].reshape(h * cap, d)  # (H * cap, D)
+        values_l = arena.values[layer].reshape(h * cap, d)
+        flat = ((slots - arena.base).clamp(0, cap - 1) + heads * cap).reshape(-1)
+        if keys is None:
+            keys, values = keys_l.index_select(0, flat), values_l.index_select(0, flat)
+            continue
+        pick = torch.nonzero(((slots >= arena.base) & (slots < arena.end)).reshape(-1)).squeeze(1)
+        if pick.numel():
+            rows = flat.index_select(0, pick)
+            keys.index_copy_(0, pick, keys_l.index_select(0, rows))
+            values.index_copy_(0, pick, values_l.index_select(0, rows))
+    return keys.view(r, h, s, d), values.view(r, h, s, d)
