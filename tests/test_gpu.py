@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from arbor_cli.bench.random_model import random_model, tiny_config
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.attention import _flash_attn_func, cuda_kernel_for, merge_partials
 from arbor_runtime.kv import BlockKV, KVShape, KVStore
 from arbor_runtime.kv.streams import CudaStreams
+from benchmarks.random_model import random_model, tiny_config
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from arbor_cli.bench.gpu_check import DRY_WORKLOAD, plan
+from benchmarks.gpu_check import DRY_WORKLOAD, plan
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -10,7 +10,6 @@ from safetensors.torch import save_file
 from test_budget import watch_forwards
 from test_policies import BUDGET, ops, run_ops
 
-from arbor_cli.bench.random_model import random_model, tiny_config
 from arbor_cli.kvp.collect import Sequence, collect, future_attention, read_shards, record_tensors
 from arbor_cli.kvp.texts import solve24, training_texts
 from arbor_cli.kvp.train import LOSS_FNS, LOSSES, TrainConfig, evaluate, head_tensors, retained_auc, train
@@ -27,6 +26,7 @@ from arbor_runtime.policies.kvp_weights import (
     scorer_shape_of,
     shipped_weights,
 )
+from benchmarks.random_model import random_model, tiny_config
 
 SHAPE = ScorerShape(layers=2, kv_heads=2, head_dim=16, embed=8, hidden=8)
 PARAMS = SamplingParams(max_new_tokens=6, temperature=1.0)
