@@ -10,9 +10,6 @@ from safetensors.torch import save_file
 from test_budget import watch_forwards
 from test_policies import BUDGET, ops, run_ops
 
-from arbor_cli.kvp.collect import Sequence, collect, future_attention, read_shards, record_tensors
-from arbor_cli.kvp.texts import solve24, training_texts
-from arbor_cli.kvp.train import LOSS_FNS, LOSSES, TrainConfig, evaluate, head_tensors, retained_auc, train
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.policies import ArborPolicy, KVPPolicy, build_policy
 from arbor_runtime.policies.kvp_scorer import KVPScorer, ScorerShape, pooled_token_scores
@@ -27,6 +24,9 @@ from arbor_runtime.policies.kvp_weights import (
     shipped_weights,
 )
 from benchmarks.random_model import random_model, tiny_config
+from research.kvp.collect import Sequence, collect, future_attention, read_shards, record_tensors
+from research.kvp.texts import solve24, training_texts
+from research.kvp.train import LOSS_FNS, LOSSES, TrainConfig, evaluate, head_tensors, retained_auc, train
 
 SHAPE = ScorerShape(layers=2, kv_heads=2, head_dim=16, embed=8, hidden=8)
 PARAMS = SamplingParams(max_new_tokens=6, temperature=1.0)
@@ -236,7 +236,7 @@ def test_scripts_collect_train_bench_and_write_results(tmp_path, data_dir, monke
     import sys
     from pathlib import Path
 
-    from arbor_cli.kvp.cli import bench_main, collect_main, train_main
+    from research.kvp.cli import bench_main, collect_main, train_main
 
     data, weights = tmp_path / "kvp" / "data", tmp_path / "w.safetensors"
     common = ["--model", "tiny-random", "--data-dir", str(data_dir), "--threads", "1"]
