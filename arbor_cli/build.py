@@ -1,7 +1,7 @@
 """One builder from a composed config to what a run needs: task, verifier, policies, model, and a
 fresh runtime and controller per problem.
 
-``arbor-solve`` (:mod:`arbor_cli.run`), trace recording (:mod:`arbor_cli.bench.cli`) and MSVE
+``arbor-solve`` (:mod:`arbor_cli.run`), trace recording (``benchmarks/cli.py``) and MSVE
 calibration (``scripts/calibrate_msve.py``) all build through :func:`build`, so an option of the
 config means the same thing everywhere.
 """

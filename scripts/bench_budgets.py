@@ -6,8 +6,11 @@
 """
 
 import sys
+from pathlib import Path
 
-from arbor_cli.bench.budgets import budgets_main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is beside the package, not in it
+
+from benchmarks.budgets import budgets_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(budgets_main())

@@ -6,8 +6,11 @@
 """
 
 import sys
+from pathlib import Path
 
-from arbor_cli.bench.concurrency import concurrency_main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is beside the package, not in it
+
+from benchmarks.concurrency import concurrency_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(concurrency_main())

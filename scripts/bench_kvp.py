@@ -13,8 +13,11 @@ compressed while it grows, and question + continuation are teacher-forced under 
 """
 
 import sys
+from pathlib import Path
 
-from arbor_cli.kvp.cli import bench_main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ is beside the package, not in it
+
+from research.kvp.cli import bench_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(bench_main())

@@ -6,8 +6,11 @@
 """
 
 import sys
+from pathlib import Path
 
-from arbor_cli.kvp.cli import replay_main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ is beside the package, not in it
+
+from research.kvp.cli import replay_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(replay_main())

@@ -13,8 +13,11 @@ and with its scores averaged over heads and layers (whole tokens, like this runt
 """
 
 import sys
+from pathlib import Path
 
-from arbor_cli.bench.linear_cli import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is beside the package, not in it
+
+from benchmarks.linear_cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

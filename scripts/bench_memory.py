@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -29,8 +30,10 @@ from rich.table import Table
 
 from arbor_runtime import Runtime, SamplingParams, load_model
 
+# benchmarks/ is beside the package, not in it; appended: an older checkout first on PYTHONPATH keeps its runtime
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 try:
-    from arbor_cli.bench.memprof import transient_peak_bytes
+    from benchmarks.memprof import transient_peak_bytes
 except ImportError:  # an older checkout on PYTHONPATH: the same measurement, inline
     from torch.profiler import ProfilerActivity, profile
 

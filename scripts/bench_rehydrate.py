@@ -9,8 +9,11 @@ resumes) and rehydrate.csv under --out.
 """
 
 import sys
+from pathlib import Path
 
-from arbor_cli.bench.rehydrate import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is beside the package, not in it
+
+from benchmarks.rehydrate import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

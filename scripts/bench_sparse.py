@@ -10,8 +10,11 @@ sparse.jsonl and sparse.csv under --out and prints the table.
 """
 
 import sys
+from pathlib import Path
 
-from arbor_cli.bench.sparse_cli import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is beside the package, not in it
+
+from benchmarks.sparse_cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,8 +7,11 @@ runtime's overhead outside model forwards; writes the same as JSON.
 """
 
 import sys
+from pathlib import Path
 
-from arbor_cli.bench.cli import speed_main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is beside the package, not in it
+
+from benchmarks.cli import speed_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(speed_main())

@@ -4,8 +4,11 @@ python scripts/bench_stats_cost.py --out bench/linear/stats_cost.json --threads 
 """
 
 import sys
+from pathlib import Path
 
-from arbor_cli.bench.stats_cost import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is beside the package, not in it
+
+from benchmarks.stats_cost import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

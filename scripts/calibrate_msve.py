@@ -11,14 +11,17 @@ from the hub (see README: Data).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import Progress
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ is beside the package, not in it
 
-from arbor_cli.build import build, compose_config
-from arbor_cli.calibrate import collect, write_calibration
-from arbor_runtime.policies.msve import DEFAULT_CALIBRATION
+from rich.console import Console  # noqa: E402
+from rich.progress import Progress  # noqa: E402
+
+from arbor_cli.build import build, compose_config  # noqa: E402
+from arbor_runtime.policies.msve import DEFAULT_CALIBRATION  # noqa: E402
+from research.msve.calibrate import collect, write_calibration  # noqa: E402
 
 
 def span(text: str) -> tuple[int, int]:

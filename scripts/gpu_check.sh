@@ -2,11 +2,11 @@
 # The device check (issue 17), one command, under 8 minutes on one H200:
 #   1. the CUDA tests (tests/test_gpu.py: exactness vs SDPA, bit-identical restores, no host sync in
 #      the restore path; tests/test_cuda_kernels.py: kernel selection), as JUnit XML;
-#   2. the benchmark (arbor_cli/bench/gpu_check.py): an 8B-shaped random bf16 Llama on a ~50K-token
+#   2. the benchmark (benchmarks/gpu_check.py): an 8B-shaped random bf16 Llama on a ~50K-token
 #      synthetic search, every policy at 1.0 / 0.5 / 0.25 of full's peak.
 # Writes OUT/tests.xml and OUT/gpu_check.json, prints a table. Exit status: non-zero if either failed.
 #
-#   scripts/gpu_check.sh [--dry-run] [--out DIR] [-- args for python -m arbor_cli.bench.gpu_check]
+#   scripts/gpu_check.sh [--dry-run] [--out DIR] [-- args for python -m benchmarks.gpu_check]
 #
 # --dry-run: the tiny model on the CPU through the same code (copy lanes stubbed where CUDA is
 # absent); the CUDA tests skip, the fake-CUDA kernel tests run. CI runs it (tests/test_gpu_check.py).
@@ -54,7 +54,7 @@ PYEOF
   --junitxml="$OUT/tests.xml" || status=$?
 
 left=$((420 - (SECONDS - start)))  # runs are cut at it (one step may overrun), the rest skipped
-"$PY" -m arbor_cli.bench.gpu_check ${DRY[@]+"${DRY[@]}"} --out "$OUT/gpu_check.json" --tests-xml "$OUT/tests.xml" \
+"$PY" -m benchmarks.gpu_check ${DRY[@]+"${DRY[@]}"} --out "$OUT/gpu_check.json" --tests-xml "$OUT/tests.xml" \
   --deadline-s "$left" ${EXTRA[@]+"${EXTRA[@]}"} || status=$?
 
 echo "gpu_check: $((SECONDS - start)) s, status $status, results in $OUT/"

@@ -52,7 +52,7 @@ for name in carried + ("torch", "tokenizers", "huggingface_hub", "accelerate", "
     if name in carried and where != "carried":
         sys.exit(f"gpu_device_run: {name} resolved to {mod.__file__}, not the carried {site}")
 # what the run imports, whole: the runtime, the CLI (Hydra), grammar sampling, the check itself
-for name in ("arbor_runtime", "arbor_cli.solve", "arbor_cli.bench.gpu_check", "llguidance.hf",
+for name in ("arbor_runtime", "arbor_cli.solve", "benchmarks.gpu_check", "llguidance.hf",
              "arbor_runtime.controllers", "arbor_runtime.tasks", "arbor_runtime.verifiers"):
     importlib.import_module(name)
 PYEOF

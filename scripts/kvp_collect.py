@@ -8,8 +8,11 @@ Shards are safetensors (float16 K/V, float32 attention) under a disk cap (--max-
 """
 
 import sys
+from pathlib import Path
 
-from arbor_cli.kvp.cli import collect_main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ is beside the package, not in it
+
+from research.kvp.cli import collect_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(collect_main())

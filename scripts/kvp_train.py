@@ -9,8 +9,11 @@ budgets 10..90%, next to recency, StreamingLLM, key norm and the oracle (bench/k
 """
 
 import sys
+from pathlib import Path
 
-from arbor_cli.kvp.cli import train_main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # research/ is beside the package, not in it
+
+from research.kvp.cli import train_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(train_main())

@@ -7,8 +7,11 @@ Writes the PNG (one panel per budget) and the plotted series as JSON next to it.
 """
 
 import sys
+from pathlib import Path
 
-from arbor_cli.bench.cli import plot_main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is beside the package, not in it
+
+from benchmarks.cli import plot_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(plot_main())

@@ -8,8 +8,11 @@ Overrides are arbor-solve's (task=, controller=, model=, verifier=, seed=); the 
 """
 
 import sys
+from pathlib import Path
 
-from arbor_cli.bench.cli import record_main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is beside the package, not in it
+
+from benchmarks.cli import record_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(record_main())

@@ -8,8 +8,11 @@ series) and ``<out>/replay.csv`` (scalar columns), and prints a rich table per t
 """
 
 import sys
+from pathlib import Path
 
-from arbor_cli.bench.cli import replay_main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is beside the package, not in it
+
+from benchmarks.cli import replay_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(replay_main())

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from fixtures.synthetic import synthetic_search
 from floats import reassociation_tol
 
-from arbor_cli.bench import budgets_for, expected_prefill_tokens, memory_panels, plot_memory, record_trace
-from arbor_cli.bench.cli import plot_main, record_main, speed_main
-from arbor_cli.bench.speed import BUILDERS, max_logprob_diff, speed_compare
-from arbor_cli.bench.synthetic import synthetic_search
+from benchmarks.cli import plot_main, record_main, speed_main
+from benchmarks.plots import memory_panels, plot_memory
+from benchmarks.replay import budgets_for
+from benchmarks.speed import BUILDERS, expected_prefill_tokens, max_logprob_diff, speed_compare
+from benchmarks.trace import record_trace
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from arbor_cli.bench import kvpress_side
-from arbor_cli.bench.linear import (
+from arbor_runtime import Runtime
+from benchmarks import kvpress_side
+from benchmarks.linear import (
     DEFAULT_CONTEXTS,
     Context,
     build_context,
@@ -24,9 +25,8 @@ from arbor_cli.bench.linear import (
     run_project,
     summarize,
 )
-from arbor_cli.bench.linear_cli import main
-from arbor_cli.bench.stats_cost import main as stats_cost_main
-from arbor_runtime import Runtime
+from benchmarks.linear_cli import main
+from benchmarks.stats_cost import main as stats_cost_main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 REPO = Path(__file__).resolve().parents[1]

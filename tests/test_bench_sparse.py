@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from arbor_cli.bench.sparse import SparseSettings, fewshot_ids, prefilled, synthetic_kv
-from arbor_cli.bench.sparse_cli import main
+from benchmarks.sparse import SparseSettings, fewshot_ids, prefilled, synthetic_kv
+from benchmarks.sparse_cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arbor_cli.bench.memprof import transient_peak_bytes
 from arbor_runtime import BudgetError, KVBudgetExceeded, Runtime, SamplingParams
+from benchmarks.memprof import transient_peak_bytes
 
 PROMPT = "Input: 4 4 6 8\nSteps:\n"
 LONG_PROMPT = "Use numbers and basic arithmetic operations (+ - * /) to obtain 24. " * 6 + "\nInput: 4 4 6 8\nSteps:\n"

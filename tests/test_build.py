@@ -7,9 +7,9 @@ import pytest
 from rich.console import Console
 
 import arbor_cli.build as build_module
-from arbor_cli.bench.cli import record_from_config
-from arbor_cli.bench.trace import load_trace
 from arbor_cli.build import build, compose_config, model_kwargs
+from benchmarks.cli import record_from_config
+from benchmarks.trace import load_trace
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

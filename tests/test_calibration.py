@@ -12,10 +12,10 @@ import pytest
 import torch
 from floats import reassociation_tol
 
-from arbor_cli.calibration import continuation_loglik, fit_weights, leave_one_out
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.policies import ArborPolicy
 from arbor_runtime.policies.msve import DEFAULT_CALIBRATION, MSVEWeights
+from research.msve.calibration import continuation_loglik, fit_weights, leave_one_out
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,7 +100,7 @@ def greedy_without(loaded, path, hidden, new_tokens: int) -> list[int]:
 
 
 def test_regenerate_reproduces_greedy_thoughts_and_a_masked_block_changes_the_text(tiny):
-    from arbor_cli.calibration import regenerate
+    from research.msve.calibration import regenerate
 
     rt = Runtime(tiny, policy="arbor")
     node = rt.new_tree("Input: 4 4 6 8\nSteps:\n")

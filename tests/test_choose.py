@@ -170,7 +170,7 @@ def test_arbor_stores_kept_choices_one_at_a_time_when_they_do_not_fit_together(t
 
 
 def test_naive_tot_runtime_scores_choices_as_the_runtime_does(tiny):
-    from arbor_cli.bench.naive import NaiveRuntime
+    from benchmarks.naive import NaiveRuntime
 
     rt, naive = Runtime(tiny), NaiveRuntime(tiny)
     got, want = naive.choose(naive.new_tree(PROMPT), CHOICES, keep=2), rt.choose(rt.new_tree(PROMPT), CHOICES, keep=2)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arbor_cli.bench.replay import ReplayRun, replay_lockstep
-from arbor_cli.bench.trace import record_trace
 from arbor_runtime import Runtime
 from arbor_runtime.events import MemoryThreshold
+from benchmarks.replay import ReplayRun, replay_lockstep
+from benchmarks.trace import record_trace
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

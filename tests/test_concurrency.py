@@ -269,7 +269,7 @@ def test_an_engine_error_reaches_every_waiting_search(tiny, monkeypatch):
 
 
 def test_bench_concurrency_runs_every_level_and_naive_tot_on_the_same_problems(data_dir, tmp_path, capsys):
-    from arbor_cli.bench.concurrency import concurrency_main
+    from benchmarks.concurrency import concurrency_main
 
     over = ["model=tiny-random", f"paths.data_dir={data_dir}", "task.start=900", "task.end=902"]
     over += ["controller.n_generate=2", "controller.breadth=2", "verifier=llm_value"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from fixtures.tiny_llama import tiny_llama
 
-from arbor_cli.bench.random_model import random_model, tiny_config
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.attention import _flash_attn_func, cuda_kernel_for, merge_partials
 from arbor_runtime.kv import BlockKV, KVShape, KVStore
@@ -73,7 +73,7 @@ def test_causal_kernel_matches_sdpa(name, dtype):
 
 @pytest.fixture(scope="module")
 def tiny_cuda():
-    return random_model(tiny_config(), CUDA, torch.float32)
+    return tiny_llama(CUDA, torch.float32)
 
 
 def greedy_reference(model, ids: list[int], n: int) -> list[int]:

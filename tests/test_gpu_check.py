@@ -14,7 +14,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from arbor_cli.bench.gpu_check import DRY_WORKLOAD, plan
+from benchmarks.gpu_check import DRY_WORKLOAD, plan
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -64,6 +64,7 @@ def test_gpu_check_dry_run_runs_every_policy_and_budget_and_checks_the_restore_o
 
 PACKAGE_DIRS = ("arbor_runtime", "arbor_cli", "controllers", "tasks", "verifiers")
 DEVICE_TESTS = ("conftest.py", "synthetic_data.py", "test_gpu.py", "test_cuda_kernels.py")  # what gpu_check.sh runs
+DEVICE_FILES = ("tests/fixtures/tiny_llama.py", "benchmarks/gpu_check.py", "benchmarks/random_model.py")  # and imports
 # Imported only inside functions, for features the device run does not use: neither the image nor the
 # carried wheels need them (a module-level import of one of these fails the test below).
 OPTIONAL = {
@@ -96,8 +97,9 @@ def _third_party_imports() -> dict[str, bool]:
     """Top-level third-party module names the package (and the tests the device runs) import:
     ``name: True`` where some import of it runs at module import, ``False`` where all are inside functions."""
     local = {p.name for p in REPO.iterdir() if p.is_dir()} | {p.stem for p in (REPO / "tests").glob("*.py")}
+    local |= {p.name for p in (REPO / "tests").iterdir() if p.is_dir()}  # tests/fixtures
     files = [f for d in PACKAGE_DIRS for f in sorted((REPO / d).rglob("*.py"))]
-    files += [REPO / "tests" / name for name in DEVICE_TESTS]
+    files += [REPO / "tests" / name for name in DEVICE_TESTS] + [REPO / name for name in DEVICE_FILES]
     found: dict[str, bool] = {}
 
     def visit(node: ast.AST, in_function: bool) -> None:

@@ -186,7 +186,8 @@ def test_round_trip_across_the_arenas_of_an_unbounded_pool():
 
 
 def test_arbor_host_budget_bounds_the_host_pool_and_recompute_keeps_it_exact(tiny, one_torch_thread):
-    from arbor_cli.bench.synthetic import synthetic_search
+    from fixtures.synthetic import synthetic_search
+
     from arbor_runtime import Runtime
     from arbor_runtime.policies.arbor import ArborPolicy
 

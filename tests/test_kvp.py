@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fixtures.tiny_llama import tiny_llama
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 from test_budget import watch_forwards
 from test_policies import BUDGET, ops, run_ops
 
-from arbor_cli.bench.random_model import random_model, tiny_config
-from arbor_cli.kvp.collect import Sequence, collect, future_attention, read_shards, record_tensors
-from arbor_cli.kvp.texts import solve24, training_texts
-from arbor_cli.kvp.train import LOSS_FNS, LOSSES, TrainConfig, evaluate, head_tensors, retained_auc, train
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.policies import ArborPolicy, KVPPolicy, build_policy
 from arbor_runtime.policies.kvp_scorer import KVPScorer, ScorerShape, pooled_token_scores
@@ -27,6 +24,9 @@ from arbor_runtime.policies.kvp_weights import (
     scorer_shape_of,
     shipped_weights,
 )
+from research.kvp.collect import Sequence, collect, future_attention, read_shards, record_tensors
+from research.kvp.texts import solve24, training_texts
+from research.kvp.train import LOSS_FNS, LOSSES, TrainConfig, evaluate, head_tensors, retained_auc, train
 
 SHAPE = ScorerShape(layers=2, kv_heads=2, head_dim=16, embed=8, hidden=8)
 PARAMS = SamplingParams(max_new_tokens=6, temperature=1.0)
@@ -158,13 +158,13 @@ def test_shipped_smollm2_weights_match_the_default_model(smollm2):
 
 
 def test_weights_of_another_model_are_refused(tiny, tmp_path):
-    other = random_model(tiny_config(), "cpu", torch.float32, seed=7).model
+    other = tiny_llama(seed=7).model
     assert model_fingerprint(other) != model_fingerprint(tiny.model)
     path = save_weights(tmp_path / "other.safetensors", KVPScorer(scorer_shape_of(other)), model_fingerprint(other), {})
     with pytest.raises(KVPWeightsError, match=f"trained for model fingerprint {model_fingerprint(other)}"):
         Runtime(tiny, policy=KVPPolicy(budget_tokens=BUDGET, weights=str(path)))
     with pytest.raises(KVPWeightsError, match="no KVP weights shipped for the model"):
-        Runtime(random_model(tiny_config(), "cpu", torch.float32, seed=7), policy="kvp")
+        Runtime(tiny_llama(seed=7), policy="kvp")
     plain = tmp_path / "plain.safetensors"
     save_file({"x": torch.zeros(1)}, str(plain))
     with pytest.raises(KVPWeightsError, match="is not a KVP weights file"):
@@ -172,7 +172,7 @@ def test_weights_of_another_model_are_refused(tiny, tmp_path):
 
 
 def test_fingerprint_ignores_dtype(tiny):
-    half = random_model(tiny_config(), "cpu", torch.float32, seed=7).model
+    half = tiny_llama(seed=7).model
     assert model_fingerprint(half) == model_fingerprint(half.to(torch.float16))
 
 
@@ -236,7 +236,7 @@ def test_scripts_collect_train_bench_and_write_results(tmp_path, data_dir, monke
     import sys
     from pathlib import Path
 
-    from arbor_cli.kvp.cli import bench_main, collect_main, train_main
+    from research.kvp.cli import bench_main, collect_main, train_main
 
     data, weights = tmp_path / "kvp" / "data", tmp_path / "w.safetensors"
     common = ["--model", "tiny-random", "--data-dir", str(data_dir), "--threads", "1"]

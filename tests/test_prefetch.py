@@ -5,8 +5,8 @@ synchronizes the host, and results are what synchronous copies give."""
 from __future__ import annotations
 
 import torch
+from fixtures.synthetic import synthetic_search
 
-from arbor_cli.bench.synthetic import synthetic_search
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.kv.streams import RecordingStreams
 

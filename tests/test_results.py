@@ -8,10 +8,10 @@ import math
 import pytest
 from rich.console import Console
 
-from arbor_cli.bench.report import replay_table
 from arbor_cli.report import RESULT_COLUMNS, fit_table, results_table
 from arbor_cli.results import Column, format_cell, markdown_table, write_csv
 from arbor_cli.sweep import summary_table
+from benchmarks.report import replay_table
 
 
 def row(index: int, **fields) -> dict:

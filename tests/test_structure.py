@@ -105,8 +105,15 @@ def _runtime_nodes(tree: ast.AST):
 
 GRAPH = import_graph()
 TYPED_GRAPH = import_graph(type_checking=True)
-#: top-level packages that may come later and that the installed packages must never import
+#: top-level packages beside the installed ones (benchmarks, research tools) that they must never import
 OUTSIDE_THE_PRODUCT = {"benchmarks", "research"}
+#: where that code lived inside the package before it moved out: nothing may name these again
+FORMER_HOMES = ("arbor_cli.bench", "arbor_cli.kvp", "arbor_cli.calibrate", "arbor_cli.calibration")
+
+
+def outside_the_product(name: str) -> bool:
+    """``name`` (a module) is benchmark or research code, or one of the package paths it left."""
+    return name.split(".")[0] in OUTSIDE_THE_PRODUCT or any(inside(name, home) for home in FORMER_HOMES)
 
 
 def imports_of(prefix: str) -> set[tuple[str, str]]:
@@ -177,14 +184,29 @@ def test_a_cycle_through_a_type_checking_import_is_found():
 
 
 def test_the_product_never_imports_benchmarks_or_research():
+    """Every installed module (arbor_runtime/, arbor_cli/ and the folders mapped into them), every
+    import counted: in functions, under TYPE_CHECKING, through importlib; and no Hydra ``_target_``."""
     modules = set(GRAPH)
     bad = []
-    for pkg in ("arbor_runtime", "arbor_cli"):
-        for path in (REPO / pkg).rglob("*.py"):
-            name = module_name(path)
-            names = imported_names(path.read_text(), name, path.name == "__init__.py", modules)
-            bad += [(name, n) for n in names if n.split(".")[0] in OUTSIDE_THE_PRODUCT]
-    assert bad == []
+    for name, path in FILES.items():
+        names = imported_names(path.read_text(), name, path.name == "__init__.py", modules)
+        bad += [(name, n) for n in names if outside_the_product(n)]
+    assert len(FILES) > 60 and bad == []
+    targets = [
+        (str(path.relative_to(REPO)), line.split(":", 1)[1].strip())
+        for path in sorted((REPO / "conf").rglob("*.yaml"))
+        for line in path.read_text().splitlines()
+        if line.strip().startswith("_target_:")
+    ]
+    assert len(targets) > 10 and [(f, t) for f, t in targets if outside_the_product(t)] == []
+
+
+def test_benchmark_and_research_code_is_no_longer_in_the_package():
+    assert not any((REPO / home.replace(".", "/")).exists() for home in FORMER_HOMES)
+    assert not any((REPO / (home.replace(".", "/") + ".py")).exists() for home in FORMER_HOMES)
+    assert {"benchmarks", "research"} <= {p.name for p in REPO.iterdir() if (p / "__init__.py").is_file()}
+    listed = PYPROJECT["packages"] + list(PYPROJECT["package-dir"])
+    assert [p for p in listed if outside_the_product(p)] == []
 
 
 def test_imports_of_benchmarks_or_research_are_seen():
@@ -196,6 +218,12 @@ def test_imports_of_benchmarks_or_research_are_seen():
     names = imported_names(source, "arbor_cli.x", False, set())
     assert {n.split(".")[0] for n in names} >= OUTSIDE_THE_PRODUCT
     assert {"benchmarks.speed", "research.kvp", "research.msve"} <= set(names)
+    # the package paths the code left count too, also as a relative import from inside arbor_cli
+    old = "from .bench.trace import load_trace\nfrom typing import TYPE_CHECKING\n"
+    old += "if TYPE_CHECKING:\n    import arbor_cli.kvp\n"
+    names = imported_names(old, "arbor_cli.run", False, set())
+    assert [n for n in names if outside_the_product(n)] == ["arbor_cli.bench.trace", "arbor_cli.kvp"]
+    assert not outside_the_product("arbor_cli.build") and not outside_the_product("arbor_runtime.policies.kvp")
 
 
 def _class_members(path: Path, cls: str) -> set[str]:
@@ -232,11 +260,19 @@ def test_the_engine_and_choose_use_of_the_runtime_is_their_protocols_and_the_run
 def test_the_wheel_holds_only_the_projects_names_and_every_source_file(tmp_path):
     """Build the wheel (about 3 s) from a copy of the sources (a stale build/ in the checkout would leak
     into it) and list it: top level only arbor_runtime, arbor_cli and the dist-info, and each file of
-    the package folders at its installed path (a subpackage missing from pyproject's list fails here)."""
+    the package folders at its installed path (a subpackage missing from pyproject's list fails here);
+    no file of benchmarks/ or research/ (copied beside them), nor of the package paths they left."""
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         (src / name).write_bytes((REPO / name).read_bytes())
+    # benchmarks/ and research/ sit beside the packages in the copy too, as in the checkout: only
+    # pyproject's list keeps them out of the wheel
+    for folder in sorted(OUTSIDE_THE_PRODUCT):
+        for path in (REPO / folder).rglob("*.py"):
+            if "__pycache__" not in path.parts:
+                (src / path.relative_to(REPO)).parent.mkdir(parents=True, exist_ok=True)
+                (src / path.relative_to(REPO)).write_bytes(path.read_bytes())
     sources = {}  # path in the wheel -> source file
     for folder, package in PACKAGES.items():
         for path in (REPO / folder).rglob("*"):
@@ -254,4 +290,5 @@ def test_the_wheel_holds_only_the_projects_names_and_every_source_file(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {n.split("/")[0] for n in names} == {"arbor_runtime", "arbor_cli", wheel.name.split("-py")[0] + ".dist-info"}
     assert {n for n in names if ".dist-info/" not in n} == set(sources)
+    assert [n for n in names if outside_the_product(n.removesuffix(".py").replace("/", "."))] == []
     assert {"arbor_runtime/tasks/game24.py", "arbor_cli/conf/config.yaml", "arbor_cli/conf/policy/kvp.yaml"} <= names

@@ -7,13 +7,14 @@ import json
 
 import pytest
 import torch
+from fixtures.synthetic import synthetic_search
 from floats import reassociation_tol
 
-from arbor_cli.bench import ReplayRun, Trace, budgets_for, load_trace, record_trace, replay_lockstep, replay_trace
-from arbor_cli.bench.cli import record_main, replay_main
-from arbor_cli.bench.synthetic import synthetic_search
 from arbor_runtime import SamplingParams
 from arbor_runtime.tree import FORCED, GENERATED
+from benchmarks.cli import record_main, replay_main
+from benchmarks.replay import ReplayRun, budgets_for, replay_lockstep, replay_trace
+from benchmarks.trace import Trace, load_trace, record_trace
 
 #: arbor completes the synthetic tiny trace at this share of the full peak (its active path fits)
 LOW = 0.6

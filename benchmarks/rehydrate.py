@@ -30,15 +30,15 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from arbor_cli.bench.cli import USER_ERRORS, _console, _threads
-from arbor_cli.bench.sparse import fewshot_ids
 from arbor_cli.results import append_jsonl, read_jsonl, write_csv
 from arbor_runtime import Runtime, SamplingParams, load_model
 from arbor_runtime.errors import KVBudgetExceeded
 from arbor_runtime.policies import LycheePolicy
 from arbor_runtime.tasks.data import DataSource, load_rows
+from benchmarks.cli import USER_ERRORS, _console, _threads
+from benchmarks.sparse import fewshot_ids
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 MODES = ("whole", "ranked", "position", "none")
 FIELDS = ("problem", "config", "pool_name", "pool", "status", "match", "prefix", "rehydrated", "host_at_return",
           "peak_device", "return_s")  # fmt: skip

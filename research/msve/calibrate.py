@@ -17,12 +17,12 @@ from typing import Any
 from rich.progress import Progress
 
 from arbor_cli.build import Setup
-from arbor_cli.calibration import fit_weights, leave_one_out, regenerate
 from arbor_runtime import Runtime
 from arbor_runtime.policies.base import BlockView
 from arbor_runtime.policies.msve import SIGNALS, signals
 from arbor_runtime.tasks.base import Task
 from arbor_runtime.verifiers.base import Verifier
+from research.msve.calibration import fit_weights, leave_one_out, regenerate
 
 
 def collect(setup: Setup, progress: Progress | None = None, outcome_pairs: int = 8) -> list[dict[str, Any]]:

@@ -14,8 +14,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from arbor_cli.bench.cli import USER_ERRORS, _console, _floats, _threads
-from arbor_cli.bench.linear import (
+from arbor_runtime import load_model
+from arbor_runtime.policies import POLICIES
+from benchmarks.cli import USER_ERRORS, _console, _floats, _threads
+from benchmarks.linear import (
     COUNTERPARTS,
     DEFAULT_CONTEXTS,
     PRESSES,
@@ -28,11 +30,9 @@ from arbor_cli.bench.linear import (
     run_project,
     summarize,
 )
-from arbor_runtime import load_model
-from arbor_runtime.policies import POLICIES
 
 log = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

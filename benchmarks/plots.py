@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from arbor_cli.bench.replay import ReplayRun, replay_lockstep
-from arbor_cli.bench.trace import Trace
 from arbor_runtime.loading import LoadedModel
+from benchmarks.replay import ReplayRun, replay_lockstep
+from benchmarks.trace import Trace
 
 COLORS = {"full": "#444444", "h2o": "#d95f02", "streaming": "#7570b3", "thinkv": "#e7298a", "arbor": "#1b9e77"}
 

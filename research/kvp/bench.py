@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 
-from arbor_cli.bench.linear import (
+from arbor_runtime import Runtime, SamplingParams, build_policy
+from arbor_runtime.loading import LoadedModel
+from benchmarks.linear import (
     Context,
     ProjectRun,
     compare,
@@ -34,9 +36,7 @@ from arbor_cli.bench.linear import (
     project_run,
     reference_continuation,
 )
-from arbor_cli.kvp.collect import future_attention
-from arbor_runtime import Runtime, SamplingParams, build_policy
-from arbor_runtime.loading import LoadedModel
+from research.kvp.collect import future_attention
 
 log = logging.getLogger(__name__)
 DEFAULT_POLICIES = ("kvp", "h2o", "snapkv", "streaming")

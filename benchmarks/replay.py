@@ -25,9 +25,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from arbor_cli.bench.trace import ReplayOp, Trace
 from arbor_runtime import BudgetError, KVBudgetExceeded, Node, Runtime, build_policy
 from arbor_runtime.loading import LoadedModel
+from benchmarks.trace import ReplayOp, Trace
 
 log = logging.getLogger(__name__)
 

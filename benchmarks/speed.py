@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from arbor_cli.bench.replay import ReplayRun
-from arbor_cli.bench.trace import Trace
 from arbor_runtime.loading import LoadedModel
+from benchmarks.replay import ReplayRun
+from benchmarks.trace import Trace
 
 METHODS = ("runtime", "naive", "prefix_cache")
 

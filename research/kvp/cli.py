@@ -15,20 +15,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from arbor_cli.bench.cli import _floats, _threads
-from arbor_cli.bench.linear import DEFAULT_CONTEXTS, build_context
-from arbor_cli.bench.trace import load_trace
 from arbor_cli.build import USER_ERRORS
-from arbor_cli.kvp.bench import DEFAULT_POLICIES, PROTOCOLS, run_context, scoring_cost, summarize
-from arbor_cli.kvp.collect import collect, read_shards, shard_fingerprint
-from arbor_cli.kvp.plots import plot_training
-from arbor_cli.kvp.replay import selector_replay
-from arbor_cli.kvp.texts import training_texts
-from arbor_cli.kvp.train import LOSSES, TrainConfig, evaluate, train
 from arbor_runtime import load_model
 from arbor_runtime.policies import POLICIES
 from arbor_runtime.policies.kvp_scorer import ScorerShape
 from arbor_runtime.policies.kvp_weights import save_weights
+from benchmarks.cli import _floats, _threads
+from benchmarks.linear import DEFAULT_CONTEXTS, build_context
+from benchmarks.trace import load_trace
+from research.kvp.bench import DEFAULT_POLICIES, PROTOCOLS, run_context, scoring_cost, summarize
+from research.kvp.collect import collect, read_shards, shard_fingerprint
+from research.kvp.plots import plot_training
+from research.kvp.replay import selector_replay
+from research.kvp.texts import training_texts
+from research.kvp.train import LOSSES, TrainConfig, evaluate, train
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
@@ -134,7 +134,7 @@ def train_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default=str(DEFAULT_WEIGHTS), help="weights file to write")
     ap.add_argument("--plot", default="bench/kvp/train.png", help="training curve PNG")
     ap.add_argument("--report", default="bench/kvp/train.json", help="JSON: settings, curve, held-out metrics")
-    ap.add_argument("--loss", default="listnet", choices=LOSSES, help="ranking loss (see arbor_cli/kvp/train.py)")
+    ap.add_argument("--loss", default="listnet", choices=LOSSES, help="ranking loss (see research/kvp/train.py)")
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--val-share", type=float, default=0.1, help="share of sequences held out (the last ones)")

@@ -134,9 +134,9 @@ def budgets_main(argv: Sequence[str] | None = None) -> int:
     import torch
     from rich.console import Console
 
-    from arbor_cli.bench.cli import _floats, _policies
     from arbor_cli.build import USER_ERRORS, build, compose_config
     from arbor_cli.results import write_csv, write_jsonl
+    from benchmarks.cli import _floats, _policies
 
     ap = argparse.ArgumentParser(prog="bench_budgets.py", description=__doc__.split("\n")[0])
     ap.add_argument("--policies", default="arbor", help="comma-separated policy names")

@@ -1,6 +1,6 @@
 """The kvpress side of ``scripts/bench_linear.py``; runs in kvpress's own virtualenv.
 
-    /path/to/kvpress-venv/bin/python arbor_cli/bench/kvpress_side.py REQUEST.json RESPONSE.json
+    /path/to/kvpress-venv/bin/python benchmarks/kvpress_side.py REQUEST.json RESPONSE.json
 
 kvpress 0.5.5 pins transformers < 5.3, so it cannot live next to this project's transformers:
 this file imports nothing from the project. It reads a request (model directory, token ids of

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn import functional as F
 
-from arbor_cli.kvp.collect import Sequence
 from arbor_runtime.policies.kvp_scorer import KVPScorer, ScorerShape, pooled_token_scores
+from research.kvp.collect import Sequence
 
 BUDGETS = tuple(round(0.1 * i, 1) for i in range(1, 10))
 LOSSES = ("listnet", "budgets")

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from arbor_cli.bench.linear import GSM8K_INSTRUCTION, _gsm8k_steps
 from arbor_runtime.tasks.arith24 import apply_op, format_number, solvable
 from arbor_runtime.tasks.game24 import INSTRUCTION as GAME24_INSTRUCTION
 from arbor_runtime.tasks.stepwise import format_example
+from benchmarks.linear import GSM8K_INSTRUCTION, _gsm8k_steps
 
 GSM8K_FIRST_ROW = 100  # rows 0..99 of gsm8k/train are kept out: bench_linear's few-shot examples
 GAME24_TEST = range(900, 1000)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from arbor_cli.bench.replay import ReplayRun, budgets_for, replay_lockstep, trace_fields
-from arbor_cli.bench.trace import Trace
 from arbor_runtime.loading import LoadedModel
+from benchmarks.replay import ReplayRun, budgets_for, replay_lockstep, trace_fields
+from benchmarks.trace import Trace
 
 #: row label -> arbor's fields
 SELECTORS: dict[str, dict[str, Any]] = {"arbor": {}, "arbor+kvp": {"token_scorer": "kvp"}}

@@ -3,7 +3,7 @@
 Each setting runs ``arbor-solve``'s own loop (:func:`arbor_cli.run.solve_all`) on the configured
 problems in a fresh run dir: ``concurrency=1`` solves them one after another, ``concurrency=N``
 runs N searches at once in one runtime (their rows batched together, one budget). ``naive`` runs
-the same controller over :class:`~arbor_cli.bench.naive.NaiveRuntime` (every node's prompt re-sent
+the same controller over :class:`~benchmarks.naive.NaiveRuntime` (every node's prompt re-sent
 to ``generate``, as the reference ToT code does). Every setting reports wall time, problems/hour,
 the peak device KV and whether each problem's result equals the ``concurrency=1`` one.
 """
@@ -22,10 +22,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from arbor_cli.bench.naive import NaiveRuntime
 from arbor_cli.build import USER_ERRORS, build, compose_config
 from arbor_cli.results import write_csv, write_jsonl
 from arbor_cli.run import solve_all
+from benchmarks.naive import NaiveRuntime
 
 #: result fields that must not depend on concurrency: the search's outcome and the tokens it sampled.
 #: Not prefill_tokens / nodes_created: a verifier's few-shot prefix (llm_value) is one tree per

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from arbor_cli.kvp.train import TrainResult
+from research.kvp.train import TrainResult
 
 
 def _smooth(xs: list[float], window: int) -> list[float]:

@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 
-from arbor_cli.bench.linear import compare
 from arbor_runtime import LoadedModel, Node, Runtime, SamplingParams
 from arbor_runtime.backend import TreeBatch
 from arbor_runtime.policies import LycheePolicy, Policy, QuestPolicy
 from arbor_runtime.sparse import SparseAttention
 from arbor_runtime.tasks.data import DataSource, load_rows
+from benchmarks.linear import compare
 
 METHODS = ("dense", "lychee", "quest")
 #: few-shot sources: (folder, shot split, file, question field, worked answer field)

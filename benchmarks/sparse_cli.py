@@ -14,9 +14,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from arbor_cli.bench.cli import USER_ERRORS, _console, _threads
-from arbor_cli.bench.random_model import random_model
-from arbor_cli.bench.sparse import (
+from arbor_cli.report import fit_table
+from arbor_cli.results import Column, write_csv, write_jsonl
+from arbor_runtime import load_model
+from benchmarks.cli import USER_ERRORS, _console, _threads
+from benchmarks.random_model import random_model
+from benchmarks.sparse import (
     METHODS,
     SOURCES,
     SparseSettings,
@@ -27,12 +30,9 @@ from arbor_cli.bench.sparse import (
     prefilled,
     smollm2_shape_config,
 )
-from arbor_cli.report import fit_table
-from arbor_cli.results import Column, write_csv, write_jsonl
-from arbor_runtime import load_model
 
 log = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 COLUMNS = (
     Column("model", "model", label=True),
     Column("context", "context", "{:,}"),

@@ -6,7 +6,7 @@ greedy continuation of the uncompressed model) and compare, per continuation ste
 next-token distribution with the uncompressed one: KL(full || compressed) and top-1 agreement.
 
 The project side runs here (``Runtime.compress`` after the context's prefill); the kvpress side
-runs in kvpress's own virtualenv (``arbor_cli/bench/kvpress_side.py``; kvpress pins
+runs in kvpress's own virtualenv (``benchmarks/kvpress_side.py``; kvpress pins
 transformers < 5.3). They exchange JSON: token ids in, per-step KL / top-1 out.
 """
 

@@ -1,7 +1,7 @@
 """The device check's benchmark: every policy at 1.0 / 0.5 / 0.25 of full's peak, on a search of
 ~50K KV tokens with a random-weight model shaped like Llama-3-8B (32 layers, 8 KV heads x 128, bf16).
 
-    python -m arbor_cli.bench.gpu_check --out gpu_check.json [--tests-xml tests.xml] [--dry-run]
+    python -m benchmarks.gpu_check --out gpu_check.json [--tests-xml tests.xml] [--dry-run]
 
 (``scripts/gpu_check.sh`` runs the CUDA tests first, then this.) The search is synthetic and the
 same for every policy: a root prompt, then expansions of a random large block (the root or a
@@ -40,11 +40,11 @@ from typing import Any
 
 import torch
 
-from arbor_cli.bench.random_model import llama8b_config, random_model, tiny_config
 from arbor_runtime import KVBudgetExceeded, Runtime, SamplingParams
 from arbor_runtime.attention import Kernel
 from arbor_runtime.kv.streams import CudaStreams, RecordingStreams
 from arbor_runtime.policies import build_policy
+from benchmarks.random_model import llama8b_config, random_model, tiny_config
 
 POLICIES = ("full", "h2o", "streaming", "thinkv", "arbor")
 FRACTIONS = (1.0, 0.5, 0.25)

@@ -13,17 +13,17 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from arbor_cli.bench.plots import memory_panels, plot_memory
-from arbor_cli.bench.replay import DEFAULT_FRACTIONS, DEFAULT_POLICIES, budgets_for, compare_policies, trace_fields
-from arbor_cli.bench.report import replay_table, speed_table
-from arbor_cli.bench.speed import speed_compare
-from arbor_cli.bench.trace import Trace, load_trace, record_trace
 from arbor_cli.build import USER_ERRORS, build, compose_config
 from arbor_cli.report import fit_table
 from arbor_cli.results import Column, write_csv, write_jsonl
 from arbor_runtime import load_model
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.policies import POLICIES
+from benchmarks.plots import memory_panels, plot_memory
+from benchmarks.replay import DEFAULT_FRACTIONS, DEFAULT_POLICIES, budgets_for, compare_policies, trace_fields
+from benchmarks.report import replay_table, speed_table
+from benchmarks.speed import speed_compare
+from benchmarks.trace import Trace, load_trace, record_trace
 
 log = logging.getLogger(__name__)
 #: the table ``record_trace.py`` prints, one row per recorded problem

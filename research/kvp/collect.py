@@ -1,7 +1,7 @@
 """Collect KVP training data: per layer and KV head, the K/V of context tokens and the future
 attention each receives, written as safetensors shards under a disk cap.
 
-One sequence = context + future (see :mod:`arbor_cli.kvp.texts`). The model runs once over the
+One sequence = context + future (see :mod:`research.kvp.texts`). The model runs once over the
 whole sequence with a probe attention (exact causal softmax attention, fp32) that records, per
 layer: the context's keys (RoPE applied, as the cache holds them) and values, and the attention
 each context token receives from the future queries, averaged over those queries and over the
@@ -27,8 +27,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AttentionInterface
 
-from arbor_cli.kvp.texts import TrainingText
 from arbor_runtime.policies.kvp_weights import model_fingerprint
+from research.kvp.texts import TrainingText
 
 log = logging.getLogger(__name__)
 SHARD_FORMAT = "arborkv-kvp-data/1"

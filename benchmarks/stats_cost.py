@@ -20,10 +20,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from arbor_cli.bench.cli import USER_ERRORS, _console, _threads
-from arbor_cli.bench.linear import build_context
-from arbor_cli.bench.linear_cli import REPO
 from arbor_runtime import Runtime, SamplingParams, load_model
+from benchmarks.cli import USER_ERRORS, _console, _threads
+from benchmarks.linear import build_context
+from benchmarks.linear_cli import REPO
 
 POLICIES = ("full", "h2o", "snapkv")
 
