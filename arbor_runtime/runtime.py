@@ -27,13 +27,14 @@ import torch
 from arbor_runtime.backend import ModelBackend, TreeBatch, context_groups
 from arbor_runtime.choose import ChoiceScores, ChoosePlan, ChooseWork
 from arbor_runtime.engine import Account, Engine, ExpandJob, Work
-from arbor_runtime.errors import BudgetError, KVBudgetExceeded, NodeError, NotYet, TokenIdError
+from arbor_runtime.errors import BudgetError, KVBudgetExceeded, NotYet, TokenIdError
 from arbor_runtime.generation import Row, StopChecker
 from arbor_runtime.grammar import GrammarCompiler
 from arbor_runtime.kv import BlockKV, Extent, KVStore
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.memory import MemoryManager
 from arbor_runtime.metrics import RuntimeMetrics, TracePoint, store_totals
+from arbor_runtime.nodes import NodeTable, RuntimeOwner
 from arbor_runtime.policies import Policy, build_policy
 from arbor_runtime.sampling import SamplingParams
 from arbor_runtime.tree import FORCED, GENERATED, PROMPT, Node
@@ -41,12 +42,7 @@ from arbor_runtime.tree import FORCED, GENERATED, PROMPT, Node
 log = logging.getLogger(__name__)
 
 
-class RuntimeOwner:
-    """The identity a runtime stamps on every node it makes (``Node.owner``).
-
-    A token rather than the runtime itself: a node can be pickled or copied on its own without
-    dragging the model along. A deep copy of a runtime gets a fresh one, shared by the copy's nodes.
-    """
+__all__ = ["Runtime", "RuntimeOwner"]
 
 
 class Runtime:
@@ -71,8 +67,6 @@ class Runtime:
         fast_kernel: bool = True,
     ) -> None:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
-        #: stamped on every node made here; calls refuse nodes that carry another (NodeError)
-        self.owner = RuntimeOwner()
         #: token ids a block may hold: 0 <= id < vocab_size (checked before any work)
         self.vocab_size = _vocab_size(self.model)
         self.policy = build_policy(policy, budget_tokens=budget_tokens)
@@ -84,22 +78,18 @@ class Runtime:
         host_cap = getattr(self.policy, "host_budget_tokens", None)
         self.store = KVStore(self.backend.shape, capacity=self.policy.kv_budget_tokens, host_capacity=host_cap)
         self.metrics = RuntimeMetrics()
-        self.nodes: dict[int, Node] = {}  # live nodes
-        self.all_nodes: dict[int, Node] = {}  # every node ever created, released ones too
+        #: every node made here: live and all tables, ids, the owner stamp, tree seeds
+        self.table = NodeTable(self.store, seed)
         #: public operations in completion order (JSON-friendly), for trace recording and replay
         self.oplog: list[dict] = []
         #: called with (node, (T, V) log-probs) for every forced block; used by trace replay
         self.logits_hook: Callable[[Node, torch.Tensor], None] | None = None
         #: called with (trace point, account or None) after every operation (the viewer's residency recorder)
         self.step_hooks: list[Callable[[TracePoint, Account | None], None]] = []
-        self.memory = MemoryManager(self.store, self.policy, self.nodes)
+        self.memory = MemoryManager(self.store, self.policy, self.table.live)
         decode = getattr(self.tokenizer, "decode", None)
         self.backend.sparse = self.policy.sparse_attention(self.store, self.block_token_ids, decode)
         self.engine = Engine(self)
-        self.seed = seed
-        self._tree_seeds: dict[int, int] = {}
-        self._next_id = 0
-        self._ids = threading.Lock()
         self._local = threading.local()
         self._work: Work | None = None  # the work being carried out (driver only)
         self._eos_ids = _eos_ids(loaded)
@@ -113,13 +103,13 @@ class Runtime:
         prefilled runtime this way)."""
         if self.engine.busy:
             raise RuntimeError("Runtime: cannot copy while work is in flight")
-        fresh, shared = {"engine", "_ids", "_local", "_work"}, {"grammar"}  # grammar: a compile cache
+        fresh, shared = {"engine", "_local", "_work"}, {"grammar"}  # grammar: a compile cache
         clone = object.__new__(type(self))
         memo[id(self)] = clone
         for name, value in self.__dict__.items():
             if name not in fresh:
                 setattr(clone, name, value if name in shared else copy.deepcopy(value, memo))
-        clone.engine, clone._ids, clone._local, clone._work = Engine(clone), threading.Lock(), threading.local(), None
+        clone.engine, clone._local, clone._work = Engine(clone), threading.local(), None
         return clone
 
     # ---- public API ----------------------------------------------------------------------
@@ -131,6 +121,38 @@ class Runtime:
     def events(self):
         """The :class:`~arbor_runtime.events.EventLog` of this runtime (every tree)."""
         return self.memory.events
+
+    @property
+    def nodes(self) -> dict[int, Node]:
+        """Live nodes by id, in creation order."""
+        return self.table.live
+
+    @property
+    def all_nodes(self) -> dict[int, Node]:
+        """Every node this runtime made by id, released ones too, in creation order."""
+        return self.table.all
+
+    @property
+    def owner(self) -> RuntimeOwner:
+        """Stamped on every node made here; calls refuse nodes that carry another (NodeError)."""
+        return self.table.owner
+
+    @property
+    def seed(self) -> int:
+        """The default seed of each tree's sampling streams."""
+        return self.table.seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self.table.seed = value
+
+    @property
+    def _tree_seeds(self) -> dict[int, int]:
+        return self.table.tree_seeds
+
+    @property
+    def _next_id(self) -> int:
+        return self.table.next
 
     def new_tree(self, prompt: str, seed: int | None = None) -> Node:
         """Start a tree whose root block is ``prompt`` (prefilled once).
@@ -338,13 +360,10 @@ class Runtime:
     # ---- for the engine (driver thread only) ---------------------------------------------
     def tree_seed(self, node: Node) -> int:
         """The seed of ``node``'s tree's sampling streams."""
-        self._check_node(node)
-        return self._tree_seeds.get(node.tree_id, self.seed)
+        return self.table.tree_seed(node)
 
     def next_id(self) -> int:
-        with self._ids:
-            self._next_id += 1
-            return self._next_id - 1
+        return self.table.next_id()
 
     def targets(self, work: Work | None = None) -> list[RuntimeMetrics]:
         """The metrics a work's counts go to: the runtime's, and its account's when it has one."""
@@ -418,25 +437,11 @@ class Runtime:
 
     def order_nodes(self, created: list[Node]) -> None:
         """Children finish in any order; keep the node tables in id (creation) order."""
-        for node in sorted(created, key=lambda n: n.id):
-            for table in (self.nodes, self.all_nodes):
-                if node.id in table:
-                    table[node.id] = table.pop(node.id)
+        self.table.order(created)
 
     def forget_subtree(self, node: Node) -> list[int]:
         """Release ``node``'s subtree from the store and the live table; returns the ids."""
-        gone = []
-        for sub in list(node.subtree()):
-            if sub.id in self.store:
-                self.store.pop(sub.id)
-            sub.released = True
-            self.nodes.pop(sub.id, None)
-            gone.append(sub.id)
-            for m in self.targets():
-                m.nodes_released += 1
-        if node.parent is not None and node in node.parent.children:
-            node.parent.children.remove(node)
-        return gone
+        return self.table.forget_subtree(node, self.targets())
 
     # ---- internals: prefill --------------------------------------------------------------
     def prefill(self, state: _Prefill) -> Node:
@@ -621,39 +626,17 @@ class Runtime:
     def _new_node(
         self, parent: Node | None, ids: list[int], text: str, kind: str, start_pos: int, node_id: int | None = None
     ) -> Node:
-        node_id = self.next_id() if node_id is None else node_id
-        node = Node(id=node_id, parent=parent, token_ids=list(ids), text=text, kind=kind, start_pos=start_pos)
-        node.key = Node.path_key(parent, node.token_ids)
-        node.owner = self.owner
-        node.tree_id = node.id if parent is None else parent.tree_id
-        self.nodes[node.id] = node
-        self.all_nodes[node.id] = node
-        if parent is not None:
-            parent.children.insert(sum(c.id < node.id for c in parent.children), node)
-        for m in self.targets():
-            m.nodes_created += 1
-        return node
+        return self.table.new(parent, ids, text, kind, start_pos, self.targets(), node_id)
 
     def _discard(self, node: Node) -> None:
         """A node whose operation failed: gone as if never created."""
-        self.all_nodes.pop(node.id, None)
-        for m in self.targets():
-            m.nodes_created -= 1
-            m.nodes_released -= 1
+        self.table.discard(node, self.targets())
 
     def _check_node(self, node: Node) -> None:
-        """``node`` is one this runtime made (released or not), else NodeError (node ids are per runtime)."""
-        if not isinstance(node, Node):
-            raise NodeError(f"expected a Node this Runtime returned, got {type(node).__name__} {node!r:.60}")
-        if node.owner is not self.owner:
-            whose = "no Runtime (built by hand)" if node.owner is None else "another Runtime"
-            raise NodeError(f"{node!r} belongs to {whose}; pass nodes this Runtime returned")
+        self.table.check(node)
 
     def _check_live(self, node: Node) -> None:
-        """``node`` is this runtime's and not released (it has KV to build on), else NodeError."""
-        self._check_node(node)
-        if node.released:
-            raise NodeError(f"{node!r} was released; its KV is gone and it cannot be used for new work")
+        self.table.check_live(node)
 
     def _token_ids(self, ids: Sequence[int], where: str) -> list[int]:
         """``ids`` as ints, each in the vocabulary; TokenIdError naming the first bad one."""
