@@ -16,14 +16,14 @@ import copy
 import logging
 import math
 import operator
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
+from arbor_runtime.accounts import Accounts
 from arbor_runtime.backend import ModelBackend, TreeBatch, context_groups
 from arbor_runtime.choose import ChoiceScores, ChoosePlan, ChooseWork
 from arbor_runtime.engine import Account, Engine, ExpandJob, Work
@@ -33,7 +33,7 @@ from arbor_runtime.grammar import GrammarCompiler
 from arbor_runtime.kv import BlockKV, Extent, KVStore
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.memory import MemoryManager
-from arbor_runtime.metrics import RuntimeMetrics, TracePoint, store_totals
+from arbor_runtime.metrics import RuntimeMetrics, TracePoint
 from arbor_runtime.nodes import NodeTable, RuntimeOwner
 from arbor_runtime.policies import Policy, build_policy
 from arbor_runtime.sampling import SamplingParams
@@ -87,15 +87,14 @@ class Runtime:
         #: called with (trace point, account or None) after every operation (the viewer's residency recorder)
         self.step_hooks: list[Callable[[TracePoint, Account | None], None]] = []
         self.memory = MemoryManager(self.store, self.policy, self.table.live)
+        #: where counts go (the runtime's metrics, each thread's account), and each work's trace point
+        self.accounts = Accounts(self.metrics, self.store, self.memory, self.backend, self.step_hooks)
         decode = getattr(self.tokenizer, "decode", None)
         self.backend.sparse = self.policy.sparse_attention(self.store, self.block_token_ids, decode)
         self.engine = Engine(self)
-        self._local = threading.local()
-        self._work: Work | None = None  # the work being carried out (driver only)
         self._eos_ids = _eos_ids(loaded)
         #: matchers for sampling under a regex or grammar (its tokenizer view is built on first use)
         self.grammar = GrammarCompiler(self.tokenizer, int(self.model.config.vocab_size))
-        self._t0 = time.perf_counter()
 
     def __deepcopy__(self, memo: dict) -> Runtime:
         """A copy of the whole state (trees, KV, metrics) with its own engine and locks; nothing may
@@ -103,13 +102,13 @@ class Runtime:
         prefilled runtime this way)."""
         if self.engine.busy:
             raise RuntimeError("Runtime: cannot copy while work is in flight")
-        fresh, shared = {"engine", "_local", "_work"}, {"grammar"}  # grammar: a compile cache
+        fresh, shared = {"engine"}, {"grammar"}  # grammar: a compile cache
         clone = object.__new__(type(self))
         memo[id(self)] = clone
         for name, value in self.__dict__.items():
             if name not in fresh:
                 setattr(clone, name, value if name in shared else copy.deepcopy(value, memo))
-        clone.engine, clone._local, clone._work = Engine(clone), threading.local(), None
+        clone.engine = Engine(clone)
         return clone
 
     # ---- public API ----------------------------------------------------------------------
@@ -153,6 +152,11 @@ class Runtime:
     @property
     def _next_id(self) -> int:
         return self.table.next
+
+    @property
+    def _work(self) -> Work | None:
+        """The work being carried out (driver only)."""
+        return self.accounts.work
 
     def new_tree(self, prompt: str, seed: int | None = None) -> Node:
         """Start a tree whose root block is ``prompt`` (prefilled once).
@@ -300,21 +304,14 @@ class Runtime:
         self._submit(Work("release", self._account(), run=lambda: self._release(node)))
         self.log_op({"op": "release", "node": node.id})
 
-    @contextmanager
-    def account(self, account: Account | None = None) -> Iterator[Account]:
+    def account(self, account: Account | None = None) -> AbstractContextManager[Account]:
         """Count this thread's calls in their own :class:`Account` (metrics, events) while inside.
 
         With several searches in one runtime, each search thread opens one: its ``metrics`` then hold
         that search's token counts, time, peaks and store movements, as ``rt.metrics`` does for the
         whole runtime.
         """
-        account = account or Account()
-        previous = getattr(self._local, "account", None)
-        self._local.account = account
-        try:
-            yield account
-        finally:
-            self._local.account = previous
+        return self.accounts.account(account)
 
     def compress(self, target_tokens: int) -> int:
         """Ask the policy, now, to bring resident block KV down to ``target_tokens`` (one MemoryThreshold).
@@ -367,21 +364,11 @@ class Runtime:
 
     def targets(self, work: Work | None = None) -> list[RuntimeMetrics]:
         """The metrics a work's counts go to: the runtime's, and its account's when it has one."""
-        work = work or self._work
-        acc = work.account if work is not None else None
-        return [self.metrics] if acc is None else [self.metrics, acc.metrics]
+        return self.accounts.targets(work)
 
-    @contextmanager
-    def accounting(self, work: Work) -> Iterator[None]:
+    def accounting(self, work: Work) -> AbstractContextManager[None]:
         """Attribute what happens inside (store movements, events, counts) to ``work``."""
-        before, previous = store_totals(self.store), self._work
-        self._work, self.memory.account = work, work.account
-        try:
-            yield
-        finally:
-            self._work, self.memory.account = previous, previous.account if previous is not None else None
-            if work.account is not None:
-                work.account.metrics.add_store_delta(before, store_totals(self.store))
+        return self.accounts.accounting(work)
 
     def log_op(self, entry: dict) -> None:
         self.oplog.append(entry)
@@ -584,44 +571,11 @@ class Runtime:
         return self.engine.submit(work)
 
     def _account(self) -> Account | None:
-        return getattr(self._local, "account", None)
+        return self.accounts.current()
 
     def end_op(self, work: Work) -> None:
         """A work is over: its time, the pool peak while it ran, a trace point (runtime and account)."""
-        pool = self.store.pool
-        seconds = time.perf_counter() - work.started
-        peak = max(work.peak, pool.used)
-        bpt = self.backend.shape.bytes_per_token
-        if work.account is not None:
-            work.account.metrics.runtime_seconds += seconds
-            work.account.metrics.note_peak(peak, bpt)
-            work.account.metrics.pool_bytes = pool.nbytes
-        m = self.metrics
-        m.runtime_seconds += seconds
-        m.note_peak(pool.peak_used, bpt)
-        m.pool_bytes = pool.nbytes
-        m.forward_calls, m.model_seconds = self.backend.forward_calls, self.backend.model_seconds
-        m.sync_store(self.store, self.memory.events)
-        if self.backend.sparse is not None:
-            m.sync_sparse(self.backend.sparse.stats)
-        if work.account is not None:
-            work.account.metrics.sync_events(work.account.events)
-        point = TracePoint(
-            step=len(m.trace),
-            op=work.name,
-            resident_tokens=self.store.resident_tokens,
-            resident_bytes=self.store.resident_bytes,
-            peak_tokens=peak,
-            t=time.perf_counter() - self._t0,
-            host_tokens=self.store.host_tokens,
-            events=len(self.memory.events.records),
-            rehydrations=self.store.counters.rehydrations,
-            branch_switch_events=m.branch_switch_events,
-        )
-        for target in self.targets(work):
-            target.trace.append(point)
-        for hook in self.step_hooks:
-            hook(point, work.account)
+        self.accounts.end(work)
 
     def _new_node(
         self, parent: Node | None, ids: list[int], text: str, kind: str, start_pos: int, node_id: int | None = None
