@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
-import operator
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -23,12 +21,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from arbor_runtime import validation
 from arbor_runtime.accounts import Accounts
 from arbor_runtime.backend import ModelBackend, TreeBatch, context_groups
 from arbor_runtime.choose import ChoiceScores, ChoosePlan, ChooseWork
 from arbor_runtime.engine import Account, Engine, ExpandJob, Work
-from arbor_runtime.errors import BudgetError, KVBudgetExceeded, NotYet, TokenIdError
-from arbor_runtime.generation import Row, StopChecker
+from arbor_runtime.errors import BudgetError, KVBudgetExceeded, NotYet
+from arbor_runtime.generation import Row
 from arbor_runtime.grammar import GrammarCompiler
 from arbor_runtime.kv import BlockKV, Extent, KVStore
 from arbor_runtime.loading import LoadedModel
@@ -68,7 +67,7 @@ class Runtime:
     ) -> None:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         #: token ids a block may hold: 0 <= id < vocab_size (checked before any work)
-        self.vocab_size = _vocab_size(self.model)
+        self.vocab_size = validation.vocab_size(self.model)
         self.policy = build_policy(policy, budget_tokens=budget_tokens)
         if hasattr(self.policy, "vocab_size"):
             self.policy.vocab_size = int(self.model.config.vocab_size)
@@ -92,7 +91,7 @@ class Runtime:
         decode = getattr(self.tokenizer, "decode", None)
         self.backend.sparse = self.policy.sparse_attention(self.store, self.block_token_ids, decode)
         self.engine = Engine(self)
-        self._eos_ids = _eos_ids(loaded)
+        self._eos_ids = validation.eos_ids(loaded)
         #: matchers for sampling under a regex or grammar (its tokenizer view is built on first use)
         self.grammar = GrammarCompiler(self.tokenizer, int(self.model.config.vocab_size))
 
@@ -212,8 +211,9 @@ class Runtime:
             KVBudgetExceeded: a single row (its path plus its new tokens) cannot fit.
             ValueError: a request or a regex / grammar that is not valid.
         """
-        self._check_requests(requests)
-        job = ExpandJob("expand", self._account(), requests=list(requests), stops=self._stops(requests, sampling))
+        validation.check_requests(requests, self._check_live)
+        stops = validation.stop_checkers(requests, sampling, self.tokenizer, self._eos_ids, self.grammar)
+        job = ExpandJob("expand", self._account(), requests=list(requests), stops=stops)
         job.grammar = self.grammar
         return self._submit(job)
 
@@ -291,7 +291,7 @@ class Runtime:
     def set_value(self, node: Node, value: float) -> None:
         """Record the search value a verifier gave ``node`` (MSVE reads it): a finite number."""
         self._check_live(node)
-        node.value = _finite_value(value, node)
+        node.value = validation.finite_value(value, node)
         self.log_op({"op": "set_value", "node": node.id, "value": node.value})
 
     def release(self, node: Node) -> None:
@@ -593,53 +593,8 @@ class Runtime:
         self.table.check_live(node)
 
     def _token_ids(self, ids: Sequence[int], where: str) -> list[int]:
-        """``ids`` as ints, each in the vocabulary; TokenIdError naming the first bad one."""
-        if isinstance(ids, str | bytes):
-            raise TokenIdError(f"{where}: token ids must be a sequence of integers, got the string {ids!r:.40}")
-        if hasattr(ids, "tolist"):  # a tensor or an array: one conversion, not one per element
-            ids = ids.tolist()
-        try:
-            items = list(ids)
-        except TypeError:
-            raise TokenIdError(f"{where}: token ids must be a sequence of integers, got {ids!r:.40}") from None
-        out = []
-        for i, tok in enumerate(items):
-            try:
-                value = operator.index(tok)
-            except TypeError:
-                raise TokenIdError(f"{where}: token id {tok!r} at index {i} is not an integer") from None
-            if not 0 <= value < self.vocab_size:
-                raise TokenIdError(
-                    f"{where}: token id {value} at index {i} is outside the vocabulary: "
-                    f"valid ids are 0..{self.vocab_size - 1} (vocab_size={self.vocab_size})"
-                )
-            out.append(value)
-        return out
-
-    def _stops(self, requests, sampling) -> list[StopChecker]:
-        """One stop checker per request (shared when the requests share their parameters)."""
-        if sampling is None or isinstance(sampling, SamplingParams):
-            stop = StopChecker(self.tokenizer, sampling or SamplingParams(), self._eos_ids)
-            stops = [stop] * len(requests)
-        else:
-            if len(sampling) != len(requests):
-                raise ValueError(f"expand_many: {len(sampling)} SamplingParams for {len(requests)} requests")
-            made: dict[int, StopChecker] = {}
-            stops = [made.setdefault(id(p), StopChecker(self.tokenizer, p, self._eos_ids)) for p in sampling]
-        for stop in {id(s): s for s in stops}.values():
-            self.grammar.check(stop.params)
-        return stops
-
-    def _check_requests(self, requests: Sequence[tuple[Node, int]]) -> None:
-        if not requests:
-            raise ValueError("expand_many needs at least one (node, n) request")
-        for request in requests:
-            if not isinstance(request, tuple | list) or len(request) != 2:
-                raise ValueError(f"expand_many: request {request!r:.60} must be a (node, n) pair")
-        for node, n in requests:
-            self._check_live(node)
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise ValueError(f"n={n!r} for {node!r} must be a positive integer")
+        """``ids`` as ints in this model's vocabulary; TokenIdError naming the first bad one."""
+        return validation.token_ids(ids, where, self.vocab_size)
 
 
 @dataclass(eq=False, slots=True)
@@ -684,36 +639,3 @@ def _split(extents: Sequence[Extent], n: int) -> tuple[list[Extent], list[Extent
             spare.append(Extent(ext.start + take, ext.length - take))
         left -= take
     return used, spare
-
-
-def _vocab_size(model: torch.nn.Module) -> int:
-    """Token ids the model can take and score: its config's vocabulary, or fewer embedding rows."""
-    size = int(model.config.vocab_size)
-    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    rows = getattr(embed, "num_embeddings", None)
-    return min(size, int(rows)) if rows is not None else size
-
-
-def _finite_value(value: float, node: Node) -> float:
-    """``value`` as a float, refused (ValueError) unless a finite number: policies rank blocks by it."""
-    bad = isinstance(value, str | bytes) or value is None
-    try:
-        number = float(value) if not bad else math.nan
-    except (TypeError, ValueError):
-        number, bad = math.nan, True
-    if bad or not math.isfinite(number):
-        raise ValueError(f"set_value: value={value!r} for {node!r} must be a finite number")
-    return number
-
-
-def _eos_ids(loaded: LoadedModel) -> set[int]:
-    ids = set()
-    tok_eos = getattr(loaded.tokenizer, "eos_token_id", None)
-    if tok_eos is not None:
-        ids.add(int(tok_eos))
-    cfg_eos = getattr(loaded.model.config, "eos_token_id", None)
-    if isinstance(cfg_eos, int):
-        ids.add(cfg_eos)
-    elif isinstance(cfg_eos, list):
-        ids.update(int(i) for i in cfg_eos)
-    return ids
