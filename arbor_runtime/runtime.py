@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ import torch
 
 from arbor_runtime import validation
 from arbor_runtime.accounts import Accounts
-from arbor_runtime.backend import ModelBackend, TreeBatch, context_groups
+from arbor_runtime.backend import ModelBackend, TreeBatch
 from arbor_runtime.choose import ChoiceScores, ChoosePlan, ChooseWork
 from arbor_runtime.engine import Account, Engine, ExpandJob, Work
 from arbor_runtime.errors import BudgetError, KVBudgetExceeded, NotYet
@@ -35,6 +34,7 @@ from arbor_runtime.memory import MemoryManager
 from arbor_runtime.metrics import RuntimeMetrics, TracePoint
 from arbor_runtime.nodes import NodeTable, RuntimeOwner
 from arbor_runtime.policies import Policy, build_policy
+from arbor_runtime.runner import Runner
 from arbor_runtime.sampling import SamplingParams
 from arbor_runtime.tree import FORCED, GENERATED, PROMPT, Node
 
@@ -88,6 +88,8 @@ class Runtime:
         self.memory = MemoryManager(self.store, self.policy, self.table.live)
         #: where counts go (the runtime's metrics, each thread's account), and each work's trace point
         self.accounts = Accounts(self.metrics, self.store, self.memory, self.backend, self.step_hooks)
+        #: batches, forwards, attention records and slot frees of prefill-style forwards
+        self.runner = Runner(self.store, self.backend, self.policy, self.accounts)
         decode = getattr(self.tokenizer, "decode", None)
         self.backend.sparse = self.policy.sparse_attention(self.store, self.block_token_ids, decode)
         self.engine = Engine(self)
@@ -374,26 +376,15 @@ class Runtime:
         self.oplog.append(entry)
 
     def take_attention(self, batch: TreeBatch) -> None:
-        """Add a forward's attention mass over context blocks to those blocks (queries counted once per block).
-
-        Under an observation window the new record replaces the old one of every token it saw.
-        """
-        if not batch.stats:
-            return
-        queries = batch.q - batch.stats_from
-        for grp in batch.groups:
-            for i, (piece, mass) in enumerate(zip(grp.pieces, grp.mass, strict=True)):
-                if self.policy.observation_window and piece.block_id in self.store:
-                    self.store.get(piece.block_id).attention[piece.idx] = 0.0
-                self.store.add_attention(piece.block_id, piece.idx, mass, grp.n_rows * queries if i == 0 else 0.0)
+        """Add a forward's attention mass over context blocks to those blocks (see :class:`Runner`)."""
+        self.runner.take_attention(batch)
 
     def recompute_all(self, nodes: Sequence[Node]) -> None:
         for node in nodes:
             self._recompute(node)
 
     def free_slots(self, extents: Sequence[Extent]) -> None:
-        for ext in extents:
-            self.store.pool.free(ext)
+        self.runner.free_slots(extents)
 
     def child_from_row(self, row: Row) -> Node:
         """A finished row becomes a child block: its used slots are the block, the rest are freed.
@@ -518,13 +509,7 @@ class Runtime:
 
     def _forward(self, batch: TreeBatch, ids: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor:
         """A prefill-style forward, its time charged to the current work's account."""
-        start = time.perf_counter()
-        logits = self.backend.forward(batch, ids, positions, keep)
-        acc = self._work.account if self._work is not None else None
-        if acc is not None:
-            acc.metrics.forward_calls += 1
-            acc.metrics.model_seconds += time.perf_counter() - start
-        return logits
+        return self.runner.forward(batch, ids, positions, keep)
 
     def _recompute(self, node: Node) -> None:
         """Rebuild a block's tokens dropped from every tier by prefilling it over its (whole) ancestors.
@@ -557,10 +542,7 @@ class Runtime:
     def _batch(
         self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool, stats_from: int = 0
     ) -> TreeBatch:
-        groups, kernel = context_groups(self.store, contexts), self.backend.kernel
-        return TreeBatch(
-            self.store.pool, groups, len(contexts), q, write, stats=stats, kernel=kernel, stats_from=stats_from
-        )
+        return self.runner.batch(contexts, q, write, stats, stats_from)
 
     def _release(self, node: Node) -> None:
         self._check_live(node)  # again in the driver: another thread may have released it meanwhile
