@@ -69,23 +69,25 @@ class Runtime:
         #: token ids a block may hold: 0 <= id < vocab_size (checked before any work)
         self.vocab_size = validation.vocab_size(self.model)
         self.policy = build_policy(policy, budget_tokens=budget_tokens)
-        if hasattr(self.policy, "vocab_size"):
-            self.policy.vocab_size = int(self.model.config.vocab_size)
-        if hasattr(self.policy, "bind"):  # policies that read the model (kvp: weights by fingerprint)
-            self.policy.bind(self.model)
+        bind_policy(self.policy, self.model)
         self.backend = ModelBackend(self.model, fast_kernel=fast_kernel)
         host_cap = getattr(self.policy, "host_budget_tokens", None)
         self.store = KVStore(self.backend.shape, capacity=self.policy.kv_budget_tokens, host_capacity=host_cap)
         self.metrics = RuntimeMetrics()
         #: every node made here: live and all tables, ids, the owner stamp, tree seeds
         self.table = NodeTable(self.store, seed)
+        #: live nodes by id / every node made here, released ones too (the table's, in creation order)
+        self.nodes, self.all_nodes = self.table.live, self.table.all
+        #: stamped on every node made here; calls refuse nodes that carry another (NodeError)
+        self.owner: RuntimeOwner = self.table.owner
+        self._tree_seeds = self.table.tree_seeds  # root id -> its tree's seed (prefill sets it)
         #: public operations in completion order (JSON-friendly), for trace recording and replay
         self.oplog: list[dict] = []
         #: called with (node, (T, V) log-probs) for every forced block; used by trace replay
         self.logits_hook: Callable[[Node, torch.Tensor], None] | None = None
         #: called with (trace point, account or None) after every operation (the viewer's residency recorder)
         self.step_hooks: list[Callable[[TracePoint, Account | None], None]] = []
-        self.memory = MemoryManager(self.store, self.policy, self.table.live)
+        self.memory = MemoryManager(self.store, self.policy, self.nodes)
         #: where counts go (the runtime's metrics, each thread's account), and each work's trace point
         self.accounts = Accounts(self.metrics, self.store, self.memory, self.backend, self.step_hooks)
         #: batches, forwards, attention records and slot frees of prefill-style forwards
@@ -123,21 +125,6 @@ class Runtime:
         return self.memory.events
 
     @property
-    def nodes(self) -> dict[int, Node]:
-        """Live nodes by id, in creation order."""
-        return self.table.live
-
-    @property
-    def all_nodes(self) -> dict[int, Node]:
-        """Every node this runtime made by id, released ones too, in creation order."""
-        return self.table.all
-
-    @property
-    def owner(self) -> RuntimeOwner:
-        """Stamped on every node made here; calls refuse nodes that carry another (NodeError)."""
-        return self.table.owner
-
-    @property
     def seed(self) -> int:
         """The default seed of each tree's sampling streams."""
         return self.table.seed
@@ -145,10 +132,6 @@ class Runtime:
     @seed.setter
     def seed(self, value: int) -> None:
         self.table.seed = value
-
-    @property
-    def _tree_seeds(self) -> dict[int, int]:
-        return self.table.tree_seeds
 
     @property
     def _next_id(self) -> int:
@@ -621,3 +604,18 @@ def _split(extents: Sequence[Extent], n: int) -> tuple[list[Extent], list[Extent
             spare.append(Extent(ext.start + take, ext.length - take))
         left -= take
     return used, spare
+
+
+def bind_policy(policy: Policy, model: torch.nn.Module) -> None:
+    """Hand ``policy`` what it reads of the model, once, before any work.
+
+    Two optional hooks, each declared by the policies that need it: ``vocab_size`` (arbor
+    normalizes entropies by the config's vocabulary) and ``bind(model)`` (kvp, and arbor's kvp
+    token scorer, load their weights by the model's fingerprint). The one place the runtime asks a
+    policy what it has; a no-op ``Policy.bind`` in policies/base.py would make it a single call.
+    """
+    if hasattr(policy, "vocab_size"):
+        policy.vocab_size = int(model.config.vocab_size)
+    bind = getattr(policy, "bind", None)
+    if bind is not None:
+        bind(model)
