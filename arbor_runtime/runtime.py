@@ -314,7 +314,7 @@ class Runtime:
 
     def path_token_ids(self, node: Node) -> list[int]:
         """Token ids from the root to ``node`` inclusive (the flattened text's ids); released nodes too."""
-        self._check_node(node)
+        self.table.check(node)
         return [t for n in node.path() for t in n.token_ids]
 
     def block_token_ids(self, block_id: int) -> list[int]:
@@ -328,7 +328,7 @@ class Runtime:
 
     def residency(self, node: Node) -> dict[str, int]:
         """Where ``node``'s block lives: tokens on device, on host, dropped (all of a released node's)."""
-        self._check_node(node)
+        self.table.check(node)
         if node.id not in self.store:
             return {"device": 0, "host": 0, "dropped": node.length}
         blk = self.store.get(node.id)
@@ -399,10 +399,6 @@ class Runtime:
     def order_nodes(self, created: list[Node]) -> None:
         """Children finish in any order; keep the node tables in id (creation) order."""
         self.table.order(created)
-
-    def forget_subtree(self, node: Node) -> list[int]:
-        """Release ``node``'s subtree from the store and the live table; returns the ids."""
-        return self.table.forget_subtree(node, self.targets())
 
     # ---- internals: prefill --------------------------------------------------------------
     def prefill(self, state: _Prefill) -> Node:
@@ -529,7 +525,7 @@ class Runtime:
 
     def _release(self, node: Node) -> None:
         self._check_live(node)  # again in the driver: another thread may have released it meanwhile
-        self.memory.forget(self.forget_subtree(node))
+        self.memory.forget(self.table.forget_subtree(node, self.targets()))
 
     # ---- internals: bookkeeping ----------------------------------------------------------
     def _submit(self, work: Work):
@@ -550,9 +546,6 @@ class Runtime:
     def _discard(self, node: Node) -> None:
         """A node whose operation failed: gone as if never created."""
         self.table.discard(node, self.targets())
-
-    def _check_node(self, node: Node) -> None:
-        self.table.check(node)
 
     def _check_live(self, node: Node) -> None:
         self.table.check_live(node)
