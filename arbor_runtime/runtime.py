@@ -14,39 +14,34 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
-import operator
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
-from arbor_runtime.backend import ModelBackend, TreeBatch, context_groups
+from arbor_runtime import validation
+from arbor_runtime.accounts import Accounts
+from arbor_runtime.backend import ModelBackend, TreeBatch
 from arbor_runtime.choose import ChoiceScores, ChoosePlan, ChooseWork
 from arbor_runtime.engine import Account, Engine, ExpandJob, Work
-from arbor_runtime.errors import BudgetError, KVBudgetExceeded, NodeError, NotYet, TokenIdError
-from arbor_runtime.generation import Row, StopChecker
+from arbor_runtime.errors import BudgetError, KVBudgetExceeded, NotYet
+from arbor_runtime.generation import Row
 from arbor_runtime.grammar import GrammarCompiler
 from arbor_runtime.kv import BlockKV, Extent, KVStore
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.memory import MemoryManager
-from arbor_runtime.metrics import RuntimeMetrics, TracePoint, store_totals
+from arbor_runtime.metrics import RuntimeMetrics, TracePoint
+from arbor_runtime.nodes import NodeTable, RuntimeOwner
 from arbor_runtime.policies import Policy, build_policy
+from arbor_runtime.runner import Runner
 from arbor_runtime.sampling import SamplingParams
 from arbor_runtime.tree import FORCED, GENERATED, PROMPT, Node
 
 log = logging.getLogger(__name__)
 
 
-class RuntimeOwner:
-    """The identity a runtime stamps on every node it makes (``Node.owner``).
-
-    A token rather than the runtime itself: a node can be pickled or copied on its own without
-    dragging the model along. A deep copy of a runtime gets a fresh one, shared by the copy's nodes.
-    """
+__all__ = ["Runtime", "RuntimeOwner"]
 
 
 class Runtime:
@@ -71,21 +66,21 @@ class Runtime:
         fast_kernel: bool = True,
     ) -> None:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
-        #: stamped on every node made here; calls refuse nodes that carry another (NodeError)
-        self.owner = RuntimeOwner()
         #: token ids a block may hold: 0 <= id < vocab_size (checked before any work)
-        self.vocab_size = _vocab_size(self.model)
+        self.vocab_size = validation.vocab_size(self.model)
         self.policy = build_policy(policy, budget_tokens=budget_tokens)
-        if hasattr(self.policy, "vocab_size"):
-            self.policy.vocab_size = int(self.model.config.vocab_size)
-        if hasattr(self.policy, "bind"):  # policies that read the model (kvp: weights by fingerprint)
-            self.policy.bind(self.model)
+        bind_policy(self.policy, self.model)
         self.backend = ModelBackend(self.model, fast_kernel=fast_kernel)
         host_cap = getattr(self.policy, "host_budget_tokens", None)
         self.store = KVStore(self.backend.shape, capacity=self.policy.kv_budget_tokens, host_capacity=host_cap)
         self.metrics = RuntimeMetrics()
-        self.nodes: dict[int, Node] = {}  # live nodes
-        self.all_nodes: dict[int, Node] = {}  # every node ever created, released ones too
+        #: every node made here: live and all tables, ids, the owner stamp, tree seeds
+        self.table = NodeTable(self.store, seed)
+        #: live nodes by id / every node made here, released ones too (the table's, in creation order)
+        self.nodes, self.all_nodes = self.table.live, self.table.all
+        #: stamped on every node made here; calls refuse nodes that carry another (NodeError)
+        self.owner: RuntimeOwner = self.table.owner
+        self._tree_seeds = self.table.tree_seeds  # root id -> its tree's seed (prefill sets it)
         #: public operations in completion order (JSON-friendly), for trace recording and replay
         self.oplog: list[dict] = []
         #: called with (node, (T, V) log-probs) for every forced block; used by trace replay
@@ -93,19 +88,16 @@ class Runtime:
         #: called with (trace point, account or None) after every operation (the viewer's residency recorder)
         self.step_hooks: list[Callable[[TracePoint, Account | None], None]] = []
         self.memory = MemoryManager(self.store, self.policy, self.nodes)
+        #: where counts go (the runtime's metrics, each thread's account), and each work's trace point
+        self.accounts = Accounts(self.metrics, self.store, self.memory, self.backend, self.step_hooks)
+        #: batches, forwards, attention records and slot frees of prefill-style forwards
+        self.runner = Runner(self.store, self.backend, self.policy, self.accounts)
         decode = getattr(self.tokenizer, "decode", None)
         self.backend.sparse = self.policy.sparse_attention(self.store, self.block_token_ids, decode)
         self.engine = Engine(self)
-        self.seed = seed
-        self._tree_seeds: dict[int, int] = {}
-        self._next_id = 0
-        self._ids = threading.Lock()
-        self._local = threading.local()
-        self._work: Work | None = None  # the work being carried out (driver only)
-        self._eos_ids = _eos_ids(loaded)
+        self._eos_ids = validation.eos_ids(loaded)
         #: matchers for sampling under a regex or grammar (its tokenizer view is built on first use)
         self.grammar = GrammarCompiler(self.tokenizer, int(self.model.config.vocab_size))
-        self._t0 = time.perf_counter()
 
     def __deepcopy__(self, memo: dict) -> Runtime:
         """A copy of the whole state (trees, KV, metrics) with its own engine and locks; nothing may
@@ -113,13 +105,13 @@ class Runtime:
         prefilled runtime this way)."""
         if self.engine.busy:
             raise RuntimeError("Runtime: cannot copy while work is in flight")
-        fresh, shared = {"engine", "_ids", "_local", "_work"}, {"grammar"}  # grammar: a compile cache
+        fresh, shared = {"engine"}, {"grammar"}  # grammar: a compile cache
         clone = object.__new__(type(self))
         memo[id(self)] = clone
         for name, value in self.__dict__.items():
             if name not in fresh:
                 setattr(clone, name, value if name in shared else copy.deepcopy(value, memo))
-        clone.engine, clone._ids, clone._local, clone._work = Engine(clone), threading.Lock(), threading.local(), None
+        clone.engine = Engine(clone)
         return clone
 
     # ---- public API ----------------------------------------------------------------------
@@ -131,6 +123,24 @@ class Runtime:
     def events(self):
         """The :class:`~arbor_runtime.events.EventLog` of this runtime (every tree)."""
         return self.memory.events
+
+    @property
+    def seed(self) -> int:
+        """The default seed of each tree's sampling streams."""
+        return self.table.seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self.table.seed = value
+
+    @property
+    def _next_id(self) -> int:
+        return self.table.next
+
+    @property
+    def _work(self) -> Work | None:
+        """The work being carried out (driver only)."""
+        return self.accounts.work
 
     def new_tree(self, prompt: str, seed: int | None = None) -> Node:
         """Start a tree whose root block is ``prompt`` (prefilled once).
@@ -186,8 +196,9 @@ class Runtime:
             KVBudgetExceeded: a single row (its path plus its new tokens) cannot fit.
             ValueError: a request or a regex / grammar that is not valid.
         """
-        self._check_requests(requests)
-        job = ExpandJob("expand", self._account(), requests=list(requests), stops=self._stops(requests, sampling))
+        validation.check_requests(requests, self._check_live)
+        stops = validation.stop_checkers(requests, sampling, self.tokenizer, self._eos_ids, self.grammar)
+        job = ExpandJob("expand", self._account(), requests=list(requests), stops=stops)
         job.grammar = self.grammar
         return self._submit(job)
 
@@ -265,7 +276,7 @@ class Runtime:
     def set_value(self, node: Node, value: float) -> None:
         """Record the search value a verifier gave ``node`` (MSVE reads it): a finite number."""
         self._check_live(node)
-        node.value = _finite_value(value, node)
+        node.value = validation.finite_value(value, node)
         self.log_op({"op": "set_value", "node": node.id, "value": node.value})
 
     def release(self, node: Node) -> None:
@@ -278,21 +289,14 @@ class Runtime:
         self._submit(Work("release", self._account(), run=lambda: self._release(node)))
         self.log_op({"op": "release", "node": node.id})
 
-    @contextmanager
-    def account(self, account: Account | None = None) -> Iterator[Account]:
+    def account(self, account: Account | None = None) -> AbstractContextManager[Account]:
         """Count this thread's calls in their own :class:`Account` (metrics, events) while inside.
 
         With several searches in one runtime, each search thread opens one: its ``metrics`` then hold
         that search's token counts, time, peaks and store movements, as ``rt.metrics`` does for the
         whole runtime.
         """
-        account = account or Account()
-        previous = getattr(self._local, "account", None)
-        self._local.account = account
-        try:
-            yield account
-        finally:
-            self._local.account = previous
+        return self.accounts.account(account)
 
     def compress(self, target_tokens: int) -> int:
         """Ask the policy, now, to bring resident block KV down to ``target_tokens`` (one MemoryThreshold).
@@ -310,7 +314,7 @@ class Runtime:
 
     def path_token_ids(self, node: Node) -> list[int]:
         """Token ids from the root to ``node`` inclusive (the flattened text's ids); released nodes too."""
-        self._check_node(node)
+        self.table.check(node)
         return [t for n in node.path() for t in n.token_ids]
 
     def block_token_ids(self, block_id: int) -> list[int]:
@@ -324,7 +328,7 @@ class Runtime:
 
     def residency(self, node: Node) -> dict[str, int]:
         """Where ``node``'s block lives: tokens on device, on host, dropped (all of a released node's)."""
-        self._check_node(node)
+        self.table.check(node)
         if node.id not in self.store:
             return {"device": 0, "host": 0, "dropped": node.length}
         blk = self.store.get(node.id)
@@ -338,56 +342,32 @@ class Runtime:
     # ---- for the engine (driver thread only) ---------------------------------------------
     def tree_seed(self, node: Node) -> int:
         """The seed of ``node``'s tree's sampling streams."""
-        self._check_node(node)
-        return self._tree_seeds.get(node.tree_id, self.seed)
+        return self.table.tree_seed(node)
 
     def next_id(self) -> int:
-        with self._ids:
-            self._next_id += 1
-            return self._next_id - 1
+        return self.table.next_id()
 
     def targets(self, work: Work | None = None) -> list[RuntimeMetrics]:
         """The metrics a work's counts go to: the runtime's, and its account's when it has one."""
-        work = work or self._work
-        acc = work.account if work is not None else None
-        return [self.metrics] if acc is None else [self.metrics, acc.metrics]
+        return self.accounts.targets(work)
 
-    @contextmanager
-    def accounting(self, work: Work) -> Iterator[None]:
+    def accounting(self, work: Work) -> AbstractContextManager[None]:
         """Attribute what happens inside (store movements, events, counts) to ``work``."""
-        before, previous = store_totals(self.store), self._work
-        self._work, self.memory.account = work, work.account
-        try:
-            yield
-        finally:
-            self._work, self.memory.account = previous, previous.account if previous is not None else None
-            if work.account is not None:
-                work.account.metrics.add_store_delta(before, store_totals(self.store))
+        return self.accounts.accounting(work)
 
     def log_op(self, entry: dict) -> None:
         self.oplog.append(entry)
 
     def take_attention(self, batch: TreeBatch) -> None:
-        """Add a forward's attention mass over context blocks to those blocks (queries counted once per block).
-
-        Under an observation window the new record replaces the old one of every token it saw.
-        """
-        if not batch.stats:
-            return
-        queries = batch.q - batch.stats_from
-        for grp in batch.groups:
-            for i, (piece, mass) in enumerate(zip(grp.pieces, grp.mass, strict=True)):
-                if self.policy.observation_window and piece.block_id in self.store:
-                    self.store.get(piece.block_id).attention[piece.idx] = 0.0
-                self.store.add_attention(piece.block_id, piece.idx, mass, grp.n_rows * queries if i == 0 else 0.0)
+        """Add a forward's attention mass over context blocks to those blocks (see :class:`Runner`)."""
+        self.runner.take_attention(batch)
 
     def recompute_all(self, nodes: Sequence[Node]) -> None:
         for node in nodes:
             self._recompute(node)
 
     def free_slots(self, extents: Sequence[Extent]) -> None:
-        for ext in extents:
-            self.store.pool.free(ext)
+        self.runner.free_slots(extents)
 
     def child_from_row(self, row: Row) -> Node:
         """A finished row becomes a child block: its used slots are the block, the rest are freed.
@@ -418,25 +398,7 @@ class Runtime:
 
     def order_nodes(self, created: list[Node]) -> None:
         """Children finish in any order; keep the node tables in id (creation) order."""
-        for node in sorted(created, key=lambda n: n.id):
-            for table in (self.nodes, self.all_nodes):
-                if node.id in table:
-                    table[node.id] = table.pop(node.id)
-
-    def forget_subtree(self, node: Node) -> list[int]:
-        """Release ``node``'s subtree from the store and the live table; returns the ids."""
-        gone = []
-        for sub in list(node.subtree()):
-            if sub.id in self.store:
-                self.store.pop(sub.id)
-            sub.released = True
-            self.nodes.pop(sub.id, None)
-            gone.append(sub.id)
-            for m in self.targets():
-                m.nodes_released += 1
-        if node.parent is not None and node in node.parent.children:
-            node.parent.children.remove(node)
-        return gone
+        self.table.order(created)
 
     # ---- internals: prefill --------------------------------------------------------------
     def prefill(self, state: _Prefill) -> Node:
@@ -526,13 +488,7 @@ class Runtime:
 
     def _forward(self, batch: TreeBatch, ids: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor:
         """A prefill-style forward, its time charged to the current work's account."""
-        start = time.perf_counter()
-        logits = self.backend.forward(batch, ids, positions, keep)
-        acc = self._work.account if self._work is not None else None
-        if acc is not None:
-            acc.metrics.forward_calls += 1
-            acc.metrics.model_seconds += time.perf_counter() - start
-        return logits
+        return self.runner.forward(batch, ids, positions, keep)
 
     def _recompute(self, node: Node) -> None:
         """Rebuild a block's tokens dropped from every tier by prefilling it over its (whole) ancestors.
@@ -565,144 +521,38 @@ class Runtime:
     def _batch(
         self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool, stats_from: int = 0
     ) -> TreeBatch:
-        groups, kernel = context_groups(self.store, contexts), self.backend.kernel
-        return TreeBatch(
-            self.store.pool, groups, len(contexts), q, write, stats=stats, kernel=kernel, stats_from=stats_from
-        )
+        return self.runner.batch(contexts, q, write, stats, stats_from)
 
     def _release(self, node: Node) -> None:
         self._check_live(node)  # again in the driver: another thread may have released it meanwhile
-        self.memory.forget(self.forget_subtree(node))
+        self.memory.forget(self.table.forget_subtree(node, self.targets()))
 
     # ---- internals: bookkeeping ----------------------------------------------------------
     def _submit(self, work: Work):
         return self.engine.submit(work)
 
     def _account(self) -> Account | None:
-        return getattr(self._local, "account", None)
+        return self.accounts.current()
 
     def end_op(self, work: Work) -> None:
         """A work is over: its time, the pool peak while it ran, a trace point (runtime and account)."""
-        pool = self.store.pool
-        seconds = time.perf_counter() - work.started
-        peak = max(work.peak, pool.used)
-        bpt = self.backend.shape.bytes_per_token
-        if work.account is not None:
-            work.account.metrics.runtime_seconds += seconds
-            work.account.metrics.note_peak(peak, bpt)
-            work.account.metrics.pool_bytes = pool.nbytes
-        m = self.metrics
-        m.runtime_seconds += seconds
-        m.note_peak(pool.peak_used, bpt)
-        m.pool_bytes = pool.nbytes
-        m.forward_calls, m.model_seconds = self.backend.forward_calls, self.backend.model_seconds
-        m.sync_store(self.store, self.memory.events)
-        if self.backend.sparse is not None:
-            m.sync_sparse(self.backend.sparse.stats)
-        if work.account is not None:
-            work.account.metrics.sync_events(work.account.events)
-        point = TracePoint(
-            step=len(m.trace),
-            op=work.name,
-            resident_tokens=self.store.resident_tokens,
-            resident_bytes=self.store.resident_bytes,
-            peak_tokens=peak,
-            t=time.perf_counter() - self._t0,
-            host_tokens=self.store.host_tokens,
-            events=len(self.memory.events.records),
-            rehydrations=self.store.counters.rehydrations,
-            branch_switch_events=m.branch_switch_events,
-        )
-        for target in self.targets(work):
-            target.trace.append(point)
-        for hook in self.step_hooks:
-            hook(point, work.account)
+        self.accounts.end(work)
 
     def _new_node(
         self, parent: Node | None, ids: list[int], text: str, kind: str, start_pos: int, node_id: int | None = None
     ) -> Node:
-        node_id = self.next_id() if node_id is None else node_id
-        node = Node(id=node_id, parent=parent, token_ids=list(ids), text=text, kind=kind, start_pos=start_pos)
-        node.key = Node.path_key(parent, node.token_ids)
-        node.owner = self.owner
-        node.tree_id = node.id if parent is None else parent.tree_id
-        self.nodes[node.id] = node
-        self.all_nodes[node.id] = node
-        if parent is not None:
-            parent.children.insert(sum(c.id < node.id for c in parent.children), node)
-        for m in self.targets():
-            m.nodes_created += 1
-        return node
+        return self.table.new(parent, ids, text, kind, start_pos, self.targets(), node_id)
 
     def _discard(self, node: Node) -> None:
         """A node whose operation failed: gone as if never created."""
-        self.all_nodes.pop(node.id, None)
-        for m in self.targets():
-            m.nodes_created -= 1
-            m.nodes_released -= 1
-
-    def _check_node(self, node: Node) -> None:
-        """``node`` is one this runtime made (released or not), else NodeError (node ids are per runtime)."""
-        if not isinstance(node, Node):
-            raise NodeError(f"expected a Node this Runtime returned, got {type(node).__name__} {node!r:.60}")
-        if node.owner is not self.owner:
-            whose = "no Runtime (built by hand)" if node.owner is None else "another Runtime"
-            raise NodeError(f"{node!r} belongs to {whose}; pass nodes this Runtime returned")
+        self.table.discard(node, self.targets())
 
     def _check_live(self, node: Node) -> None:
-        """``node`` is this runtime's and not released (it has KV to build on), else NodeError."""
-        self._check_node(node)
-        if node.released:
-            raise NodeError(f"{node!r} was released; its KV is gone and it cannot be used for new work")
+        self.table.check_live(node)
 
     def _token_ids(self, ids: Sequence[int], where: str) -> list[int]:
-        """``ids`` as ints, each in the vocabulary; TokenIdError naming the first bad one."""
-        if isinstance(ids, str | bytes):
-            raise TokenIdError(f"{where}: token ids must be a sequence of integers, got the string {ids!r:.40}")
-        if hasattr(ids, "tolist"):  # a tensor or an array: one conversion, not one per element
-            ids = ids.tolist()
-        try:
-            items = list(ids)
-        except TypeError:
-            raise TokenIdError(f"{where}: token ids must be a sequence of integers, got {ids!r:.40}") from None
-        out = []
-        for i, tok in enumerate(items):
-            try:
-                value = operator.index(tok)
-            except TypeError:
-                raise TokenIdError(f"{where}: token id {tok!r} at index {i} is not an integer") from None
-            if not 0 <= value < self.vocab_size:
-                raise TokenIdError(
-                    f"{where}: token id {value} at index {i} is outside the vocabulary: "
-                    f"valid ids are 0..{self.vocab_size - 1} (vocab_size={self.vocab_size})"
-                )
-            out.append(value)
-        return out
-
-    def _stops(self, requests, sampling) -> list[StopChecker]:
-        """One stop checker per request (shared when the requests share their parameters)."""
-        if sampling is None or isinstance(sampling, SamplingParams):
-            stop = StopChecker(self.tokenizer, sampling or SamplingParams(), self._eos_ids)
-            stops = [stop] * len(requests)
-        else:
-            if len(sampling) != len(requests):
-                raise ValueError(f"expand_many: {len(sampling)} SamplingParams for {len(requests)} requests")
-            made: dict[int, StopChecker] = {}
-            stops = [made.setdefault(id(p), StopChecker(self.tokenizer, p, self._eos_ids)) for p in sampling]
-        for stop in {id(s): s for s in stops}.values():
-            self.grammar.check(stop.params)
-        return stops
-
-    def _check_requests(self, requests: Sequence[tuple[Node, int]]) -> None:
-        if not requests:
-            raise ValueError("expand_many needs at least one (node, n) request")
-        for request in requests:
-            if not isinstance(request, tuple | list) or len(request) != 2:
-                raise ValueError(f"expand_many: request {request!r:.60} must be a (node, n) pair")
-        for node, n in requests:
-            self._check_live(node)
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise ValueError(f"n={n!r} for {node!r} must be a positive integer")
+        """``ids`` as ints in this model's vocabulary; TokenIdError naming the first bad one."""
+        return validation.token_ids(ids, where, self.vocab_size)
 
 
 @dataclass(eq=False, slots=True)
@@ -749,34 +599,16 @@ def _split(extents: Sequence[Extent], n: int) -> tuple[list[Extent], list[Extent
     return used, spare
 
 
-def _vocab_size(model: torch.nn.Module) -> int:
-    """Token ids the model can take and score: its config's vocabulary, or fewer embedding rows."""
-    size = int(model.config.vocab_size)
-    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    rows = getattr(embed, "num_embeddings", None)
-    return min(size, int(rows)) if rows is not None else size
+def bind_policy(policy: Policy, model: torch.nn.Module) -> None:
+    """Hand ``policy`` what it reads of the model, once, before any work.
 
-
-def _finite_value(value: float, node: Node) -> float:
-    """``value`` as a float, refused (ValueError) unless a finite number: policies rank blocks by it."""
-    bad = isinstance(value, str | bytes) or value is None
-    try:
-        number = float(value) if not bad else math.nan
-    except (TypeError, ValueError):
-        number, bad = math.nan, True
-    if bad or not math.isfinite(number):
-        raise ValueError(f"set_value: value={value!r} for {node!r} must be a finite number")
-    return number
-
-
-def _eos_ids(loaded: LoadedModel) -> set[int]:
-    ids = set()
-    tok_eos = getattr(loaded.tokenizer, "eos_token_id", None)
-    if tok_eos is not None:
-        ids.add(int(tok_eos))
-    cfg_eos = getattr(loaded.model.config, "eos_token_id", None)
-    if isinstance(cfg_eos, int):
-        ids.add(cfg_eos)
-    elif isinstance(cfg_eos, list):
-        ids.update(int(i) for i in cfg_eos)
-    return ids
+    Two optional hooks, each declared by the policies that need it: ``vocab_size`` (arbor
+    normalizes entropies by the config's vocabulary) and ``bind(model)`` (kvp, and arbor's kvp
+    token scorer, load their weights by the model's fingerprint). The one place the runtime asks a
+    policy what it has; a no-op ``Policy.bind`` in policies/base.py would make it a single call.
+    """
+    if hasattr(policy, "vocab_size"):
+        policy.vocab_size = int(model.config.vocab_size)
+    bind = getattr(policy, "bind", None)
+    if bind is not None:
+        bind(model)

@@ -1,0 +1,136 @@
+"""Accounts: where a runtime's counts go, and the trace point each operation leaves.
+
+Every count (tokens, nodes, store movements, time, peaks) goes to the runtime's own
+:class:`~arbor_runtime.metrics.RuntimeMetrics` and, when the work being carried out belongs to an
+:class:`~arbor_runtime.engine.Account` (one search among several in one runtime), to that
+account's metrics too. A thread opens an account with :meth:`Accounts.account`; the engine's
+driver marks the work it is carrying out with :meth:`Accounts.accounting`; :meth:`Accounts.end`
+closes a work: its time and peak, the runtime totals synced from the store and the backend, one
+:class:`~arbor_runtime.metrics.TracePoint` for the trace and the step hooks.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from arbor_runtime.engine import Account, Work
+from arbor_runtime.metrics import RuntimeMetrics, TracePoint, store_totals
+
+if TYPE_CHECKING:
+    from arbor_runtime.backend import ModelBackend
+    from arbor_runtime.kv import KVStore
+    from arbor_runtime.memory import MemoryManager
+
+StepHook = Callable[[TracePoint, Account | None], None]
+
+
+class Accounts:
+    """The runtime's metrics, each thread's account and the work being carried out (driver only).
+
+    Args:
+        metrics: the runtime's totals (every work, every account).
+        store, memory, backend: what a closing work's totals are read from (and ``memory.account``,
+            set to the account of the work being carried out, is where its events go).
+        step_hooks: called with (trace point, account or None) after every work; the list is the
+            caller's (hooks may be added later).
+    """
+
+    def __init__(
+        self,
+        metrics: RuntimeMetrics,
+        store: KVStore,
+        memory: MemoryManager,
+        backend: ModelBackend,
+        step_hooks: list[StepHook],
+    ) -> None:
+        self.metrics, self.store, self.memory, self.backend = metrics, store, memory, backend
+        self.step_hooks = step_hooks
+        self.work: Work | None = None  # the work being carried out (driver only)
+        self._local = threading.local()  # .account: the calling thread's account
+        self._t0 = time.perf_counter()
+
+    def __deepcopy__(self, memo: dict) -> Accounts:
+        """A copy of the totals (through ``memo``: the runtime copy's metrics, store, ...); no work in
+        flight and no thread's account carry over."""
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        for name, value in self.__dict__.items():
+            if name not in ("work", "_local"):
+                setattr(clone, name, copy.deepcopy(value, memo))
+        clone.work, clone._local = None, threading.local()
+        return clone
+
+    def current(self) -> Account | None:
+        """The calling thread's account (None outside :meth:`account`)."""
+        return getattr(self._local, "account", None)
+
+    @contextmanager
+    def account(self, account: Account | None = None) -> Iterator[Account]:
+        """Count this thread's calls in ``account`` (a new one by default) while inside."""
+        account = account or Account()
+        previous = getattr(self._local, "account", None)
+        self._local.account = account
+        try:
+            yield account
+        finally:
+            self._local.account = previous
+
+    def targets(self, work: Work | None = None) -> list[RuntimeMetrics]:
+        """The metrics a work's counts go to: the runtime's, and its account's when it has one."""
+        work = work or self.work
+        acc = work.account if work is not None else None
+        return [self.metrics] if acc is None else [self.metrics, acc.metrics]
+
+    @contextmanager
+    def accounting(self, work: Work) -> Iterator[None]:
+        """Attribute what happens inside (store movements, events, counts) to ``work``."""
+        before, previous = store_totals(self.store), self.work
+        self.work, self.memory.account = work, work.account
+        try:
+            yield
+        finally:
+            self.work, self.memory.account = previous, previous.account if previous is not None else None
+            if work.account is not None:
+                work.account.metrics.add_store_delta(before, store_totals(self.store))
+
+    def end(self, work: Work) -> None:
+        """A work is over: its time, the pool peak while it ran, a trace point (runtime and account)."""
+        pool = self.store.pool
+        seconds = time.perf_counter() - work.started
+        peak = max(work.peak, pool.used)
+        bpt = self.backend.shape.bytes_per_token
+        if work.account is not None:
+            work.account.metrics.runtime_seconds += seconds
+            work.account.metrics.note_peak(peak, bpt)
+            work.account.metrics.pool_bytes = pool.nbytes
+        m = self.metrics
+        m.runtime_seconds += seconds
+        m.note_peak(pool.peak_used, bpt)
+        m.pool_bytes = pool.nbytes
+        m.forward_calls, m.model_seconds = self.backend.forward_calls, self.backend.model_seconds
+        m.sync_store(self.store, self.memory.events)
+        if self.backend.sparse is not None:
+            m.sync_sparse(self.backend.sparse.stats)
+        if work.account is not None:
+            work.account.metrics.sync_events(work.account.events)
+        point = TracePoint(
+            step=len(m.trace),
+            op=work.name,
+            resident_tokens=self.store.resident_tokens,
+            resident_bytes=self.store.resident_bytes,
+            peak_tokens=peak,
+            t=time.perf_counter() - self._t0,
+            host_tokens=self.store.host_tokens,
+            events=len(self.memory.events.records),
+            rehydrations=self.store.counters.rehydrations,
+            branch_switch_events=m.branch_switch_events,
+        )
+        for target in self.targets(work):
+            target.trace.append(point)
+        for hook in self.step_hooks:
+            hook(point, work.account)
