@@ -199,9 +199,10 @@ class ChooseWork:
     def _admit(self, need: int) -> None:
         """The path made whole (where the policy keeps it whole) and ``need`` slots, or wait / fail."""
         rt, running = self.rt, self.rt.engine.running_owners()
-        admission = rt.memory.admit([(self.node, need)], running, shrink_active=False)
-        if not admission.rows and rt.policy.shrinks_active_path:
-            admission = rt.memory.admit([(self.node, need)], running)
+        plan = rt.memory.planner.admission([(self.node, need)], running, shrink_active=False)
+        if not plan.rows and rt.policy.shrinks_active_path:
+            plan = rt.memory.planner.admission([(self.node, need)], running)
+        admission = rt.memory.admit(plan, [self.node])
         if not admission.rows:
             if running:
                 raise NotYet(self.node.id)

@@ -270,7 +270,8 @@ class Engine:
             queue = [(r.owner, _first_page(r)) for r in self.waiting]
             with rt.accounting(head):
                 finish = [r.stop.params.max_new_tokens for r in self.waiting]
-                got = rt.memory.admit(queue, [r.owner for r in self.running], finish=finish)
+                plan = rt.memory.planner.admission(queue, [r.owner for r in self.running], finish=finish)
+                got = rt.memory.admit(plan, [n for n, _ in queue[: plan.rows]])
             if got.rows or self.running:
                 admission = got
             else:

@@ -477,10 +477,11 @@ class Runtime:
         """
         running = self.engine.running_owners()
         count = left
-        admission = self.memory.admit([(node, count)], running, shrink_active=False)
-        if not admission.rows and self.policy.shrinks_active_path:
+        plan = self.memory.planner.admission([(node, count)], running, shrink_active=False)
+        if not plan.rows and self.policy.shrinks_active_path:
             count = min(left, self.policy.chunk_tokens())
-            admission = self.memory.admit([(node, count)], running)
+            plan = self.memory.planner.admission([(node, count)], running)
+        admission = self.memory.admit(plan, [node])
         if not admission.rows:
             if running:
                 raise NotYet(node.id)
