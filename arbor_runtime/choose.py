@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from arbor_runtime.engine import EngineHost
-from arbor_runtime.errors import KVBudgetExceeded, NotYet
 from arbor_runtime.kv import BlockKV
 from arbor_runtime.tree import FORCED, Node
 
@@ -197,16 +196,11 @@ class ChooseWork:
         return scores, kept
 
     def _admit(self, need: int) -> None:
-        """The path made whole (where the policy keeps it whole) and ``need`` slots, or wait / fail."""
-        rt, running = self.rt, self.rt.engine.running_owners()
-        admission = rt.memory.admit([(self.node, need)], running, shrink_active=False)
-        if not admission.rows and rt.policy.shrinks_active_path:
-            admission = rt.memory.admit([(self.node, need)], running)
-        if not admission.rows:
-            if running:
-                raise NotYet(self.node.id)
-            raise KVBudgetExceeded(rt.memory.used + need, rt.budget_tokens, "choose")
-        rt.recompute_all(admission.recompute)
+        """The path made whole (where the policy keeps it whole) and ``need`` slots, or wait / fail
+        (the scheduler's answer: NotYet, KVBudgetExceeded)."""
+        rt = self.rt
+        got = rt.engine.scheduler.admit([(self.node, need)], rt.engine.running_owners(), "choose").required()
+        rt.recompute_all(got.recompute)
 
     def _forward(self, extents) -> tuple[torch.Tensor, object]:
         """(R, L, V) logits of the rows, right-padded to the longest; kept rows' KV written to their slots."""

@@ -1,16 +1,16 @@
-"""Memory manager: the one place that admits work under the budget.
+"""Memory manager: carries out what the planner decided, and turns operations into policy events.
 
 Device KV is one pool of slots (kv/pool.py); with a budget the pool *is* the budget, so what the
-manager promises is what the process allocates. Before anything moves, the runtime asks it:
+manager promises is what the process allocates. What fits is decided by the pure
+:class:`~arbor_runtime.planner.MemoryPlanner` (``self.planner``), which moves nothing; the
+manager executes:
 
-- ``admit(queue, running)``: how many queued rows (each needing its context path, whole under
-  ``keep_active_whole`` policies, plus its first slots) can start now. It makes one plan: the
-  policy's retention plan for the room needed (evictions), the host spans to restore, the dropped
-  blocks to recompute; it checks the plan against the budget, carries out the evictions and
-  restores on the store, and returns the admission (how many rows, what to recompute) for the
-  runtime to execute. Rows that do not fit wait (the runtime runs them as others finish).
-- ``make_room(need, ahead)``: room for ``need`` more slots (a growing row, a prefill chunk), or
-  False when even the policy's plan cannot make it (the runtime then preempts or stops).
+- ``admit(plan, ends)``: an admission the planner made (how many queued rows start, the room they
+  need, whether their paths are made whole): the policy's retention plan for that room
+  (evictions), the host spans to restore, the dropped blocks to list for recompute; returns the
+  admission (how many rows, what to recompute) for the runtime to execute.
+- ``make_room(need, ahead)``: room for ``need`` more slots (a growing row), or False when even
+  the policy's plan cannot make it (the scheduler then preempts or stops).
 
 It also derives the events (branch switch, node end, memory threshold) the policies react to, and
 logs them. The manager never calls back into the runtime.
@@ -25,6 +25,7 @@ import torch
 
 from arbor_runtime.events import BranchSwitch, Event, EventLog, MemoryThreshold, NodeEnd
 from arbor_runtime.kv import KVStore
+from arbor_runtime.planner import AdmitPlan, MemoryPlanner, path_ids
 from arbor_runtime.policies.base import BlockView, MemoryView, Policy, RetentionPlan
 from arbor_runtime.tree import Node
 
@@ -48,6 +49,8 @@ class MemoryManager:
 
     def __init__(self, store: KVStore, policy: Policy, nodes: dict[int, Node]) -> None:
         self.store, self.policy, self.nodes = store, policy, nodes
+        #: what fits: the pure arithmetic the scheduler and this manager decide by
+        self.planner = MemoryPlanner(store, policy)
         self.events = EventLog()
         #: events are also logged here while set (the account of the work being carried out)
         self.account = None
@@ -68,7 +71,7 @@ class MemoryManager:
 
     @property
     def free(self) -> int:
-        return (1 << 62) if self.budget is None else self.budget - self.used
+        return self.planner.free
 
     # ---- operation protocol --------------------------------------------------------------
     def begin(self, targets: Sequence[Node], account=None) -> None:
@@ -76,58 +79,18 @@ class MemoryManager:
         self.step += 1
         self._check_switch(targets)
 
-    def admit(
-        self,
-        queue: Sequence[tuple[Node, int]],
-        running: Iterable[Node],
-        shrink_active: bool = True,
-        finish: Sequence[int] | None = None,
-    ) -> Admission:
-        """How many of ``queue`` (path end, slots needed) can start next to the ``running`` paths.
-
-        Rows are taken in queue order while the room they need (slots, plus the evicted tokens of
-        their paths under ``keep_active_whole``) fits the budget once everything the policy may
-        evict is gone: inactive blocks, and, for a lone row under a policy that may shrink the
-        active path, that path too (unless ``shrink_active`` is False). Then the policy is asked
-        for that room, the admitted paths' host spans come back, and the blocks that were dropped
-        from every tier are listed for recompute. A policy that keeps the active path but does not
-        restore it first (a sparse policy's ``rehydrate=ranked``) gets whole paths when that admits
-        as many rows, each able to grow to ``finish`` slots (default: its first slots), as leaving
-        the paths' evicted spans on the host would, else the latter (those spans then come back on
-        demand, :meth:`restore_ranked`).
-        """
-        base = _path_ids(running)
-        lone = shrink_active and not base
-        whole = self.policy.keep_active_whole
-        rows, need, active = self._count(queue, base, lone, count_missing=whole)
-        if whole and not self.policy.restores_active_path:
-            grown = queue if finish is None else [(n, max(s, f)) for (n, s), f in zip(queue, finish, strict=True)]
-            partial = self._count(queue, base, lone, count_missing=False)
-            if partial[0] > self._count(grown, base, lone, count_missing=True)[0]:
-                (rows, need, active), whole = partial, False
-        if rows == 0:
+    def admit(self, plan: AdmitPlan, ends: Sequence[Node]) -> Admission:
+        """Carry out an admission the planner made for the paths to ``ends`` (the admitted queue
+        entries): the policy is asked for the room they need (evictions), their paths' host spans
+        come back when the plan makes them whole, and the blocks that were dropped from every tier
+        are listed for recompute. Returns what the runtime executes next."""
+        if plan.rows == 0:
             return Admission()
-        self.active = frozenset(i for i in active if i in self.store)
-        self._ensure(need, ahead=0)
-        recompute = self._make_whole([n for n, _ in queue[:rows]]) if whole else []
+        self.active = plan.active
+        self._ensure(plan.need, ahead=0)
+        recompute = self._make_whole(ends) if plan.whole else []
         self.store.prefetch()  # the plan's restores start copying now, before the step's forward
-        return Admission(rows, recompute)
-
-    def _count(
-        self, queue: Sequence[tuple[Node, int]], base: set[int], lone: bool, count_missing: bool
-    ) -> tuple[int, int, set[int]]:
-        """(rows, slots needed, active block ids) of the queue's head that fit, in order; with
-        ``count_missing`` each new path's evicted tokens count too (it is made whole)."""
-        active, need, rows = set(base), 0, 0
-        for i, (node, slots) in enumerate(queue):
-            path = _path_ids([node])
-            extra = slots + (self._missing(path - active) if count_missing else 0)
-            if not self._fits(active | path, need + extra, lone=lone and i == 0):
-                break
-            active |= path
-            need += extra
-            rows += 1
-        return rows, need, active
+        return Admission(plan.rows, recompute)
 
     def make_room(self, need: int, ahead: int = 0, active: Iterable[Node] = ()) -> bool:
         """Room for ``need`` more slots next to the ``active`` paths; ask the policy once if short.
@@ -136,9 +99,7 @@ class MemoryManager:
         next decode steps), so a plan is not computed at every step; at most an eighth of the
         budget, so a tight budget is not emptied for tokens that may never come.
         """
-        self.active = frozenset(i for i in _path_ids(active) if i in self.store)
-        if self.free >= need:
-            return True
+        self.active = frozenset(i for i in path_ids(active) if i in self.store)
         return self._ensure(need, ahead)
 
     def restore_ranked(self, wants: Sequence[tuple[int, torch.Tensor]], reserve: int = 0) -> int:
@@ -149,14 +110,13 @@ class MemoryManager:
         Returns the tokens restored (the copies start before the next forward)."""
         wants = [(b, idx) for b, idx in wants if idx.numel() and b in self.store]
         if self.budget is not None:  # one plan for the room all of them could take
-            total = sum(int(idx.numel()) for _, idx in wants)
-            room = self._room(set(self.active), lone=False) - reserve
-            if self.free - reserve < min(total, room):
-                self._ensure(min(total, room) + reserve, 0)
+            room = self.planner.ranked_room(sum(int(idx.numel()) for _, idx in wants), set(self.active), reserve)
+            if room:
+                self._ensure(room, 0)
         restored = 0
         for block_id, idx in wants:
             n = int(idx.numel())
-            if self.budget is not None and self.free - reserve < n:
+            if self.budget is not None and not self.planner.has_free(n, reserve):
                 continue
             blk = self.store.get(block_id)
             self.store.apply(block_id, torch.cat([blk.kept.cpu(), idx.cpu()]), offload=self.policy.offload)
@@ -196,7 +156,7 @@ class MemoryManager:
                 self._leaves[tree] = leaves
                 self._sampled[tree] = set() if forced else {n.id for n in created}
         ends = [*targets, *created, *running]
-        self.active = frozenset(_path_ids(ends)) & frozenset(self.store.block_ids())
+        self.active = frozenset(path_ids(ends)) & frozenset(self.store.block_ids())
         if self.budget is not None and self.store.resident_tokens > self._threshold_target():
             self.emit(MemoryThreshold(self.store.resident_tokens, self.budget), self._threshold_target())
         for node in created:
@@ -254,41 +214,14 @@ class MemoryManager:
             self.store.apply(block_id, kept[torch.isin(kept, keep.cpu())], offload=offload)
 
     # ---- internals -----------------------------------------------------------------------
-    def _fits(self, active: set[int], need: int, lone: bool) -> bool:
-        """Would ``need`` more slots fit once the policy evicted all it may (inactive blocks; for a
-        policy that may shrink the active path, everything when this is a ``lone`` row)?"""
-        return self.budget is None or self._room(active, lone) >= need
-
-    def _room(self, active: set[int], lone: bool) -> int:
-        """Free slots once the policy evicted all it may next to the ``active`` blocks (see _fits)."""
-        if not self.policy.frees_memory:
-            return self.free
-        may_shrink_active = lone and not self.policy.keep_active_whole
-        evictable = sum(
-            self.store.get(i).kept_tokens for i in self.store.block_ids() if may_shrink_active or i not in active
-        )
-        return self.free + evictable
-
     def _ensure(self, need: int, ahead: int) -> bool:
         """Ask the policy for room (one MemoryThreshold plan) when ``need`` slots are not free."""
-        if self.free >= need:
+        if self.planner.has_free(need):
             return True
         if self.policy.frees_memory:
-            ahead = min(ahead, self.budget // 8)
-            target = self.budget - (self.used - self.store.resident_tokens) - need - ahead
+            target = self.planner.room_target(need, ahead)
             self.emit(MemoryThreshold(self.store.resident_tokens, self.budget, need - self.free), target)
-        return self.free >= need
-
-    def _missing(self, block_ids: Iterable[int]) -> int:
-        """Tokens of these blocks not on the device (what making them whole costs)."""
-        if not self.policy.keep_active_whole:
-            return 0
-        total = 0
-        for i in block_ids:
-            if i in self.store:
-                blk = self.store.get(i)
-                total += blk.length - blk.kept_tokens
-        return total
+        return self.planner.has_free(need)
 
     def _make_whole(self, ends: Sequence[Node]) -> list[Node]:
         """Restore the paths to ``ends`` from the host tier, top-down; returns blocks still missing
@@ -321,10 +254,6 @@ class MemoryManager:
             switched = tuple(t.id for t in mine if not any(n.id in leaves for n in t.path()))
             if switched:
                 self.emit(BranchSwitch(max(leaves), switched), self._threshold_target())
-
-
-def _path_ids(ends: Iterable[Node]) -> set[int]:
-    return {n.id for end in ends for n in end.path()}
 
 
 def _ordered_path_nodes(ends: Sequence[Node], active: frozenset[int]) -> list[Node]:

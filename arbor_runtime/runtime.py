@@ -432,23 +432,15 @@ class Runtime:
         return node
 
     def _admit_prefill(self, node: Node, left: int) -> int:
-        """Admit the next chunk of ``node``'s tokens: all ``left`` when they fit, else a chunk.
+        """Admit the next chunk of ``node``'s tokens (the scheduler says how many: all ``left`` when
+        they fit, else a chunk); recompute what its path lacks; returns the chunk's tokens.
 
         Raises NotYet when it does not fit now but rows in flight will free room, and
         KVBudgetExceeded when it cannot fit even alone.
         """
-        running = self.engine.running_owners()
-        count = left
-        admission = self.memory.admit([(node, count)], running, shrink_active=False)
-        if not admission.rows and self.policy.shrinks_active_path:
-            count = min(left, self.policy.chunk_tokens())
-            admission = self.memory.admit([(node, count)], running)
-        if not admission.rows:
-            if running:
-                raise NotYet(node.id)
-            raise KVBudgetExceeded(self.memory.used + count, self.budget_tokens, "prefill")
-        self.recompute_all(admission.recompute)
-        return count
+        got = self.engine.scheduler.admit([(node, left)], self.engine.running_owners(), "prefill").required()
+        self.recompute_all(got.recompute)
+        return got.slots
 
     def _forward_block(self, node: Node, offset: int, count: int, logits_to_keep: int) -> torch.Tensor:
         """Forward tokens [offset, offset + count) of ``node`` over its path; store their KV.

@@ -322,7 +322,7 @@ def test_a_chunked_prefill_that_fails_midway_gives_back_every_chunk(tiny, monkey
 def test_a_failed_first_sample_frees_the_rows_slots(tiny, monkeypatch):
     """Rows get their first slots at admission and sample their first token from the stored
     logits: a failure there fails the expansion and frees every row's slots."""
-    import arbor_runtime.engine as engine
+    import arbor_runtime.engine.core as engine
 
     rt = Runtime(tiny, budget_tokens=40)
     root = rt.new_tree_ids(list(range(1, 15)))

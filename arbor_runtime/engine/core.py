@@ -8,6 +8,10 @@ every cycle serves all submitted work at once:
     take new work -> prefills / releases in submission order -> one decode step for every row
     of every expansion in flight (schedule -> run -> postprocess) -> wake threads whose work is done
 
+What runs, waits or gives way is decided by the :class:`~arbor_runtime.engine.scheduler.Scheduler`
+(it holds the waiting and running rows and admits every work's memory, prefills and choose passes
+included); the engine carries its plans out (slots, recomputes, the forward) and postprocesses.
+
 So several searches running in threads share each model step (one batch across trees), and one
 search alone runs exactly as before. Only the driver touches runtime state; other threads only
 enqueue work and read their own nodes. A row's tokens never depend on which rows it was batched
@@ -25,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from arbor_runtime.errors import KVBudgetExceeded, NotYet
+from arbor_runtime.engine.scheduler import PAGE, Scheduler, StepPlan, first_page
+from arbor_runtime.errors import NotYet
 from arbor_runtime.events import EventLog
 from arbor_runtime.generation import Row, StopChecker, add_own_attention, decode_batch, postprocess, sample_into
 from arbor_runtime.grammar import GrammarCompiler
@@ -40,9 +45,7 @@ if TYPE_CHECKING:
     from arbor_runtime.memory import MemoryManager
     from arbor_runtime.policies.base import Policy
 
-#: pool slots a generating row is given at a time (like a KV page): its first PAGE tokens at
-#: admission, then PAGE more whenever it fills them
-PAGE = 8
+__all__ = ["PAGE", "Account", "Engine", "EngineHost", "ExpandJob", "Work"]
 
 
 @dataclass(slots=True)
@@ -81,8 +84,8 @@ class ExpandJob(Work):
 class EngineHost(Protocol):
     """What the engine uses of the runtime that owns it (:class:`~arbor_runtime.runtime.Runtime`).
 
-    Declared here so the engine names no module above it. It is today's coupling, written down:
-    the scheduler of issue 22 is to replace it with the collaborators themselves.
+    Declared here so the engine names no module above it. It is today's coupling, written down;
+    the scheduler already takes its collaborators (memory manager, policy, accounting) instead.
     """
 
     store: KVStore
@@ -125,13 +128,23 @@ class Engine:
 
     def __init__(self, rt: EngineHost) -> None:
         self.rt = rt
-        self.waiting: list[Row] = []
-        self.running: list[Row] = []
+        #: decides what runs: holds the waiting and running rows, admits every work's memory
+        self.scheduler = Scheduler(rt.memory, rt.policy, rt.accounting, self._fail)
         self.jobs: list[ExpandJob] = []
         self._pending: list[Work] = []
         self._in_flight: list[Work] = []  # started, not done (their memory peaks are tracked)
         self._cv = threading.Condition()
         self._driving = False
+
+    @property
+    def waiting(self) -> list[Row]:
+        """Rows admitted to no step yet (or preempted), in the order they start."""
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> list[Row]:
+        """Rows decoding now."""
+        return self.scheduler.running
 
     @property
     def busy(self) -> bool:
@@ -235,10 +248,13 @@ class Engine:
         self.waiting.extend(job.rows)
 
     def _step(self) -> None:
-        """schedule -> run -> postprocess, for every row in flight."""
+        """schedule -> run -> postprocess, for every row in flight: the scheduler's plan is made in
+        two halves (rows that start, then pages and preemptions), each carried out before the next
+        is decided, as each reads the pool the previous one left."""
         rt = self.rt
-        self._admit()
-        self._grow()
+        plan = self.scheduler.schedule()
+        self._start_rows(plan)
+        self._grow(self.scheduler.grow(plan))
         if not self.running:
             return
         self._rehydrate_wanted()
@@ -260,59 +276,31 @@ class Engine:
             self.running.remove(row)
             self._finish_row(row)
 
-    def _admit(self) -> None:
-        """Start as many waiting rows as the memory manager admits; the head of an idle engine that
-        cannot start at all fails its expansion (a single row does not fit)."""
+    def _start_rows(self, plan: StepPlan) -> None:
+        """Rows the scheduler admitted start: what their paths lack is recomputed, they get their
+        first slots and sample their first token from the stored logits."""
         rt = self.rt
-        admission, head = None, None
-        while self.waiting and admission is None:
-            head = self.waiting[0].job
-            queue = [(r.owner, _first_page(r)) for r in self.waiting]
-            with rt.accounting(head):
-                finish = [r.stop.params.max_new_tokens for r in self.waiting]
-                got = rt.memory.admit(queue, [r.owner for r in self.running], finish=finish)
-            if got.rows or self.running:
-                admission = got
-            else:
-                need = sum(n.length for n in self.waiting[0].owner.path()) + _first_page(self.waiting[0])
-                self._fail(head, KVBudgetExceeded(need, rt.budget_tokens, "expand"))
-        if admission is None or not admission.rows:
+        if not plan.admitted:
             return
-        with rt.accounting(head):
-            rt.recompute_all(admission.recompute)
-        starting = self.waiting[: admission.rows]
-        del self.waiting[: admission.rows]
-        self.running.extend(starting)  # before anything can fail: a failed job frees its running rows' slots
-        for row in starting:
-            row.add_slots(rt.store.pool.alloc(_first_page(row)))
-        for stop, idx in _rows_by_stop(starting).items():
-            mine = [starting[i] for i in idx]
+        with rt.accounting(plan.job):
+            rt.recompute_all(plan.recompute)
+        for row in plan.admitted:
+            row.add_slots(rt.store.pool.alloc(first_page(row)))
+        for stop, idx in _rows_by_stop(plan.admitted).items():
+            mine = [plan.admitted[i] for i in idx]
             logits = torch.stack([rt.store.get(r.owner.id).next_logits for r in mine])
             sample_into(mine, logits, stop.params, stop)
         self.note_peak()
 
-    def _grow(self) -> None:
-        """Give every row that has filled its slots PAGE more; preempt the youngest rows when even
-        the policy cannot make room (they restart later, sampling the same tokens). A lone row
-        that cannot grow fails its expansion."""
+    def _grow(self, plan: StepPlan) -> None:
+        """Rows the scheduler grew get their pages; the rows it preempted are counted."""
         rt = self.rt
-        while True:
-            needy = [r for r in self.running if r.capacity <= r.fed]
-            need = sum(_page(r) for r in needy)
-            if not needy:
-                return
-            with rt.accounting(needy[0].job):
-                room = rt.memory.make_room(need, PAGE * len(self.running), [r.owner for r in self.running])
-            if room:
-                break
-            if len(self.running) == 1:
-                row = self.running[0]
-                need_alone = sum(n.length for n in row.owner.path()) + row.stop.params.max_new_tokens
-                self._fail(row.job, KVBudgetExceeded(need_alone, rt.budget_tokens))
-                continue
-            self._preempt(self.running[-1])
-        for row in needy:
-            page = _page(row)
+        for row in plan.preempted:
+            for metrics in rt.targets(row.job):
+                metrics.preemptions += 1
+        if not plan.grown:
+            return
+        for row, page in plan.grown:
             got = rt.store.pool.extend(row.extents[-1], page)
             row.add_slots([Extent(row.extents[-1].end, got)] if got else [])
             if got < page:
@@ -326,24 +314,14 @@ class Engine:
         active path cannot be evicted again, so taking that room could stop a row). Returns the
         tokens restored. A step in which a row decodes its first token runs twice when anything
         came back: the first pass only asks what the row's queries want."""
-        rt, sparse = self.rt, self.rt.backend.sparse
+        sparse = self.rt.backend.sparse
         if sparse is None or not sparse.on_demand:
             return 0
         paths = {n.id for r in self.running for n in r.owner.path()}
         wants = [(block_id, idx) for block_id, idx in sparse.wanted() if block_id in paths]
         if not wants:
             return 0
-        with rt.accounting(self.running[0].job):
-            ahead = sum(max(r.stop.params.max_new_tokens - r.capacity, 0) for r in self.running)
-            return rt.memory.restore_ranked(wants, reserve=ahead)
-
-    def _preempt(self, row: Row) -> None:
-        self.running.remove(row)
-        self.rt.free_slots(row.restart())
-        order = (row.job.started, row.order)
-        self.waiting.insert(sum((r.job.started, r.order) < order for r in self.waiting), row)
-        for metrics in self.rt.targets(row.job):
-            metrics.preemptions += 1
+        return self.scheduler.restore_ranked(wants)
 
     def _finish_row(self, row: Row) -> None:
         job = row.job
@@ -376,7 +354,7 @@ class Engine:
         for row in [r for r in self.running if r.job is job]:
             self.running.remove(row)
             rt.free_slots(row.extents)
-        self.waiting = [r for r in self.waiting if r.job is not job]
+        self.waiting[:] = [r for r in self.waiting if r.job is not job]
         with rt.accounting(job):  # the children were counted there when they finished
             for child in job.children.values():
                 if not child.released:
@@ -390,7 +368,7 @@ class Engine:
     # ---- accounting ----------------------------------------------------------------------
     def running_owners(self) -> list[Node]:
         """The nodes whose rows are decoding now (their paths are active)."""
-        return [r.owner for r in self.running]
+        return self.scheduler.owners()
 
     def note_peak(self) -> None:
         """Pool slots in use now count toward the peak of every work in flight."""
@@ -408,15 +386,6 @@ class Engine:
             if job.account is not None:
                 job.account.metrics.forward_calls += 1
                 job.account.metrics.model_seconds += seconds * n / len(self.running)
-
-
-def _page(row: Row) -> int:
-    """Slots a full row gets next (never past its max_new_tokens)."""
-    return min(PAGE, row.stop.params.max_new_tokens - row.capacity)
-
-
-def _first_page(row: Row) -> int:
-    return min(PAGE, row.stop.params.max_new_tokens)
 
 
 def _rows_by_stop(rows: Sequence[Row]) -> dict[StopChecker, list[int]]:

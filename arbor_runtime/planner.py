@@ -1,0 +1,163 @@
+"""The memory planner: what fits the budget, computed from the store's bookkeeping alone.
+
+Pure: it reads block sizes and residency (the store's records, the pool's count of used slots)
+and the policy's :class:`~arbor_runtime.policies.base.Capabilities` and budget, and moves no
+tensor; it never asks the policy for a plan. Every comparison against the budget is made here
+(the pool's hard backstop in kv/pool.py aside): the scheduler asks it what to admit, the memory
+manager asks it whether a plan is needed and how much room to ask for, then carries the plan out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from arbor_runtime.kv import KVStore
+    from arbor_runtime.policies.base import Capabilities, Policy
+    from arbor_runtime.tree import Node
+
+#: free slots without a budget
+UNBOUNDED = 1 << 62
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitPlan:
+    """An admission decided, not yet carried out.
+
+    Attributes:
+        rows: how many entries of the queue's head start now (0: none fits).
+        need: slots they need now: their own slots, plus, when ``whole``, the evicted tokens of
+            their paths (restored from the host tier or recomputed).
+        active: block ids (in the store) of the running and admitted paths.
+        whole: the admitted paths are made whole before they run.
+    """
+
+    rows: int = 0
+    need: int = 0
+    active: frozenset[int] = field(default_factory=frozenset)
+    whole: bool = False
+
+
+class MemoryPlanner:
+    """Admission and room arithmetic over one store under one policy's capabilities and budget.
+
+    Args:
+        store: the block store (read only: block lengths, kept tokens, the pool's used slots).
+        policy: read for its ``capabilities`` and ``kv_budget_tokens`` only (never asked to plan).
+    """
+
+    def __init__(self, store: KVStore, policy: Policy) -> None:
+        self.store, self.policy = store, policy
+
+    @property
+    def caps(self) -> Capabilities:
+        return self.policy.capabilities
+
+    @property
+    def budget(self) -> int | None:
+        """Device pool slots (the budget less a sparse index's reserve)."""
+        return self.policy.kv_budget_tokens
+
+    @property
+    def free(self) -> int:
+        """Pool slots not in use (unbounded without a budget)."""
+        return UNBOUNDED if self.budget is None else self.budget - self.store.pool.used
+
+    # ---- admission -----------------------------------------------------------------------
+    def admission(
+        self,
+        queue: Sequence[tuple[Node, int]],
+        running: Iterable[Node],
+        shrink_active: bool = True,
+        finish: Sequence[int] | None = None,
+    ) -> AdmitPlan:
+        """How many of ``queue`` (path end, slots needed) can start next to the ``running`` paths.
+
+        Rows are taken in queue order while the room they need (slots, plus the evicted tokens of
+        their paths under ``keep_active_whole``) fits the budget once everything the policy may
+        evict is gone: inactive blocks, and, for a lone row under a policy that may shrink the
+        active path, that path too (unless ``shrink_active`` is False). A policy that keeps the
+        active path but does not restore it first (a sparse policy's ``rehydrate=ranked``) gets
+        whole paths when that admits as many rows, each able to grow to ``finish`` slots (default:
+        its first slots), as leaving the paths' evicted spans on the host would, else the latter.
+        """
+        base = path_ids(running)
+        lone = shrink_active and not base
+        whole = self.caps.keep_active_whole
+        rows, need, active = self._count(queue, base, lone, count_missing=whole)
+        if whole and not self.caps.restores_active_path:
+            grown = queue if finish is None else [(n, max(s, f)) for (n, s), f in zip(queue, finish, strict=True)]
+            partial = self._count(queue, base, lone, count_missing=False)
+            if partial[0] > self._count(grown, base, lone, count_missing=True)[0]:
+                (rows, need, active), whole = partial, False
+        if rows == 0:
+            return AdmitPlan()
+        return AdmitPlan(rows, need, frozenset(i for i in active if i in self.store), whole)
+
+    def _count(
+        self, queue: Sequence[tuple[Node, int]], base: set[int], lone: bool, count_missing: bool
+    ) -> tuple[int, int, set[int]]:
+        """(rows, slots needed, active block ids) of the queue's head that fit, in order; with
+        ``count_missing`` each new path's evicted tokens count too (it is made whole)."""
+        active, need, rows = set(base), 0, 0
+        for i, (node, slots) in enumerate(queue):
+            path = path_ids([node])
+            extra = slots + (self.missing(path - active) if count_missing else 0)
+            if not self.fits(active | path, need + extra, lone=lone and i == 0):
+                break
+            active |= path
+            need += extra
+            rows += 1
+        return rows, need, active
+
+    def fits(self, active: set[int], need: int, lone: bool) -> bool:
+        """Would ``need`` more slots fit once the policy evicted all it may (inactive blocks; for a
+        policy that may shrink the active path, everything when this is a ``lone`` row)?"""
+        return self.budget is None or self.room(active, lone) >= need
+
+    def room(self, active: set[int], lone: bool) -> int:
+        """Free slots once the policy evicted all it may next to the ``active`` blocks (see :meth:`fits`)."""
+        if not self.caps.frees_memory:
+            return self.free
+        may_shrink_active = lone and not self.caps.keep_active_whole
+        evictable = sum(
+            self.store.get(i).kept_tokens for i in self.store.block_ids() if may_shrink_active or i not in active
+        )
+        return self.free + evictable
+
+    def missing(self, block_ids: Iterable[int]) -> int:
+        """Tokens of these blocks not on the device (what making them whole costs)."""
+        if not self.caps.keep_active_whole:
+            return 0
+        total = 0
+        for i in block_ids:
+            if i in self.store:
+                blk = self.store.get(i)
+                total += blk.length - blk.kept_tokens
+        return total
+
+    # ---- room now ------------------------------------------------------------------------
+    def has_free(self, need: int, reserve: int = 0) -> bool:
+        """Are ``need`` slots free now, ``reserve`` more kept aside?"""
+        return self.free - reserve >= need
+
+    def room_target(self, need: int, ahead: int) -> int:
+        """Resident block tokens a policy's plan must get down to for ``need`` free slots now, and
+        ``ahead`` more (at most an eighth of the budget, so a tight budget is not emptied for tokens
+        that may never come). Slots held by rows in flight are not the policy's to free."""
+        ahead = min(ahead, self.budget // 8)
+        return self.budget - (self.store.pool.used - self.store.resident_tokens) - need - ahead
+
+    def ranked_room(self, total: int, active: set[int], reserve: int) -> int:
+        """Free slots to ask the policy for before ranked restores of ``total`` tokens into the
+        ``active`` paths, keeping ``reserve`` free: as many as the restores could take (0: no plan
+        needed)."""
+        want = min(total, self.room(active, lone=False) - reserve)
+        return 0 if self.has_free(want, reserve) else want + reserve
+
+
+def path_ids(ends: Iterable[Node]) -> set[int]:
+    """Ids of every node on the paths to ``ends`` (root to end, inclusive)."""
+    return {n.id for end in ends for n in end.path()}
