@@ -18,6 +18,7 @@ import torch
 
 from arbor_runtime.kv import DevicePool, Extent, KVShape, PoolExhausted
 from arbor_runtime.kv import pool as pool_module
+from arbor_runtime.kv.freelist import FreeList
 from arbor_runtime.kv.host import HostFull, HostSlots
 
 SHAPE = KVShape(layers=1, kv_heads=1, head_dim=1, dtype=torch.float32, device=torch.device("cpu"))
@@ -126,3 +127,49 @@ def test_device_pool_hands_out_the_same_slots(case, monkeypatch):
 def test_host_slots_hand_out_the_same_slots(case):
     trace = host_trace(*case)
     assert digest(trace) == HOST_CASES[case]
+
+
+# ---- the free list itself ---------------------------------------------------------------------
+def test_free_list_coalesces_inside_a_segment_never_across():
+    fl = FreeList()
+    fl.grow(10)
+    fl.grow(6)  # segments [0, 10), [10, 16)
+    assert fl.extents() == [Extent(0, 10), Extent(10, 6)] and fl.segment_of(10) == 1
+    assert fl.alloc(12) == [Extent(0, 10), Extent(10, 2)]  # no range holds 12: split, first ranges first
+    assert fl.alloc(3) == [Extent(12, 3)] and fl.used == 15 == fl.peak_used
+    fl.free([Extent(4, 3), Extent(8, 2)])
+    fl.free([Extent(7, 1)])  # joins both neighbours: [4, 10)
+    fl.free([Extent(10, 2)])  # next to [4, 10) but in the next segment: stays apart
+    assert fl.extents() == [Extent(4, 6), Extent(10, 2), Extent(15, 1)]
+    assert fl.used == 7 and fl.peak_used == 15 and fl.free_slots == 9 and fl.largest() == 6
+    assert fl.alloc(5) == [Extent(4, 5)]  # first fit
+
+
+def test_free_list_extends_in_place_and_refuses_slots_it_does_not_hold():
+    fl = FreeList("pool slots")
+    fl.grow(20)
+    (a,) = fl.alloc(4)
+    (b,) = fl.alloc(4)
+    assert fl.extend(a, 3) == 0  # b follows a
+    assert fl.extend(b, 5) == 5 and fl.extend(Extent(b.start, 9), 50) == 7 and fl.free_slots == 0
+    with pytest.raises(MemoryError, match="1 pool slots asked, 0 free of 20"):
+        fl.alloc(1)
+    fl.free([a])
+    with pytest.raises(ValueError, match=r"pool slots \[0, 4\) are not all allocated"):
+        fl.free([a])  # given twice
+    with pytest.raises(ValueError, match="not all allocated"):
+        fl.free([Extent(18, 4)])  # past the capacity
+    with pytest.raises(ValueError, match="not all allocated"):
+        fl.free([Extent(5, 2), Extent(6, 2)])  # the same slot twice in one call
+    assert fl.used == 16  # a refused free gives nothing back
+    with pytest.raises(ValueError, match="at least 1"):
+        fl.grow(0)
+
+
+def test_pool_refuses_a_double_free():
+    pool = DevicePool(SHAPE, 8, fixed=True)
+    (ext,) = pool.alloc(5)
+    pool.free(ext)
+    with pytest.raises(ValueError, match=r"pool slots \[0, 5\) are not all allocated \(or given twice\)"):
+        pool.free(ext)
+    assert pool.used == 0 and pool.free_extents() == [Extent(0, 8)]
