@@ -22,7 +22,6 @@ synchronously on the CPU (no pinning).
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from arbor_runtime.kv.freelist import FreeList
 from arbor_runtime.kv.pool import DevicePool, Extent
 from arbor_runtime.kv.streams import DONE, SyncStreams, default_streams
 
@@ -55,10 +55,10 @@ class HostSlots:
     """Which host token slots are free: pure bookkeeping, no tensors.
 
     Slots come in chunks of ``chunk`` (the last one smaller if ``limit`` says so), added on demand,
-    never past ``limit`` (None: no limit). Free slots are kept as sorted ``[start, end)`` ranges
-    that never cross a chunk; allocation is first-fit, split over several ranges when no single
-    one is large enough (so an allocation succeeds exactly when enough slots are free or can be
-    added).
+    never past ``limit`` (None: no limit). The chunks are the segments of a
+    :class:`~arbor_runtime.kv.freelist.FreeList`: free ranges never cross a chunk; allocation is
+    first-fit, split over several ranges when no single one is large enough (so an allocation
+    succeeds exactly when enough slots are free or can be added).
     """
 
     def __init__(self, chunk: int, limit: int | None = None) -> None:
@@ -67,18 +67,25 @@ class HostSlots:
         if limit is not None and limit < 0:
             raise ValueError(f"limit={limit} must be >= 0 or None")
         self.chunk, self.limit = chunk, limit
-        self.bounds: list[int] = [0]  # chunk i holds slots [bounds[i], bounds[i + 1])
-        self.used = 0
-        self._free: list[list[int]] = []
+        self._slots = FreeList("host slots")  # its segments are the chunks
+
+    @property
+    def bounds(self) -> list[int]:
+        """Chunk i holds slots ``[bounds[i], bounds[i + 1])``."""
+        return self._slots.bounds
+
+    @property
+    def used(self) -> int:
+        return self._slots.used
 
     @property
     def capacity(self) -> int:
         """Slots in the chunks added so far."""
-        return self.bounds[-1]
+        return self._slots.capacity
 
     @property
     def chunks(self) -> int:
-        return len(self.bounds) - 1
+        return self._slots.segments
 
     def room(self) -> int:
         """Slots an allocation can still get (free now plus what chunks may still add)."""
@@ -87,10 +94,10 @@ class HostSlots:
         return self.limit - self.used
 
     def free_ranges(self) -> list[Extent]:
-        return [Extent(s, e - s) for s, e in self._free]
+        return self._slots.extents()
 
     def chunk_of(self, slot: int) -> int:
-        return bisect.bisect_right(self.bounds, slot) - 1
+        return self._slots.segment_of(slot)
 
     def alloc(self, n: int) -> list[Extent]:
         """``n`` slots: one extent when a free range holds them, else several (first ranges first)."""
@@ -100,15 +107,7 @@ class HostSlots:
             raise HostFull(f"{n} host slots asked, room for {self.room()} (capacity {self.limit})")
         while self.capacity - self.used < n:
             self._add_chunk()
-        for i, (s, e) in enumerate(self._free):
-            if e - s >= n:
-                return [self._take(i, n)]
-        out, left = [], n
-        while left:
-            s, e = self._free[0]
-            out.append(self._take(0, min(left, e - s)))
-            left -= out[-1].length
-        return out
+        return self._slots.alloc(n)
 
     def free(self, slots: torch.Tensor) -> None:
         """Give back ``slots`` (N,) long, any order; merged with free neighbours of the same chunk.
@@ -116,42 +115,11 @@ class HostSlots:
         Raises ValueError for a slot that is not allocated (double free, or never handed out).
         """
         runs = slot_runs(slots, self.bounds)
-        prev = -1
-        for s, e in runs:
-            if s < max(prev, 0) or e > self.capacity or any(fs < e and s < fe for fs, fe in self._free):
-                raise ValueError(f"host slots [{s}, {e}) are not all allocated (or given twice)")
-            prev = e
-        for s, e in runs:
-            bisect.insort(self._free, [s, e])
-            self.used -= e - s
-        self._coalesce()
+        self._slots.free(Extent(s, e - s) for s, e in runs)
 
     # ---- internals ---------------------------------------------------------------------
     def _add_chunk(self) -> None:
-        size = self.chunk if self.limit is None else min(self.chunk, self.limit - self.capacity)
-        start = self.capacity
-        self.bounds.append(start + size)
-        self._free.append([start, start + size])
-        self._coalesce()
-
-    def _take(self, i: int, n: int) -> Extent:
-        s, e = self._free[i]
-        if e - s == n:
-            del self._free[i]
-        else:
-            self._free[i][0] = s + n
-        self.used += n
-        return Extent(s, n)
-
-    def _coalesce(self) -> None:
-        starts = set(self.bounds)
-        merged: list[list[int]] = []
-        for s, e in self._free:
-            if merged and merged[-1][1] == s and s not in starts:
-                merged[-1][1] = e
-            else:
-                merged.append([s, e])
-        self._free = merged
+        self._slots.grow(self.chunk if self.limit is None else min(self.chunk, self.limit - self.capacity))
 
 
 def slot_runs(slots: torch.Tensor, bounds: list[int] | None = None) -> list[tuple[int, int]]:

@@ -4,10 +4,11 @@ Every KV tensor the runtime keeps on the device lives here: retained block token
 of rows being generated. With a budget the pool is one arena of exactly ``budget_tokens`` slots,
 allocated once, so device KV can never pass the budget whatever the bookkeeping says. Without
 one, arenas are added as the tree grows (never copied: a new arena is just more slots). Slots
-have global ids; a range never crosses an arena. Ranges are handed out first-fit; a request that
-no single free range can hold is split over several (a block is a list of segments), so an
-allocation succeeds exactly when enough slots are free: fragmentation costs extra attention calls,
-never memory. Moves inside the pool go through a staging chunk of at most ``STAGE_TOKENS`` slots.
+have global ids; a range never crosses an arena. Ranges are handed out first-fit by a
+:class:`~arbor_runtime.kv.freelist.FreeList` whose segments are the arenas; a request that no single
+free range can hold is split over several (a block is a list of segments), so an allocation
+succeeds exactly when enough slots are free: fragmentation costs extra attention calls, never
+memory. Moves inside the pool go through a staging chunk of at most ``STAGE_TOKENS`` slots.
 """
 
 from __future__ import annotations
@@ -17,22 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
+from arbor_runtime.kv.freelist import Extent, FreeList
+
 #: tokens moved per staging copy inside the pool (bounded scratch, independent of context)
 STAGE_TOKENS = 64
 #: slots of each arena an unbounded pool adds (or what the request needs, if more)
 ARENA_SLOTS = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Extent:
-    """A run of ``length`` consecutive slots starting at global slot ``start`` (inside one arena)."""
-
-    start: int
-    length: int
-
-    @property
-    def end(self) -> int:
-        return self.start + self.length
 
 
 class PoolExhausted(MemoryError):
@@ -68,9 +59,7 @@ class DevicePool:
     def __init__(self, shape, capacity: int, fixed: bool) -> None:
         self.shape, self.fixed = shape, fixed
         self.arenas: list[_Arena] = []
-        self._free: list[list[int]] = []  # sorted [start, end); a free range never crosses an arena
-        self.used = 0
-        self.peak_used = 0
+        self._slots = FreeList("pool slots")  # its segments are the arenas
         if capacity:
             self._add_arena(capacity)
 
@@ -81,11 +70,19 @@ class DevicePool:
 
     @property
     def capacity(self) -> int:
-        return sum(a.capacity for a in self.arenas)
+        return self._slots.capacity
+
+    @property
+    def used(self) -> int:
+        return self._slots.used
+
+    @property
+    def peak_used(self) -> int:
+        return self._slots.peak_used
 
     @property
     def free_slots(self) -> int:
-        return self.capacity - self.used
+        return self._slots.free_slots
 
     @property
     def nbytes(self) -> int:
@@ -93,10 +90,10 @@ class DevicePool:
         return sum(2 * a.keys.numel() * a.keys.element_size() for a in self.arenas)
 
     def largest_free(self) -> int:
-        return max((e - s for s, e in self._free), default=0)
+        return self._slots.largest()
 
     def free_extents(self) -> list[Extent]:
-        return [Extent(s, e - s) for s, e in self._free]
+        return self._slots.extents()
 
     # ---- allocation ----------------------------------------------------------------------
     def alloc(self, n: int, contiguous: bool = False) -> list[Extent]:
@@ -108,47 +105,20 @@ class DevicePool:
         if n <= 0:
             return []
         self._ensure(n, contiguous)
-        for i, (s, e) in enumerate(self._free):
-            if e - s >= n:
-                return [self._take(i, n)]
-        if contiguous:
+        if contiguous and self.largest_free() < n:
             raise PoolExhausted(f"no free range of {n} slots (largest {self.largest_free()})")
-        out, left = [], n
-        while left:
-            s, e = self._free[0]
-            out.append(self._take(0, min(left, e - s)))
-            left -= out[-1].length
-        return out
+        return self._slots.alloc(n)
 
     def extend(self, ext: Extent, n: int) -> int:
         """Grow ``ext`` in place into the free range right after it, by up to ``n`` slots; returns the slots gained."""
-        for i, (s, e) in enumerate(self._free):
-            if s == ext.end:
-                got = min(n, e - s)
-                self._take(i, got)
-                return got
-            if s > ext.end:
-                break
-        return 0
+        return self._slots.extend(ext, n)
 
     def free(self, ext: Extent) -> None:
-        """Give ``ext``'s slots back (merged with free neighbours of the same arena)."""
-        if ext.length <= 0:
-            return
-        arena = self._arena_of(ext.start)
-        lo, hi = ext.start, ext.end
-        keep = []
-        for s, e in self._free:
-            if e == lo and s >= arena.base:
-                lo = s
-            elif s == hi and e <= arena.end:
-                hi = e
-            else:
-                keep.append([s, e])
-        keep.append([lo, hi])
-        keep.sort()
-        self._free = keep
-        self.used -= ext.length
+        """Give ``ext``'s slots back (merged with free neighbours of the same arena).
+
+        Raises ValueError for slots that are not allocated (given twice).
+        """
+        self._slots.free([ext])
 
     # ---- data access ---------------------------------------------------------------------
     def layer_view(self, layer: int, ext: Extent) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,20 +201,9 @@ class DevicePool:
     def _add_arena(self, slots: int) -> None:
         s = self.shape
         size = (s.layers, s.kv_heads, slots, s.head_dim)
-        base = self.capacity
         keys = torch.empty(size, dtype=s.dtype, device=s.device)
+        base = self._slots.grow(slots).start
         self.arenas.append(_Arena(base, keys, torch.empty_like(keys)))
-        self._free.append([base, base + slots])
-
-    def _take(self, i: int, n: int) -> Extent:
-        s, e = self._free[i]
-        if e - s == n:
-            del self._free[i]
-        else:
-            self._free[i][0] = s + n
-        self.used += n
-        self.peak_used = max(self.peak_used, self.used)
-        return Extent(s, n)
 
     def _ensure(self, n: int, contiguous: bool) -> None:
         short = n - (self.largest_free() if contiguous else self.free_slots)

@@ -9,16 +9,16 @@ from dataclasses import dataclass
 
 import torch
 
-from arbor_runtime.policies.allocation import flat_pool, plan_from_mask
-from arbor_runtime.policies.base import Capabilities, MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.base import Capabilities, MemoryView, Policy
+from arbor_runtime.policies.scorer import FlatPool, ScorerPolicy
 
 
 @dataclass(slots=True)
-class H2OPolicy(Policy):
+class H2OPolicy(ScorerPolicy):
     """Keep ``heavy_ratio : recent_ratio`` of the target as heavy hitters : most recent tokens.
 
     The paper's defaults (10% heavy, 10% recent of the cache) give an even split of whatever the
-    budget leaves for blocks.
+    budget leaves for blocks. A token's score is its accumulated attention.
     """
 
     name = "h2o"
@@ -33,17 +33,8 @@ class H2OPolicy(Policy):
                 f"h2o ratios heavy={self.heavy_ratio}, recent={self.recent_ratio} must be >= 0, not both 0"
             )
 
-    def plan(self, view: MemoryView) -> RetentionPlan | None:
-        pos, tok, att = flat_pool(view.blocks)
-        cap = max(view.target, 0)
-        if tok.numel() <= cap:
-            return None
-        n_recent = round(cap * self.recent_ratio / (self.heavy_ratio + self.recent_ratio))
-        keep = torch.zeros(tok.numel(), dtype=torch.bool)
-        if n_recent:
-            keep[-n_recent:] = True
-        n_heavy = cap - n_recent
-        if n_heavy > 0:
-            scores = att.clone().float().masked_fill(keep, float("-inf"))
-            keep[torch.topk(scores, n_heavy).indices] = True
-        return RetentionPlan(keep=plan_from_mask(view.blocks, pos, tok, keep))
+    def recent_window(self, cap: int) -> int:
+        return round(cap * self.recent_ratio / (self.heavy_ratio + self.recent_ratio))
+
+    def score(self, view: MemoryView, pool: FlatPool, protected: torch.Tensor) -> torch.Tensor:
+        return pool.attention

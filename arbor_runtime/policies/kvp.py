@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from arbor_runtime.policies.allocation import flat_pool, plan_from_mask
-from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.base import MemoryView, Policy
 from arbor_runtime.policies.kvp_scorer import KVPScorer, pooled_token_scores
 from arbor_runtime.policies.kvp_weights import load_weights, model_fingerprint, shipped_weights
+from arbor_runtime.policies.scorer import FlatPool, ScorerPolicy
 
 log = logging.getLogger(__name__)
 #: default share of a plan's target kept as the newest tokens (the query window; see the module docstring)
@@ -110,7 +110,7 @@ class KVPScores:
 
 
 @dataclass(slots=True)
-class KVPPolicy(Policy):
+class KVPPolicy(ScorerPolicy):
     """Keep the tokens with the highest learned KVP scores, flattened over blocks (tree-blind).
 
     Attributes:
@@ -143,21 +143,12 @@ class KVPPolicy(Policy):
         """Called by the runtime with its model: loads the matching weights."""
         self.scores.bind(model)
 
-    def plan(self, view: MemoryView) -> RetentionPlan | None:
-        pos, tok, _ = flat_pool(view.blocks)
-        cap = max(view.target, 0)
-        if tok.numel() <= cap:
-            return None
-        scores = self.scores.token_scores(view)
-        keep = torch.zeros(tok.numel(), dtype=torch.bool)
-        keep[: min(self.sink_tokens, cap)] = True
-        n_recent = min(self.recent_window(cap), cap - int(keep.sum()))
-        if n_recent > 0:  # the query window: the pool is in creation order, its tail is the newest
-            keep[tok.numel() - n_recent :] = True
-        n_more = cap - int(keep.sum())
-        if n_more > 0:
-            keep[torch.topk(scores.masked_fill(keep, float("-inf")), n_more).indices] = True
-        return RetentionPlan(keep=plan_from_mask(view.blocks, pos, tok, keep))
+    def sinks(self, cap: int) -> int:
+        return self.sink_tokens
+
+    def score(self, view: MemoryView, pool: FlatPool, protected: torch.Tensor) -> torch.Tensor:
+        """(N,) whole-token KVP scores (:meth:`KVPScores.token_scores`; new tokens are scored here)."""
+        return self.scores.token_scores(view)
 
     def recent_window(self, cap: int) -> int:
         """Newest tokens of the pool a plan down to ``cap`` tokens keeps whatever their scores."""

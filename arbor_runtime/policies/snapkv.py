@@ -21,14 +21,14 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from arbor_runtime.policies.allocation import flat_pool, plan_from_mask
-from arbor_runtime.policies.base import Capabilities, MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.base import Capabilities, MemoryView, Policy
+from arbor_runtime.policies.scorer import FlatPool, ScorerPolicy
 
 POOLINGS = ("avg", "max")
 
 
 @dataclass(slots=True)
-class SnapKVPolicy(Policy):
+class SnapKVPolicy(ScorerPolicy):
     """Observation-window attention, pooled, plus the window itself (SnapKV defaults of kvpress: 64, 5, avg)."""
 
     name = "snapkv"
@@ -49,20 +49,12 @@ class SnapKVPolicy(Policy):
     def capabilities(self) -> Capabilities:
         return Capabilities(needs_attention=True, observation_window=self.window_size)
 
-    def plan(self, view: MemoryView) -> RetentionPlan | None:
-        pos, tok, _ = flat_pool(view.blocks)
-        cap = max(view.target, 0)
-        if tok.numel() <= cap:
-            return None
-        keep = torch.zeros(tok.numel(), dtype=torch.bool)
-        n_recent = min(self.window_size, cap)
-        if n_recent:
-            keep[-n_recent:] = True
-        n_more = cap - n_recent
-        if n_more > 0:
-            scores = torch.cat([self.pooled(b.kv, keep[pos == i], b.kv.kept) for i, b in enumerate(view.blocks)])
-            keep[torch.topk(scores.masked_fill(keep, float("-inf")), n_more).indices] = True
-        return RetentionPlan(keep=plan_from_mask(view.blocks, pos, tok, keep))
+    def recent_window(self, cap: int) -> int:
+        return self.window_size
+
+    def score(self, view: MemoryView, pool: FlatPool, protected: torch.Tensor) -> torch.Tensor:
+        """(N,) pooled window scores: :meth:`pooled` of each block."""
+        return torch.cat([self.pooled(b.kv, protected[pool.block == i], b.kv.kept) for i, b in enumerate(view.blocks)])
 
     def pooled(self, kv, protected: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
         """(T_kept,) pooled window scores of a block's device tokens.

@@ -6,25 +6,20 @@ from dataclasses import dataclass
 
 import torch
 
-from arbor_runtime.policies.allocation import flat_pool, plan_from_mask
-from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.base import MemoryView
+from arbor_runtime.policies.scorer import FlatPool, ScorerPolicy
 
 
 @dataclass(slots=True)
-class StreamingPolicy(Policy):
-    """Keep the first ``sink_tokens`` of the pool and the newest tokens in creation order."""
+class StreamingPolicy(ScorerPolicy):
+    """Keep the first ``sink_tokens`` of the pool and the newest tokens in creation order: a
+    token's score is its place in the pool (the newer, the higher)."""
 
     name = "streaming"
     sink_tokens: int = 4
 
-    def plan(self, view: MemoryView) -> RetentionPlan | None:
-        pos, tok, _ = flat_pool(view.blocks)
-        cap = max(view.target, 0)
-        if tok.numel() <= cap:
-            return None
-        keep = torch.zeros(tok.numel(), dtype=torch.bool)
-        sinks = min(self.sink_tokens, cap)
-        keep[:sinks] = True
-        if cap - sinks > 0:
-            keep[-(cap - sinks) :] = True
-        return RetentionPlan(keep=plan_from_mask(view.blocks, pos, tok, keep))
+    def sinks(self, cap: int) -> int:
+        return self.sink_tokens
+
+    def score(self, view: MemoryView, pool: FlatPool, protected: torch.Tensor) -> torch.Tensor:
+        return torch.arange(pool.size, dtype=torch.float32)
