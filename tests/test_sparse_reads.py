@@ -46,9 +46,10 @@ def test_every_layer_dense_is_dense_attention_whatever_the_budget(tiny, name):
     assert sparse.token_ids == dense.token_ids
     assert max(abs(a - b) for a, b in zip(sparse.logprobs, dense.logprobs, strict=True)) < 1e-4
     _, few = generate(tiny, SPARSE[name](**SMALL))  # the same budget without dense layers reads less
-    assert few.token_ids != dense.token_ids or max(
-        abs(a - b) for a, b in zip(few.logprobs, dense.logprobs, strict=True)
-    ) > 1e-4
+    assert (
+        few.token_ids != dense.token_ids
+        or max(abs(a - b) for a, b in zip(few.logprobs, dense.logprobs, strict=True)) > 1e-4
+    )
 
 
 @pytest.mark.parametrize("name", sorted(SPARSE))
