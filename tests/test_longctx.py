@@ -113,7 +113,8 @@ def test_default_budget_is_the_policys_own_read_rule():
         assert policy == cls()  # the defaults, not a token_budget of the share
         want = read_budget(8000, policy.token_budget, policy.token_share)
         assert Method(name).budget(8000) == want
-        assert Method(name, 0.5).build(8000).token_budget == 4000
+        fixed = Method(name, 0.5).build(8000)
+        assert (fixed.token_budget, fixed.token_share, fixed.dense_layers) == (4000, 0.0, 0)
 
 
 def test_records_example_asks_the_record_it_names(tok):

@@ -3,7 +3,10 @@ of the context with a floor, and the leading layers read whole; on the tiny rand
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.policies import LycheePolicy, QuestPolicy
@@ -13,7 +16,9 @@ from arbor_runtime.sparse.reads import BudgetedAttention, DenseLayers, read_budg
 PROMPT = " ".join(f"Line {i} says the value is {i * 7 % 13}." for i in range(40)) + "\nAnswer:"
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
 SPARSE = {"lychee": LycheePolicy, "quest": QuestPolicy}
-SMALL = {"token_budget": 16, "sink_tokens": 4, "window_tokens": 4, "min_block_tokens": 8}
+# a fixed 16-token budget (no share, no dense layers: the defaults have both)
+SMALL = {"token_budget": 16, "sink_tokens": 4, "window_tokens": 4, "min_block_tokens": 8, "token_share": 0.0,
+         "dense_layers": 0}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +45,7 @@ def test_read_budget_is_a_share_with_a_floor_capped_at_the_context():
 @pytest.mark.parametrize("name", sorted(SPARSE))
 def test_every_layer_dense_is_dense_attention_whatever_the_budget(tiny, name):
     _, dense = generate(tiny, "full")
-    rt, sparse = generate(tiny, SPARSE[name](dense_layers=2, **SMALL))
+    rt, sparse = generate(tiny, SPARSE[name](**(SMALL | {"dense_layers": 2})))
     assert rt.backend.sparse.stats.steps > 0
     assert rt.backend.sparse.stats.read_fraction == 1.0
     assert sparse.token_ids == dense.token_ids
@@ -65,7 +70,7 @@ def test_dense_layers_read_every_chunk_and_the_others_keep_the_budget(tiny, name
         return chosen, take
 
     monkeypatch.setattr(SparseStep, "_select", spy)
-    rt, _ = generate(tiny, SPARSE[name](dense_layers=1, **SMALL))
+    rt, _ = generate(tiny, SPARSE[name](**(SMALL | {"dense_layers": 1})))
     assert isinstance(next(iter(rt.backend.sparse.entries.values())).index, DenseLayers)
     assert reads[0] and reads[1]
     for low, _, context in reads[0]:
@@ -86,15 +91,15 @@ def test_token_share_sets_each_steps_budget_from_the_context(tiny, name, monkeyp
         return select(self, layer, qg)
 
     monkeypatch.setattr(SparseStep, "_select", spy)
-    rt, _ = generate(tiny, SPARSE[name](token_share=0.5, **SMALL))
+    rt, _ = generate(tiny, SPARSE[name](**(SMALL | {"token_share": 0.5})))
     assert isinstance(rt.backend.sparse, BudgetedAttention)
     assert budgets
     for budget, context in budgets:
         assert context > 64 and budget == -(-context // 2)  # half the context, rounded up
     budgets.clear()
-    generate(tiny, SPARSE[name](token_share=0.5, **(SMALL | {"token_budget": 300})))
+    generate(tiny, SPARSE[name](**(SMALL | {"token_share": 0.5, "token_budget": 300})))
     assert budgets and all(budget == 300 < context for budget, context in budgets)  # the floor
-    full_rt, full = generate(tiny, SPARSE[name](token_share=1.0, **SMALL))
+    full_rt, full = generate(tiny, SPARSE[name](**(SMALL | {"token_share": 1.0})))
     _, dense = generate(tiny, "full")
     assert full_rt.backend.sparse.stats.read_fraction == 1.0 and full.token_ids == dense.token_ids
 
@@ -106,3 +111,12 @@ def test_bad_read_knobs_name_the_value():
         QuestPolicy(token_share="half")
     with pytest.raises(ValueError, match="dense_layers=-1 must be an integer >= 0"):
         QuestPolicy(dense_layers=-1)
+
+
+@pytest.mark.parametrize("name", sorted(SPARSE))
+def test_defaults_read_half_the_context_above_1024_tokens_and_two_dense_layers(name):
+    """The measured defaults (issue 24, docs/data/longctx/README.md), the same in conf/policy/*.yaml."""
+    policy = SPARSE[name]()
+    assert (policy.token_budget, policy.token_share, policy.dense_layers) == (1024, 0.5, 2)
+    conf = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "policy" / f"{name}.yaml").read_text())
+    assert (conf["token_budget"], conf["token_share"], conf["dense_layers"]) == (1024, 0.5, 2)

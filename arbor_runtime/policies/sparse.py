@@ -65,8 +65,8 @@ class SparsePolicy(Policy):
     memory: Any = "full"
     memory_args: dict[str, Any] = field(default_factory=dict)
     token_budget: int = 1024
-    token_share: float = 0.0
-    dense_layers: int = 0
+    token_share: float = 0.5
+    dense_layers: int = 2
     sink_tokens: int = 16
     window_tokens: int = 64
     min_block_tokens: int = 64

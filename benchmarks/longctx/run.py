@@ -65,9 +65,12 @@ class Method:
         return f"{self.policy}@{self.tokens}" if self.tokens is not None else f"{self.policy}@{self.share:.0%}"
 
     def build(self, context_tokens: int):
-        """The sparse policy this method reads through (its defaults, or ``token_budget`` = the budget)."""
+        """The sparse policy this method reads through: its defaults, or a fixed ``token_budget`` = the
+        budget at every layer (no share, no dense layers: the budget as given)."""
         cls = SPARSE[self.policy]
-        return cls() if self.share is None and self.tokens is None else cls(token_budget=self.budget(context_tokens))
+        if self.share is None and self.tokens is None:
+            return cls()
+        return cls(token_budget=self.budget(context_tokens), token_share=0.0, dense_layers=0)
 
     def budget(self, context_tokens: int) -> int:
         """Tokens read (sparse) or kept (compressing) of a ``context_tokens``-token context."""
