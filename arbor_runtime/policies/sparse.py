@@ -66,7 +66,7 @@ class SparsePolicy(Policy):
     memory_args: dict[str, Any] = field(default_factory=dict)
     token_budget: int = 1024
     token_share: float = 0.5
-    dense_layers: int = 2
+    dense_layers: int = 0
     sink_tokens: int = 16
     window_tokens: int = 64
     min_block_tokens: int = 64
