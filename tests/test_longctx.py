@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from arbor_runtime.policies import LycheePolicy, QuestPolicy
+from arbor_runtime.sparse.reads import read_budget
 from benchmarks.longctx.cli import main
-from benchmarks.longctx.generator import NEEDLE, TASKS, contains, encode, make_item, score
+from benchmarks.longctx.generator import NEEDLE, TASKS, contains, encode, make_item, records_example, score
 from benchmarks.longctx.run import Method, methods, parse_budget
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +50,7 @@ def _answer_in_place(item) -> None:
         kind = re.search(r"special magic (\w+?)s? for", q).group(1)
         for gold in item.answers:
             assert NEEDLE.format(kind=kind, key=key, value=gold) in ctx
-    elif item.task == "records":
+    elif item.task.startswith("records"):
         sector, record = re.search(r"sector (\d+) hold in record (\d+)\?", q).groups()
         assert f"Record {record}: the warehouse in sector {sector} holds {item.answers[0]} crates" in ctx
     elif item.task == "variable_tracking":
@@ -100,6 +102,28 @@ def test_budgets_are_shares_or_tokens():
     plan = methods(["lychee", "h2o"], ["0.5", "1024"])
     assert [m.label for m in plan] == ["dense", "lychee@50%", "lychee@1024", "h2o@50%", "h2o@1024"]
     assert Method("quest", 0.1).budget(2000) == 200 and Method("quest", tokens=64).budget(2000) == 64
+
+
+def test_default_budget_is_the_policys_own_read_rule():
+    assert parse_budget("default") == (None, None)
+    plan = methods(["lychee", "quest", "h2o"], ["default", "0.5"])  # h2o has no default read rule
+    assert [m.label for m in plan] == ["dense", "lychee@default", "lychee@50%", "quest@default", "quest@50%", "h2o@50%"]
+    for name, cls in (("lychee", LycheePolicy), ("quest", QuestPolicy)):
+        policy = Method(name).build(8000)
+        assert policy == cls()  # the defaults, not a token_budget of the share
+        want = read_budget(8000, policy.token_budget, policy.token_share)
+        assert Method(name).budget(8000) == want
+        fixed = Method(name, 0.5).build(8000)
+        assert (fixed.token_budget, fixed.token_share, fixed.dense_layers) == (4000, 0.0, 0)
+
+
+def test_records_example_asks_the_record_it_names(tok):
+    item = records_example(tok)
+    assert item == records_example(tok) and item.task == "records_example"
+    assert "in record 39? Answer:" in item.question and item.context.count("\nRecord ") == 240
+    _answer_in_place(item)
+    with pytest.raises(ValueError, match="asked=300"):
+        records_example(tok, asked=300)
 
 
 def test_benchmarks_stay_out_of_the_wheel():

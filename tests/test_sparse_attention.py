@@ -61,7 +61,9 @@ def read_positions(step: SparseStep, chosen: torch.Tensor, take: torch.Tensor) -
 
 @pytest.mark.parametrize("name", sorted(SPARSE))
 def test_sinks_and_window_are_always_read_and_the_budget_holds(tiny, name, monkeypatch):
-    policy = SPARSE[name](token_budget=48, sink_tokens=16, window_tokens=16, min_block_tokens=4)
+    policy = SPARSE[name](
+        token_budget=48, sink_tokens=16, window_tokens=16, min_block_tokens=4, token_share=0.0, dense_layers=0
+    )
     rt = Runtime(tiny, policy=policy)
     seen = []
     select = SparseStep._select
@@ -102,7 +104,9 @@ def test_lychee_composes_with_a_memory_policy_under_a_budget(tiny):
 
 
 def test_index_memory_is_counted_in_the_budget_and_reported(tiny):
-    policy = build_policy("lychee", budget_tokens=2000, min_block_tokens=8, token_budget=64)
+    policy = build_policy(
+        "lychee", budget_tokens=2000, min_block_tokens=8, token_budget=64, token_share=0.0, dense_layers=0
+    )
     rt = Runtime(tiny, policy=policy)
     grow(rt)
     m = rt.metrics.to_dict()

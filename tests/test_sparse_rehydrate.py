@@ -27,7 +27,15 @@ def _one_thread(one_torch_thread):
 
 
 def policy(rehydrate: str, budget: int | None, cls=LycheePolicy, **knobs) -> LycheePolicy:
-    args = dict(memory="arbor", budget_tokens=budget, token_budget=128, min_block_tokens=8, threshold=1.0)
+    args = dict(
+        memory="arbor",
+        budget_tokens=budget,
+        token_budget=128,
+        min_block_tokens=8,
+        threshold=1.0,
+        token_share=0.0,
+        dense_layers=0,
+    )  # a fixed read budget (the defaults grow it with the context)
     return cls(**(args | knobs), rehydrate=rehydrate)
 
 

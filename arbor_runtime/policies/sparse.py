@@ -31,6 +31,7 @@ from arbor_runtime.events import Event
 from arbor_runtime.policies.base import Capabilities, MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.registry import MEMORY_POLICIES
 from arbor_runtime.sparse import SelectConfig, SparseAttention
+from arbor_runtime.sparse.reads import BudgetedAttention, dense_layers_builder
 
 #: how the active path's evicted spans come back (see the module docstring)
 REHYDRATE = ("whole", "ranked")
@@ -45,7 +46,10 @@ class SparsePolicy(Policy):
             or a built policy (its budget is replaced by ``kv_budget_tokens``).
         memory_args: the named memory policy's own knobs (e.g. ``{"distance_decay": 0.5}``).
         token_budget: resident context tokens each decode query reads per KV head (sinks and
-            window included; the row's own tokens come on top).
+            window included; the row's own tokens come on top); with ``token_share`` the floor.
+        token_share: read max(token_budget, token_share x the row's resident context) tokens
+            (at most the context; 0 = ``token_budget`` alone). See ``arbor_runtime/sparse/reads.py``.
+        dense_layers: the first this many layers read every resident token (0 = none).
         sink_tokens / window_tokens: first and last positions always read.
         min_block_tokens: blocks shorter than this are read whole (not indexed).
         exact: exact top-k retrieval by bound (slower; lychee only, quest's flat scan is exact).
@@ -61,6 +65,8 @@ class SparsePolicy(Policy):
     memory: Any = "full"
     memory_args: dict[str, Any] = field(default_factory=dict)
     token_budget: int = 1024
+    token_share: float = 0.5
+    dense_layers: int = 0
     sink_tokens: int = 16
     window_tokens: int = 64
     min_block_tokens: int = 64
@@ -73,10 +79,17 @@ class SparsePolicy(Policy):
         if isinstance(self.memory, Policy) and self.budget_tokens is None:
             self.budget_tokens = self.memory.budget_tokens
         Policy.__post_init__(self)
-        for knob, least in (("token_budget", 1), ("sink_tokens", 0), ("window_tokens", 0), ("min_block_tokens", 0)):
+        knobs = ("token_budget", 1), ("sink_tokens", 0), ("window_tokens", 0), ("min_block_tokens", 0)
+        for knob, least in (*knobs, ("dense_layers", 0)):
             value = getattr(self, knob)
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"{knob}={value!r} must be an integer >= {least}")
+        if (
+            isinstance(self.token_share, bool)
+            or not isinstance(self.token_share, int | float)
+            or not (0.0 <= self.token_share <= 1.0)
+        ):
+            raise ValueError(f"token_share={self.token_share!r} must be a number in [0, 1]")
         if not 0.0 <= self.index_reserve < 0.5:
             raise ValueError(f"index_reserve={self.index_reserve} must be in [0, 0.5)")
         if self.budget_tokens is not None and self.kv_budget_tokens < 1:
@@ -161,6 +174,7 @@ class SparsePolicy(Policy):
             msg = f"policy={self.name}: sparse indexes need a CPU model, not {device}; valid: {valid}"
             raise NotImplementedError(msg)
         builder, width = self.index_builder()
+        builder = dense_layers_builder(builder, self.dense_layers)
         select = SelectConfig(
             token_budget=self.token_budget,
             sink_tokens=self.sink_tokens,
@@ -171,4 +185,7 @@ class SparsePolicy(Policy):
         )
         reserve = None if self.budget_tokens is None else self.reserve_tokens * store.shape.bytes_per_token
         on_demand = self.rehydrate == "ranked"
+        if self.token_share > 0:
+            share = self.token_share
+            return BudgetedAttention(builder, select, store, token_ids, decode, reserve, on_demand, share=share)
         return SparseAttention(builder, select, store, token_ids, decode, reserve, on_demand)

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from arbor_cli.report import fit_table
 from arbor_cli.results import Column
-from benchmarks.longctx.generator import TASKS, make_suite
+from benchmarks.longctx.generator import TASKS, make_suite, records_example
 from benchmarks.longctx.run import POLICIES, methods, run, summarise
 
 PROG = "bench_longctx.py"
@@ -47,11 +47,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--items", default="20", help="items per task and length")
     ap.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated: {', '.join(TASKS)}")
     ap.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated: {', '.join(POLICIES)}")
-    budgets = "budgets: a share of the context in (0, 1), or a token count (1024: lychee's default token_budget)"
+    budgets = "budgets: a share of the context in (0, 1), a token count, or 'default' (lychee/quest at their defaults)"
     ap.add_argument("--shares", default="0.5,0.25,0.1", help=budgets)
     ap.add_argument("--max-new", default="16", help="greedy answer tokens at most")
     ap.add_argument("--seed", default="0", help="the suite's seed")
     ap.add_argument("--threads", default=None, help="torch CPU threads")
+    ap.add_argument(
+        "--example", action="store_true", help="run issue 24's records example alone (240 records, record 39)"
+    )
     return ap.parse_args(argv)
 
 
@@ -68,6 +71,7 @@ def validate(args: argparse.Namespace) -> dict:
         "max_new": _ints(args.max_new, "max-new")[0],
         "seed": _ints(args.seed, "seed", 0)[0],
         "threads": None if args.threads is None else _ints(args.threads, "threads")[0],
+        "example": bool(args.example),
     }
 
 
@@ -98,7 +102,10 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
         torch.set_num_threads(cfg["threads"])
     loaded = load_model(cfg["model"], device="cpu")
     start = time.perf_counter()
-    items = make_suite(cfg["tasks"], cfg["lengths"], cfg["items"], loaded.tokenizer, cfg["seed"])
+    if cfg["example"]:
+        items = [records_example(loaded.tokenizer, seed=cfg["seed"])]
+    else:
+        items = make_suite(cfg["tasks"], cfg["lengths"], cfg["items"], loaded.tokenizer, cfg["seed"])
     console.print(f"{len(items)} items generated in {time.perf_counter() - start:.1f} s")
 
     def progress(i, item):

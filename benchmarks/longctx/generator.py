@@ -315,3 +315,17 @@ def make_item(task: str, length: int, index: int, tokenizer, seed: int = 0) -> I
 def make_suite(tasks: Sequence[str], lengths: Sequence[int], items: int, tokenizer, seed: int = 0) -> list[Item]:
     """``items`` items of every task at every length (task-major, then length, then index)."""
     return [make_item(t, n, i, tokenizer, seed) for t in tasks for n in lengths for i in range(items)]
+
+
+def records_example(tokenizer, records: int = 240, asked: int = 39, seed: int = 0) -> Item:
+    """Issue 24's reproduction, rebuilt: ``records`` one-line warehouse records (the records task's
+    lines, seeded) and the question on record ``asked``; about 5,400 SmolLM2 tokens at 240 records.
+    Its task is "records_example", its length the prompt's token count."""
+    if not 1 <= asked <= records:
+        raise ValueError(f"asked={asked} must be a record number in 1..{records}")
+    context, _, _ = TASKS["records"](random.Random(f"{seed}/records_example/{records}"), records)
+    line = context.split("\n")[asked]
+    sector, count = re.search(r"sector (\d+) holds (\d+) crates", line).groups()
+    question = f"How many crates does the warehouse in sector {sector} hold in record {asked}? Answer:"
+    ctx, q = encode(tokenizer, context, question)
+    return Item("records_example", len(ctx) + len(q), 0, seed, context, question, (count,), len(ctx) + len(q))

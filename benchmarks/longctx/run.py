@@ -39,6 +39,7 @@ import torch
 from arbor_cli.bench.sparse import attach
 from arbor_runtime import LoadedModel, Node, Runtime, SamplingParams, build_policy
 from arbor_runtime.policies import LycheePolicy, QuestPolicy
+from arbor_runtime.sparse.reads import read_budget
 from benchmarks.longctx.generator import Item, encode, normalise
 
 SPARSE = {"lychee": LycheePolicy, "quest": QuestPolicy}
@@ -48,7 +49,8 @@ POLICIES = (*SPARSE, *COMPRESSING)
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    """A policy at one budget: ``share`` of the context's tokens, or ``tokens`` outright (dense: neither)."""
+    """A policy at one budget: ``share`` of the context's tokens, or ``tokens`` outright; a sparse
+    policy with neither runs at its defaults (``@default``: its own read rule); dense: neither."""
 
     policy: str
     share: float | None = None
@@ -58,15 +60,30 @@ class Method:
     def label(self) -> str:
         if self.policy == "dense":
             return "dense"
+        if self.share is None and self.tokens is None:
+            return f"{self.policy}@default"
         return f"{self.policy}@{self.tokens}" if self.tokens is not None else f"{self.policy}@{self.share:.0%}"
+
+    def build(self, context_tokens: int):
+        """The sparse policy this method reads through: its defaults, or a fixed ``token_budget`` = the
+        budget at every layer (no share, no dense layers: the budget as given)."""
+        cls = SPARSE[self.policy]
+        if self.share is None and self.tokens is None:
+            return cls()
+        return cls(token_budget=self.budget(context_tokens), token_share=0.0, dense_layers=0)
 
     def budget(self, context_tokens: int) -> int:
         """Tokens read (sparse) or kept (compressing) of a ``context_tokens``-token context."""
+        if self.share is None and self.tokens is None:  # a sparse policy's default read rule
+            policy = SPARSE[self.policy]()
+            return read_budget(context_tokens, policy.token_budget, policy.token_share)
         return self.tokens if self.tokens is not None else max(1, int(self.share * context_tokens))
 
 
 def parse_budget(text: str) -> tuple[float | None, int | None]:
-    """ "0.25" -> a share (0 < s < 1); "1024" -> a token count (integer >= 1)."""
+    """ "0.25" -> a share (0 < s < 1); "1024" -> a token count (integer >= 1); "default" -> (None, None)."""
+    if text.strip() == "default":
+        return None, None
     try:
         value = float(text)
     except ValueError:
@@ -75,16 +92,18 @@ def parse_budget(text: str) -> tuple[float | None, int | None]:
         return value, None
     if value >= 1.0 and value == int(value):
         return None, int(value)
-    raise ValueError(f"budget {text!r} must be a share in (0, 1) or a whole number of tokens >= 1")
+    raise ValueError(f"budget {text!r} must be a share in (0, 1), a whole number of tokens >= 1, or 'default'")
 
 
 def methods(policies: Sequence[str], budgets: Sequence[str]) -> list[Method]:
-    """Dense first, then every policy at every budget."""
+    """Dense first, then every policy at every budget ("default" applies to the sparse policies only)."""
     bad = [p for p in policies if p not in POLICIES]
     if bad:
         raise ValueError(f"unknown policy {bad[0]!r}; valid: {', '.join(POLICIES)}")
     parsed = [parse_budget(b) for b in budgets]
-    return [Method("dense")] + [Method(p, s, t) for p in policies for s, t in parsed]
+    return [Method("dense")] + [
+        Method(p, s, t) for p in policies for s, t in parsed if p in SPARSE or (s, t) != (None, None)
+    ]
 
 
 # ---- runtime steps --------------------------------------------------------------------------------
@@ -171,7 +190,7 @@ def run_item(loaded: LoadedModel, item: Item, plan: Sequence[Method], max_new: i
             budget = method.budget(len(ctx))
             if method.policy in SPARSE:
                 rt, root = fork(base, base_root)
-                attach(rt, SPARSE[method.policy](token_budget=budget))
+                attach(rt, method.build(len(ctx)))
                 kept = len(ctx)
             else:
                 if method.policy not in prefilled:
@@ -189,7 +208,7 @@ def run_item(loaded: LoadedModel, item: Item, plan: Sequence[Method], max_new: i
         rows.append({
             "task": item.task, "length": item.length, "index": item.index, "tokens": item.tokens,
             "method": method.label, "policy": method.policy, "share": method.share,
-            "budget_tokens": None if method.policy == "dense" else method.budget(len(ctx)),
+            "budget_tokens": None if method.policy == "dense" else budget,
             "kept_tokens": kept, "answer": text, "answers": list(item.answers),
             "score": item.score(text), "correct": item.correct(text),
             "agree": normalise(text) == normalise(dense_text),

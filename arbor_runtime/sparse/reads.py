@@ -1,0 +1,116 @@
+"""How much a sparse decode query reads: the read-budget rule and the layers read whole.
+
+Two measured fixes (issue 24, docs/data/longctx/) for retrieval questions over a long context,
+where a fixed 1,024-token budget changed SmolLM2's answer:
+
+- the budget grows with the context: ``read_budget`` = max(floor, share x resident context),
+  never more than the context. :class:`BudgetedAttention` applies it per decode step, from the
+  longest row's resident context (one budget per step: the selection is batched over rows).
+- the first ``dense_layers`` layers read every resident chunk (Quest, Tang et al. 2024, keeps its
+  first two layers dense: their attention is not sparse, and what they miss every later layer
+  misses). :class:`DenseLayers` wraps a block index: at those layers its retrieval returns every
+  chunk with an infinite bound, which the selection takes whatever the budget (as it takes the
+  sinks and the window).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from arbor_runtime.sparse import SparseAttention
+
+
+def read_budget(context_tokens: int, floor: int, share: float) -> int:
+    """Tokens a query reads of ``context_tokens`` resident ones: max(floor, ceil(share x context)),
+    at most the context (and at least 1)."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"share={share} must be in [0, 1]")
+    want = max(int(floor), math.ceil(share * context_tokens))
+    return max(1, min(want, int(context_tokens))) if context_tokens > 0 else max(1, int(floor))
+
+
+class DenseLayers:
+    """A block index whose retrieval, at layers below ``layers``, returns every chunk (bound +inf).
+
+    Everything else (``starts``, ``covered``, ``n_chunks``, ``nbytes``, ``update``) is the wrapped
+    index's. Args: index: a :class:`~arbor_runtime.sparse.attend.BlockIndex`; layers: how many
+    leading layers read whole.
+    """
+
+    __slots__ = ("index", "layers")
+
+    def __init__(self, index, layers: int) -> None:
+        self.index, self.layers = index, int(layers)
+
+    def __getattr__(self, name: str):
+        return getattr(self.index, name)
+
+    @property
+    def starts(self) -> torch.Tensor:
+        return self.index.starts
+
+    @property
+    def covered(self) -> torch.Tensor:
+        return self.index.covered
+
+    @property
+    def n_chunks(self) -> int:
+        return self.index.n_chunks
+
+    @property
+    def nbytes(self) -> int:
+        return self.index.nbytes
+
+    def update(self, *args, **kwargs) -> bool:
+        return self.index.update(*args, **kwargs)
+
+    def retrieve(self, layer: int, q: torch.Tensor, n: int, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids (r, H, m) and bounds (r, H, m) for queries q (r, H, g, D): at a dense layer every
+        chunk (m = C) with bound +inf, else the wrapped index's top ``n``."""
+        if layer >= self.layers:
+            return self.index.retrieve(layer, q, n, exact)
+        r, h, c = q.shape[0], q.shape[1], self.index.n_chunks
+        ids = torch.arange(c, device=q.device).expand(r, h, c)
+        return ids, torch.full((r, h, c), float("inf"), device=q.device)
+
+
+def dense_layers_builder(builder, layers: int):
+    """``builder`` (keys, layers, resident, ends) -> index, its indexes wrapped in :class:`DenseLayers`."""
+    if layers <= 0:
+        return builder
+
+    def build(*args, **kwargs):
+        return DenseLayers(builder(*args, **kwargs), layers)
+
+    return build
+
+
+class BudgetedAttention(SparseAttention):
+    """:class:`SparseAttention` whose ``token_budget`` follows :func:`read_budget` of the longest
+    row's resident context at each decode step (``select.token_budget`` is the floor).
+
+    Args: as :class:`SparseAttention`, plus share: the read share of the context.
+    """
+
+    def __init__(self, *args, share: float = 0.0, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.floor, self.share = self.select.token_budget, float(share)
+        read_budget(0, self.floor, self.share)  # validates the share
+
+    def prepare(self, batch, positions):
+        self.select = replace(self.select, token_budget=read_budget(self._longest(batch), self.floor, self.share))
+        return super().prepare(batch, positions)
+
+    def _longest(self, batch) -> int:
+        """Resident context tokens of the batch's longest row (the groups' pieces, per row)."""
+        per_row = torch.zeros(batch.rows, dtype=torch.long)
+        for grp in batch.groups:
+            n = sum(int(p.length) for p in grp.pieces)
+            if grp.rows is None:
+                per_row += n
+            else:
+                per_row.index_add_(0, grp.rows.cpu(), torch.full((int(grp.rows.numel()),), n, dtype=torch.long))
+        return int(per_row.max()) if batch.rows else 0

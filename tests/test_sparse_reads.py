@@ -1,0 +1,122 @@
+"""How much a sparse decode query reads (arbor_runtime/sparse/reads.py): the read budget as a share
+of the context with a floor, and the leading layers read whole; on the tiny random Llama (2 layers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from arbor_runtime import Runtime, SamplingParams
+from arbor_runtime.policies import LycheePolicy, QuestPolicy
+from arbor_runtime.sparse.attend import SparseStep
+from arbor_runtime.sparse.reads import BudgetedAttention, DenseLayers, read_budget
+
+PROMPT = " ".join(f"Line {i} says the value is {i * 7 % 13}." for i in range(40)) + "\nAnswer:"
+GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
+SPARSE = {"lychee": LycheePolicy, "quest": QuestPolicy}
+# a fixed 16-token budget (no share, no dense layers: the defaults have both)
+SMALL = {"token_budget": 16, "sink_tokens": 4, "window_tokens": 4, "min_block_tokens": 8, "token_share": 0.0,
+         "dense_layers": 0}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_torch_thread):
+    yield
+
+
+def generate(tiny, policy):
+    rt = Runtime(tiny, policy=policy)
+    leaf = rt.expand(rt.new_tree(PROMPT), 1, GREEDY)[0]
+    return rt, leaf
+
+
+def test_read_budget_is_a_share_with_a_floor_capped_at_the_context():
+    assert read_budget(4000, 1024, 0.5) == 2000
+    assert read_budget(1000, 1024, 0.5) == 1000  # never more than the context
+    assert read_budget(1500, 1024, 0.5) == 1024  # the floor
+    assert read_budget(4001, 16, 0.25) == 1001  # rounded up
+    assert read_budget(4000, 1024, 0.0) == 1024
+    with pytest.raises(ValueError, match="share=1.5"):
+        read_budget(10, 1, 1.5)
+
+
+@pytest.mark.parametrize("name", sorted(SPARSE))
+def test_every_layer_dense_is_dense_attention_whatever_the_budget(tiny, name):
+    _, dense = generate(tiny, "full")
+    rt, sparse = generate(tiny, SPARSE[name](**(SMALL | {"dense_layers": 2})))
+    assert rt.backend.sparse.stats.steps > 0
+    assert rt.backend.sparse.stats.read_fraction == 1.0
+    assert sparse.token_ids == dense.token_ids
+    assert max(abs(a - b) for a, b in zip(sparse.logprobs, dense.logprobs, strict=True)) < 1e-4
+    _, few = generate(tiny, SPARSE[name](**SMALL))  # the same budget without dense layers reads less
+    assert (
+        few.token_ids != dense.token_ids
+        or max(abs(a - b) for a, b in zip(few.logprobs, dense.logprobs, strict=True)) > 1e-4
+    )
+
+
+@pytest.mark.parametrize("name", sorted(SPARSE))
+def test_dense_layers_read_every_chunk_and_the_others_keep_the_budget(tiny, name, monkeypatch):
+    reads: dict[int, list[int]] = {0: [], 1: []}
+    select = SparseStep._select
+
+    def spy(self, layer, qg):
+        chosen, take = select(self, layer, qg)
+        tokens = (self.length[chosen] * take).sum(-1)  # (R, H) context tokens read
+        context = int(self.context[0])
+        reads[layer].append((int(tokens.min()), int(tokens.max()), context))
+        return chosen, take
+
+    monkeypatch.setattr(SparseStep, "_select", spy)
+    rt, _ = generate(tiny, SPARSE[name](**(SMALL | {"dense_layers": 1})))
+    assert isinstance(next(iter(rt.backend.sparse.entries.values())).index, DenseLayers)
+    assert reads[0] and reads[1]
+    for low, _, context in reads[0]:
+        assert low == context  # layer 0: every resident token, every head
+    width = SPARSE[name](**SMALL).index_builder()[1]
+    for _, high, context in reads[1]:
+        assert high < context
+        assert high < 16 + 4 + 4 + 2 * width  # the budget, sinks and window, and a chunk over each
+
+
+@pytest.mark.parametrize("name", sorted(SPARSE))
+def test_token_share_sets_each_steps_budget_from_the_context(tiny, name, monkeypatch):
+    budgets = []
+    select = SparseStep._select
+
+    def spy(self, layer, qg):
+        budgets.append((self.owner.select.token_budget, int(self.context.max())))
+        return select(self, layer, qg)
+
+    monkeypatch.setattr(SparseStep, "_select", spy)
+    rt, _ = generate(tiny, SPARSE[name](**(SMALL | {"token_share": 0.5})))
+    assert isinstance(rt.backend.sparse, BudgetedAttention)
+    assert budgets
+    for budget, context in budgets:
+        assert context > 64 and budget == -(-context // 2)  # half the context, rounded up
+    budgets.clear()
+    generate(tiny, SPARSE[name](**(SMALL | {"token_share": 0.5, "token_budget": 300})))
+    assert budgets and all(budget == 300 < context for budget, context in budgets)  # the floor
+    full_rt, full = generate(tiny, SPARSE[name](**(SMALL | {"token_share": 1.0})))
+    _, dense = generate(tiny, "full")
+    assert full_rt.backend.sparse.stats.read_fraction == 1.0 and full.token_ids == dense.token_ids
+
+
+def test_bad_read_knobs_name_the_value():
+    with pytest.raises(ValueError, match="token_share=1.5 must be a number in"):
+        LycheePolicy(token_share=1.5)
+    with pytest.raises(ValueError, match="token_share='half'"):
+        QuestPolicy(token_share="half")
+    with pytest.raises(ValueError, match="dense_layers=-1 must be an integer >= 0"):
+        QuestPolicy(dense_layers=-1)
+
+
+@pytest.mark.parametrize("name", sorted(SPARSE))
+def test_defaults_read_half_the_context_above_1024_tokens(name):
+    """The measured defaults (issue 24, docs/data/longctx/README.md), the same in conf/policy/*.yaml."""
+    policy = SPARSE[name]()
+    assert (policy.token_budget, policy.token_share, policy.dense_layers) == (1024, 0.5, 0)
+    conf = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "policy" / f"{name}.yaml").read_text())
+    assert (conf["token_budget"], conf["token_share"], conf["dense_layers"]) == (1024, 0.5, 0)
