@@ -7,7 +7,7 @@ Protocol, per item (its context ids C, question ids Q ending in "Answer:"):
   token is fed as a *decode step* (forced by a regex of its text, so it is the same token id),
   then greedy decode of up to ``max_new`` answer tokens.
 - sparse (lychee, quest): a copy of the dense runtime after C's prefill, its decode steps reading
-  through the policy's index (``arbor_cli.bench.sparse.attach``, as bench_sparse.py does) with
+  through the policy's index (``benchmarks.sparse.attach``, as bench_sparse.py does) with
   ``token_budget`` = the share of len(C) (or a token count); then the same Q and decode. Prefill
   stays dense in the runtime, which is why Q's last token goes through a decode step: the first
   answer token is then read sparsely too.
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from arbor_cli.bench.sparse import attach
+from benchmarks.sparse import attach
 from arbor_runtime import LoadedModel, Node, Runtime, SamplingParams, build_policy
 from arbor_runtime.policies import LycheePolicy, QuestPolicy
 from arbor_runtime.sparse.reads import read_budget
