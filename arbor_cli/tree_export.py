@@ -50,7 +50,12 @@ def search_root(rt: Runtime, best: Node | None, expansions: Sequence[int]) -> No
 
 # ---- the record ----------------------------------------------------------------------------
 def tree_record(
-    rt: Runtime, best: Node | None, expansions: Sequence[int], root: Node | None = None, **info: Any
+    rt: Runtime,
+    best: Node | None,
+    expansions: Sequence[int],
+    root: Node | None = None,
+    guess_root: bool = True,
+    **info: Any,
 ) -> dict[str, Any]:
     """The JSON-ready tree of one search.
 
@@ -59,9 +64,12 @@ def tree_record(
         best: the node ending the best path, or None.
         expansions: expanded node ids in expansion order (``SearchResult.expansions``).
         root: the search's root (default: found from ``best`` or the first expansion).
+        guess_root: without ``root``, look for it (:func:`search_root`); False in a shared runtime,
+            where the first root may be another search's (the record then has no nodes).
         **info: top-level fields to add (``index``, ``question``, ...).
     """
-    root = root or search_root(rt, best, expansions)
+    if root is None and guess_root:
+        root = search_root(rt, best, expansions)
     nodes = collect_nodes(rt, root) if root is not None else []
     on_best = {n.id for n in best.path()} if best is not None else set()
     order: dict[int, int] = {}

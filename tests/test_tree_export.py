@@ -113,3 +113,19 @@ def test_non_scalar_extra_is_left_out_of_the_row(tiny, data_dir, tmp_path):
     assert isinstance(solved.result.extra["visits"], dict) and "visits" not in solved.row
     assert solved.row["rollouts"] == solved.result.extra["rollouts"]
     assert solved.tree(task.problems()[0])["expansions"] == solved.result.expansions
+
+
+def test_a_shared_runtime_problem_without_a_root_exports_no_other_problems_tree(tiny):
+    """Under concurrency a problem whose prompt never got into the store (an OOM at prefill) has no
+    root; its tree record must be empty, not the runtime's first tree (another problem's)."""
+    from arbor_cli.runners.search import Solved
+
+    rt = Runtime(tiny, policy="full")
+    other = rt.new_tree("another problem's prompt")
+    rt.expand(other, n=2, sampling=SamplingParams(max_new_tokens=3, seed=0))
+    controller = SimpleNamespace(expansions=[], root=None)
+    problem = SimpleNamespace(index=7, question="q")
+    shared = Solved({}, rt, controller, None, rt.metrics, rt.events, None, shared=True)
+    assert shared.tree(problem)["nodes"] == []
+    alone = Solved({}, rt, controller, None, rt.metrics, rt.events, None)  # a runtime of its own: its one tree
+    assert [n["id"] for n in alone.tree(problem)["nodes"]] == [other.id, *(c.id for c in other.children)]

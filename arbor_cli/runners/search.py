@@ -47,11 +47,15 @@ class Solved(NamedTuple):
     events: EventLog
     root: Node | None = None  # set in a shared runtime: released once the problem is recorded
     residency: dict[str, Any] | None = None  # the residency.jsonl line (arbor_cli.residency)
+    shared: bool = False  # the runtime holds other problems' trees too
+
 
     def tree(self, problem: Problem) -> dict[str, Any]:
         """The search tree as a JSON-ready record (see :mod:`arbor_cli.tree_export`)."""
         best = self.result.best if self.result is not None else None
         info = {"index": problem.index, "question": problem.question}
+        if self.shared and self.root is None:  # its prompt never made it into the store: no tree, and
+            return tree_record(self.rt, None, (), root=None, guess_root=False, **info)  # not another's
         return tree_record(self.rt, best, self.controller.expansions, root=self.root, **info)
 
     def done(self) -> None:
@@ -76,7 +80,7 @@ def search_shared(setup: Setup, rt: Runtime, problem: Problem) -> Solved:
         row, result = _search(setup, rt, controller, problem, account.metrics, seed=setup.seed(problem))
     root = controller.root
     residency = recorder.record(problem.index, tree_ids=[root.tree_id] if root is not None else [])
-    return Solved(row, rt, controller, result, account.metrics, account.events, root, residency)
+    return Solved(row, rt, controller, result, account.metrics, account.events, root, residency, shared=True)
 
 
 def _search(setup: Setup, rt: Runtime, controller: Controller, problem: Problem, metrics, seed):
