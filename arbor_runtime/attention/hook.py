@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
-from transformers import AttentionInterface
 
 from arbor_runtime.batch import BatchView
 
@@ -29,7 +28,22 @@ def _tree_attention(module, query, key, value, attention_mask, scaling=None, **k
     return out, None
 
 
-AttentionInterface.register(IMPLEMENTATION, _tree_attention)
+_registered = False
+
+
+def register() -> None:
+    """Register ``arbor_tree`` with transformers' attention interface (once, at the first batch).
+
+    Not at import: ``from transformers import AttentionInterface`` costs ~10 s of CPU here (it pulls
+    in transformers' integrations, ``torch.distributed.tensor`` and ``torch._dynamo``), and every
+    console-script start, Ray actor and argument check would pay it before any model is needed.
+    """
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(IMPLEMENTATION, _tree_attention)
+        _registered = True
 
 
 @contextmanager
@@ -39,6 +53,7 @@ def tree_attention(model: torch.nn.Module, batch: BatchView) -> Iterator[None]:
     The model's attention implementation is restored in ``finally`` whatever happens. No mask is
     built by transformers for this implementation (it is not registered as a mask function).
     """
+    register()
     previous = model.config._attn_implementation
     token = _ACTIVE.set(batch)
     model.config._attn_implementation = IMPLEMENTATION
