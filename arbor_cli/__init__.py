@@ -15,3 +15,15 @@ _checkout = os.path.dirname(__path__[0])
 if all(os.path.exists(f"{_checkout}/{n}") for n in ("pyproject.toml", "conf/__init__.py")):
     __path__.append(_checkout)
 del _checkout
+
+
+def _register_resolvers() -> None:
+    """``${arbor.or:a,b}``: ``a`` unless it is null, else ``b``. conf/config.yaml uses it so a run given
+    ``run_dir=`` keeps Hydra's own files (.hydra/, solve.log) there too instead of under outputs/."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("arbor.or"):
+        OmegaConf.register_new_resolver("arbor.or", lambda a, b: b if a is None else a)
+
+
+_register_resolvers()
