@@ -12,7 +12,7 @@ leading head axis):
 embedding, made continuous so longer contexts need no new rows) and the log norms of k and v
 (the LayerNorm would otherwise hide the norm, a known eviction signal). The score is trained as
 a log attention share: ``softmax(s)`` over a head's tokens estimates the share of that head's
-future attention each token receives (see ``arbor_cli/kvp/train.py``).
+future attention each token receives (see ``research/kvp/train.py``).
 """
 
 from __future__ import annotations
