@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from arbor_runtime.backend import ModelBackend, TreeBatch
     from arbor_runtime.kv import KVStore
     from arbor_runtime.memory import MemoryManager
+    from arbor_runtime.nodes import NodeTable
     from arbor_runtime.policies.base import Policy
 
 __all__ = ["PAGE", "Account", "Engine", "EngineHost", "ExpandJob", "Work"]
@@ -92,6 +93,7 @@ class EngineHost(Protocol):
     memory: MemoryManager
     backend: ModelBackend
     policy: Policy
+    table: NodeTable
 
     @property
     def budget_tokens(self) -> int | None: ...
@@ -99,10 +101,6 @@ class EngineHost(Protocol):
     def accounting(self, work: Work) -> AbstractContextManager[None]: ...
 
     def targets(self, work: Work | None = None) -> list[RuntimeMetrics]: ...
-
-    def tree_seed(self, node: Node) -> int: ...
-
-    def next_id(self) -> int: ...
 
     def take_attention(self, batch: TreeBatch) -> None: ...
 
@@ -112,15 +110,9 @@ class EngineHost(Protocol):
 
     def child_from_row(self, row: Row) -> Node: ...
 
-    def order_nodes(self, created: list[Node]) -> None: ...
-
     def log_op(self, entry: dict) -> None: ...
 
     def end_op(self, work: Work) -> None: ...
-
-    def _release(self, node: Node) -> None: ...
-
-    def _discard(self, node: Node) -> None: ...
 
 
 class Engine:
@@ -236,12 +228,12 @@ class Engine:
             rt.memory.begin([node for node, _ in job.requests], job.account)
             for (node, n), stop in zip(job.requests, job.stops, strict=True):
                 params = stop.params
-                base = params.seed if params.seed is not None else rt.tree_seed(node)
+                base = params.seed if params.seed is not None else rt.table.tree_seed(node)
                 first = 0 if params.seed is not None else node.spawned
                 for k in range(n):
                     seed = row_seed(base, node.key, first + k)
                     matcher = job.grammar.matcher(params) if params.constrained else None
-                    row = Row(node, rt.next_id(), len(job.rows), seed, job=job, stop=stop, matcher=matcher)
+                    row = Row(node, rt.table.next_id(), len(job.rows), seed, job=job, stop=stop, matcher=matcher)
                     job.rows.append(row)
                 node.spawned += n
         self.jobs.append(job)
@@ -334,7 +326,7 @@ class Engine:
         rt = self.rt
         self.jobs.remove(job)
         children = [job.children[i] for i in range(len(job.rows))]
-        rt.order_nodes(children)
+        rt.table.order(children)
         out, k = [], 0
         for _, n in job.requests:
             out.append(children[k : k + n])
@@ -358,8 +350,8 @@ class Engine:
         with rt.accounting(job):  # the children were counted there when they finished
             for child in job.children.values():
                 if not child.released:
-                    rt._release(child)
-                rt._discard(child)
+                    rt.memory.forget(rt.table.forget_subtree(child, rt.targets()))
+                rt.table.discard(child, rt.targets())
         if job in self.jobs:
             self.jobs.remove(job)
         job.error = error
