@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from arbor_runtime.accounts import Accounts
     from arbor_runtime.engine import Engine
+    from arbor_runtime.engine.prefill import Prefiller
     from arbor_runtime.runner import Runner
 
 #: how choices are ranked and normalized
@@ -125,9 +126,10 @@ class ChoosePlan:
 
 class ChooseHost(EngineHost, Protocol):
     """What a choose pass uses of the runtime (:class:`~arbor_runtime.runtime.Runtime`): the engine's
-    share, and the runtime's engine, runner and accounts (see :class:`EngineHost`)."""
+    share, and the runtime's engine, prefiller, runner and accounts (see :class:`EngineHost`)."""
 
     engine: Engine
+    prefiller: Prefiller
     runner: Runner
     accounts: Accounts
     logits_hook: Callable[[Node, torch.Tensor], None] | None
@@ -190,7 +192,7 @@ class ChooseWork:
         (the scheduler's answer: NotYet, KVBudgetExceeded)."""
         rt = self.rt
         got = rt.engine.scheduler.admit([(self.node, need)], rt.engine.running_owners(), "choose").required()
-        rt.recompute_all(got.recompute)
+        rt.prefiller.recompute_all(got.recompute)
 
     def _forward(self, extents) -> tuple[torch.Tensor, object]:
         """(R, L, V) logits of the rows, right-padded to the longest; kept rows' KV written to their slots."""
@@ -211,7 +213,7 @@ class ChooseWork:
     def _child(self, i: int, extents, logp: torch.Tensor, lps: list[float], last: torch.Tensor, own) -> Node:
         """A kept choice as a forced child block (its KV is already in its slots)."""
         rt, n = self.rt, len(self.ids[i])
-        child = rt.table.new(self.node, self.ids[i], self.texts[i], FORCED, self.node.end_pos, rt.targets())
+        child = rt.prefiller.new_node(self.node, self.ids[i], self.texts[i], FORCED, self.node.end_pos)
         child.logprobs = lps
         child.entropies = (-(logp.exp() * logp).sum(-1)).tolist()
         rt.store.put(child.id, BlockKV.from_extents(extents, child.start_pos, last.float().cpu().clone()))
@@ -225,7 +227,7 @@ class ChooseWork:
     def _count(self, kept: list[Node]) -> None:
         kept_tokens = sum(c.length for c in kept)
         scored = sum(len(self.ids[i]) for i in self.rows) - kept_tokens
-        for m in self.rt.targets():
+        for m in self.rt.accounts.targets():
             m.prefill_tokens += kept_tokens
             m.scored_tokens += scored
 

@@ -21,7 +21,7 @@ import torch
 
 from arbor_runtime import validation
 from arbor_runtime.accounts import Accounts
-from arbor_runtime.backend import ModelBackend, TreeBatch
+from arbor_runtime.backend import ModelBackend
 from arbor_runtime.choose import ChoiceScores, ChoosePlan, ChooseWork
 from arbor_runtime.engine import Account, Engine, ExpandJob, Work
 from arbor_runtime.engine.prefill import Prefiller
@@ -351,26 +351,8 @@ class Runtime:
         """The seed of ``node``'s tree's sampling streams."""
         return self.table.tree_seed(node)
 
-    def targets(self, work: Work | None = None) -> list[RuntimeMetrics]:
-        """The metrics a work's counts go to: the runtime's, and its account's when it has one."""
-        return self.accounts.targets(work)
-
-    def accounting(self, work: Work) -> AbstractContextManager[None]:
-        """Attribute what happens inside (store movements, events, counts) to ``work``."""
-        return self.accounts.accounting(work)
-
     def log_op(self, entry: dict) -> None:
         self.oplog.append(entry)
-
-    def take_attention(self, batch: TreeBatch) -> None:
-        """Add a forward's attention mass over context blocks to those blocks (see :class:`Runner`)."""
-        self.runner.take_attention(batch)
-
-    def recompute_all(self, nodes: Sequence[Node]) -> None:
-        self.prefiller.recompute_all(nodes)
-
-    def free_slots(self, extents: Sequence[Extent]) -> None:
-        self.runner.free_slots(extents)
 
     def child_from_row(self, row: Row) -> Node:
         """A finished row becomes a child block: its used slots are the block, the rest are freed.
@@ -384,9 +366,9 @@ class Runtime:
             used, spare = _split(row.extents, n)
             self.store.put(child.id, BlockKV.from_extents(used, child.start_pos, row.next_logits))
             row.extents = []  # the used slots are the block's now
-            self.free_slots(spare)
+            self.runner.free_slots(spare)
             self.store.add_attention(child.id, torch.arange(n), row.attention[:n], n / 2)
-            for m in self.targets():
+            for m in self.accounts.targets():
                 m.decode_tokens += n
             self.memory.node_end(child)
         except BaseException:
@@ -394,18 +376,14 @@ class Runtime:
                 self.prefiller.undo(child)
             raise
         finally:
-            self.free_slots(row.extents)  # a row that failed before its block was stored
+            self.runner.free_slots(row.extents)  # a row that failed before its block was stored
             row.extents = []
         return child
 
     # ---- internals ----------------------------------------------------------------------
     def _release(self, node: Node) -> None:
         self.table.check_live(node)  # again in the driver: another thread may have released it meanwhile
-        self.memory.forget(self.table.forget_subtree(node, self.targets()))
-
-    def end_op(self, work: Work) -> None:
-        """A work is over: its time, the pool peak while it ran, a trace point (runtime and account)."""
-        self.accounts.end(work)
+        self.memory.forget(self.table.forget_subtree(node, self.accounts.targets()))
 
     def _token_ids(self, ids: Sequence[int], where: str) -> list[int]:
         """``ids`` as ints in this model's vocabulary; TokenIdError naming the first bad one."""
