@@ -30,8 +30,10 @@ from arbor_runtime.tree import FORCED, Node
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from arbor_runtime.backend import TreeBatch
-    from arbor_runtime.engine import Engine, Work
+    from arbor_runtime.accounts import Accounts
+    from arbor_runtime.engine import Engine
+    from arbor_runtime.engine.prefill import Prefiller
+    from arbor_runtime.runner import Runner
 
 #: how choices are ranked and normalized
 RANKINGS = ("sum", "mean")
@@ -124,23 +126,13 @@ class ChoosePlan:
 
 class ChooseHost(EngineHost, Protocol):
     """What a choose pass uses of the runtime (:class:`~arbor_runtime.runtime.Runtime`): the engine's
-    share and some of the runtime's internals (today's coupling, written down; see :class:`EngineHost`)."""
+    share, and the runtime's engine, prefiller, runner and accounts (see :class:`EngineHost`)."""
 
     engine: Engine
-    _work: Work | None
+    prefiller: Prefiller
+    runner: Runner
+    accounts: Accounts
     logits_hook: Callable[[Node, torch.Tensor], None] | None
-
-    def _check_live(self, node: Node) -> None: ...
-
-    def _batch(
-        self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool, stats_from: int = 0
-    ) -> TreeBatch: ...
-
-    def _forward(self, batch: TreeBatch, ids: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor: ...
-
-    def _new_node(
-        self, parent: Node | None, ids: list[int], text: str, kind: str, start_pos: int, node_id: int | None = None
-    ) -> Node: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -161,9 +153,9 @@ class ChooseWork:
 
     def __call__(self) -> tuple[dict[int, list[float]], list[Node]]:
         rt, node = self.rt, self.node
-        rt._check_live(node)
+        rt.table.check_live(node)
         if not self.begun:
-            rt.memory.begin([node], rt._work.account)
+            rt.memory.begin([node], rt.accounts.work.account)
             self.begun = True
         prev = rt.store.get(node.id).next_logits.float()  # (V,)
         if all(len(self.ids[i]) == 1 for i in self.rows) and not self.write:
@@ -176,9 +168,9 @@ class ChooseWork:
         try:
             logits, batch = self._forward(extents)
         except BaseException:
-            rt.free_slots([e for ext in extents.values() for e in ext])
+            rt.runner.free_slots([e for ext in extents.values() for e in ext])
             raise
-        rt.take_attention(batch)
+        rt.runner.take_attention(batch)
         scores, made = {}, {}
         for r, i in enumerate(self.rows):
             n = len(self.ids[i])
@@ -200,7 +192,7 @@ class ChooseWork:
         (the scheduler's answer: NotYet, KVBudgetExceeded)."""
         rt = self.rt
         got = rt.engine.scheduler.admit([(self.node, need)], rt.engine.running_owners(), "choose").required()
-        rt.recompute_all(got.recompute)
+        rt.prefiller.recompute_all(got.recompute)
 
     def _forward(self, extents) -> tuple[torch.Tensor, object]:
         """(R, L, V) logits of the rows, right-padded to the longest; kept rows' KV written to their slots."""
@@ -214,14 +206,14 @@ class ChooseWork:
             if i in extents:
                 write[r, :n] = torch.cat([torch.arange(e.start, e.end) for e in extents[i]])
         context = [a.id for a in node.path()]
-        batch = rt._batch([context] * len(self.rows), width, write, stats=rt.policy.needs_attention)
+        batch = rt.runner.batch([context] * len(self.rows), width, write, stats=rt.policy.needs_attention)
         positions = torch.arange(node.end_pos, node.end_pos + width).expand(len(self.rows), width)
-        return rt._forward(batch, ids, positions, 0), batch
+        return rt.runner.forward(batch, ids, positions, 0), batch
 
     def _child(self, i: int, extents, logp: torch.Tensor, lps: list[float], last: torch.Tensor, own) -> Node:
         """A kept choice as a forced child block (its KV is already in its slots)."""
         rt, n = self.rt, len(self.ids[i])
-        child = rt._new_node(self.node, self.ids[i], self.texts[i], FORCED, self.node.end_pos)
+        child = rt.prefiller.new_node(self.node, self.ids[i], self.texts[i], FORCED, self.node.end_pos)
         child.logprobs = lps
         child.entropies = (-(logp.exp() * logp).sum(-1)).tolist()
         rt.store.put(child.id, BlockKV.from_extents(extents, child.start_pos, last.float().cpu().clone()))
@@ -235,7 +227,7 @@ class ChooseWork:
     def _count(self, kept: list[Node]) -> None:
         kept_tokens = sum(c.length for c in kept)
         scored = sum(len(self.ids[i]) for i in self.rows) - kept_tokens
-        for m in self.rt.targets():
+        for m in self.rt.accounts.targets():
             m.prefill_tokens += kept_tokens
             m.scored_tokens += scored
 

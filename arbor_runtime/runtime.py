@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 
 import torch
 
 from arbor_runtime import validation
 from arbor_runtime.accounts import Accounts
-from arbor_runtime.backend import ModelBackend, TreeBatch
+from arbor_runtime.backend import ModelBackend
 from arbor_runtime.choose import ChoiceScores, ChoosePlan, ChooseWork
 from arbor_runtime.engine import Account, Engine, ExpandJob, Work
-from arbor_runtime.errors import BudgetError, KVBudgetExceeded, NotYet
+from arbor_runtime.engine.prefill import Prefiller
+from arbor_runtime.errors import BudgetError, KVBudgetExceeded
 from arbor_runtime.generation import Row
 from arbor_runtime.grammar import GrammarCompiler
 from arbor_runtime.kv import BlockKV, Extent, KVStore
@@ -80,11 +80,8 @@ class Runtime:
         self.nodes, self.all_nodes = self.table.live, self.table.all
         #: stamped on every node made here; calls refuse nodes that carry another (NodeError)
         self.owner: RuntimeOwner = self.table.owner
-        self._tree_seeds = self.table.tree_seeds  # root id -> its tree's seed (prefill sets it)
         #: public operations in completion order (JSON-friendly), for trace recording and replay
         self.oplog: list[dict] = []
-        #: called with (node, (T, V) log-probs) for every forced block; used by trace replay
-        self.logits_hook: Callable[[Node, torch.Tensor], None] | None = None
         #: called with (trace point, account or None) after every operation (the viewer's residency recorder)
         self.step_hooks: list[Callable[[TracePoint, Account | None], None]] = []
         self.memory = MemoryManager(self.store, self.policy, self.nodes)
@@ -95,6 +92,10 @@ class Runtime:
         decode = getattr(self.tokenizer, "decode", None)
         self.backend.sparse = self.policy.sparse_attention(self.store, self.block_token_ids, decode)
         self.engine = Engine(self)
+        #: prefills (prompts, forced blocks) and recomputes of dropped blocks
+        self.prefiller = Prefiller(
+            self.store, self.memory, self.table, self.runner, self.accounts, self.policy, self.engine
+        )
         self._eos_ids = validation.eos_ids(loaded)
         #: matchers for sampling under a regex or grammar (its tokenizer view is built on first use)
         self.grammar = GrammarCompiler(self.tokenizer, int(self.model.config.vocab_size))
@@ -105,13 +106,14 @@ class Runtime:
         prefilled runtime this way)."""
         if self.engine.busy:
             raise RuntimeError("Runtime: cannot copy while work is in flight")
-        fresh, shared = {"engine"}, {"grammar"}  # grammar: a compile cache
+        shared = {"grammar"}  # a compile cache
         clone = object.__new__(type(self))
         memo[id(self)] = clone
         for name, value in self.__dict__.items():
-            if name not in fresh:
+            if name == "engine":  # a fresh one, which the copied prefiller then holds
+                clone.engine = memo[id(value)] = Engine(clone)
+            else:
                 setattr(clone, name, value if name in shared else copy.deepcopy(value, memo))
-        clone.engine = Engine(clone)
         return clone
 
     # ---- public API ----------------------------------------------------------------------
@@ -138,9 +140,13 @@ class Runtime:
         return self.table.next
 
     @property
-    def _work(self) -> Work | None:
-        """The work being carried out (driver only)."""
-        return self.accounts.work
+    def logits_hook(self) -> Callable[[Node, torch.Tensor], None] | None:
+        """Called with (node, (T, V) log-probs) for every forced block; used by trace replay."""
+        return self.prefiller.logits_hook
+
+    @logits_hook.setter
+    def logits_hook(self, hook: Callable[[Node, torch.Tensor], None] | None) -> None:
+        self.prefiller.logits_hook = hook
 
     def new_tree(self, prompt: str, seed: int | None = None) -> Node:
         """Start a tree whose root block is ``prompt`` (prefilled once).
@@ -166,8 +172,8 @@ class Runtime:
                 "the active path could never fit; raise the budget"
             )
         text = self.tokenizer.decode(ids) if text is None else text
-        job = _Prefill(self, None, ids, text, PROMPT, seed=self.seed if seed is None else int(seed))
-        node = self._submit(Work("new_tree", self._account(), run=job))
+        job = self.prefiller.job(None, ids, text, PROMPT, seed=self.seed if seed is None else int(seed))
+        node = self.engine.submit(Work("new_tree", self.accounts.current(), run=job))
         self.log_op({"op": "new_tree", "node": node.id, "ids": list(ids)})
         return node
 
@@ -196,11 +202,11 @@ class Runtime:
             KVBudgetExceeded: a single row (its path plus its new tokens) cannot fit.
             ValueError: a request or a regex / grammar that is not valid.
         """
-        validation.check_requests(requests, self._check_live)
+        validation.check_requests(requests, self.table.check_live)
         stops = validation.stop_checkers(requests, sampling, self.tokenizer, self._eos_ids, self.grammar)
-        job = ExpandJob("expand", self._account(), requests=list(requests), stops=stops)
+        job = ExpandJob("expand", self.accounts.current(), requests=list(requests), stops=stops)
         job.grammar = self.grammar
-        return self._submit(job)
+        return self.engine.submit(job)
 
     def choose(
         self, node: Node, choices: Sequence[str], keep: int | Sequence[int] = 0, by: str = "sum"
@@ -222,7 +228,7 @@ class Runtime:
             KVBudgetExceeded: the path plus one kept choice cannot fit (or, under a policy that keeps
                 everything resident, the path plus all kept choices).
         """
-        self._check_live(node)
+        self.table.check_live(node)
         plan = ChoosePlan.build(self.tokenizer, node, choices, keep, by)
         for choice, ids in zip(plan.choices, plan.token_ids, strict=True):
             self._token_ids(ids, f"choose: choice {choice!r}")
@@ -247,7 +253,7 @@ class Runtime:
         """
         try:
             work = ChooseWork(self, node, plan.token_ids, rows, write, plan.choices)
-            return self._submit(Work("choose", self._account(), run=work))
+            return self.engine.submit(Work("choose", self.accounts.current(), run=work))
         except KVBudgetExceeded:
             if len(write) <= 1:
                 raise
@@ -256,7 +262,7 @@ class Runtime:
 
     def append(self, node: Node, text: str) -> Node:
         """Add a teacher-forced child block holding ``text``; its ``logprobs`` score the text."""
-        self._check_live(node)
+        self.table.check_live(node)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             raise ValueError(f"append text {text!r} tokenizes to nothing")
@@ -264,18 +270,19 @@ class Runtime:
 
     def append_ids(self, node: Node, ids: Sequence[int], text: str | None = None) -> Node:
         """Add a teacher-forced child block of exactly these token ids (trace replay uses this)."""
-        self._check_live(node)
+        self.table.check_live(node)
         ids = self._token_ids(ids, "append_ids")
         if not ids:
             raise ValueError("append_ids needs at least one token id")
         text = self.tokenizer.decode(ids) if text is None else text
-        child = self._submit(Work("append", self._account(), run=_Prefill(self, node, ids, text, FORCED)))
+        job = self.prefiller.job(node, ids, text, FORCED)
+        child = self.engine.submit(Work("append", self.accounts.current(), run=job))
         self.log_op({"op": "append", "node": node.id, "child": child.id, "ids": ids})
         return child
 
     def set_value(self, node: Node, value: float) -> None:
         """Record the search value a verifier gave ``node`` (MSVE reads it): a finite number."""
-        self._check_live(node)
+        self.table.check_live(node)
         node.value = validation.finite_value(value, node)
         self.log_op({"op": "set_value", "node": node.id, "value": node.value})
 
@@ -285,8 +292,8 @@ class Runtime:
         Releasing a root frees exactly that tree's blocks; other trees are untouched. A node of
         another runtime, or one already released, is refused (NodeError) and nothing changes.
         """
-        self._check_live(node)
-        self._submit(Work("release", self._account(), run=lambda: self._release(node)))
+        self.table.check_live(node)
+        self.engine.submit(Work("release", self.accounts.current(), run=lambda: self._release(node)))
         self.log_op({"op": "release", "node": node.id})
 
     def account(self, account: Account | None = None) -> AbstractContextManager[Account]:
@@ -308,7 +315,7 @@ class Runtime:
         """
         if isinstance(target_tokens, bool) or not isinstance(target_tokens, int) or target_tokens < 0:
             raise ValueError(f"compress target_tokens={target_tokens!r} must be a non-negative number of tokens")
-        self._submit(Work("compress", self._account(), run=lambda: self.memory.compress(target_tokens)))
+        self.engine.submit(Work("compress", self.accounts.current(), run=lambda: self.memory.compress(target_tokens)))
         self.log_op({"op": "compress", "target": target_tokens})
         return self.store.resident_tokens
 
@@ -323,7 +330,7 @@ class Runtime:
 
     def next_token_logprobs(self, node: Node) -> torch.Tensor:
         """(V,) log-probabilities of the token after ``node``'s path (a live node: its KV holds them)."""
-        self._check_live(node)
+        self.table.check_live(node)
         return torch.log_softmax(self.store.get(node.id).next_logits, dim=-1)
 
     def residency(self, node: Node) -> dict[str, int]:
@@ -344,30 +351,8 @@ class Runtime:
         """The seed of ``node``'s tree's sampling streams."""
         return self.table.tree_seed(node)
 
-    def next_id(self) -> int:
-        return self.table.next_id()
-
-    def targets(self, work: Work | None = None) -> list[RuntimeMetrics]:
-        """The metrics a work's counts go to: the runtime's, and its account's when it has one."""
-        return self.accounts.targets(work)
-
-    def accounting(self, work: Work) -> AbstractContextManager[None]:
-        """Attribute what happens inside (store movements, events, counts) to ``work``."""
-        return self.accounts.accounting(work)
-
     def log_op(self, entry: dict) -> None:
         self.oplog.append(entry)
-
-    def take_attention(self, batch: TreeBatch) -> None:
-        """Add a forward's attention mass over context blocks to those blocks (see :class:`Runner`)."""
-        self.runner.take_attention(batch)
-
-    def recompute_all(self, nodes: Sequence[Node]) -> None:
-        for node in nodes:
-            self._recompute(node)
-
-    def free_slots(self, extents: Sequence[Extent]) -> None:
-        self.runner.free_slots(extents)
 
     def child_from_row(self, row: Row) -> Node:
         """A finished row becomes a child block: its used slots are the block, the rest are freed.
@@ -376,206 +361,33 @@ class Runtime:
         n, child = len(row.tokens), None
         try:
             text = self.tokenizer.decode(row.tokens)
-            child = self._new_node(row.owner, row.tokens, text, GENERATED, row.owner.end_pos, row.child_id)
+            child = self.prefiller.new_node(row.owner, row.tokens, text, GENERATED, row.owner.end_pos, row.child_id)
             child.logprobs, child.entropies, child.stop_reason = row.logprobs, row.entropies, row.stop_reason
             used, spare = _split(row.extents, n)
             self.store.put(child.id, BlockKV.from_extents(used, child.start_pos, row.next_logits))
             row.extents = []  # the used slots are the block's now
-            self.free_slots(spare)
+            self.runner.free_slots(spare)
             self.store.add_attention(child.id, torch.arange(n), row.attention[:n], n / 2)
-            for m in self.targets():
+            for m in self.accounts.targets():
                 m.decode_tokens += n
             self.memory.node_end(child)
         except BaseException:
             if child is not None:
-                self._release(child)
-                self._discard(child)
+                self.prefiller.undo(child)
             raise
         finally:
-            self.free_slots(row.extents)  # a row that failed before its block was stored
+            self.runner.free_slots(row.extents)  # a row that failed before its block was stored
             row.extents = []
         return child
 
-    def order_nodes(self, created: list[Node]) -> None:
-        """Children finish in any order; keep the node tables in id (creation) order."""
-        self.table.order(created)
-
-    # ---- internals: prefill --------------------------------------------------------------
-    def prefill(self, state: _Prefill) -> Node:
-        """Run (or resume) a prefill work: create the node, admit and forward its chunks."""
-        if state.node is None:
-            state.node = self._new_node(state.parent, state.ids, state.text, state.kind, state.start_pos)
-            if state.parent is None:
-                self._tree_seeds[state.node.id] = state.seed
-            self.memory.begin([state.parent] if state.parent is not None else [], self._work.account)
-        node = state.node
-        try:
-            while state.done < node.length:
-                count = self._admit_prefill(node, node.length - state.done)
-                state.parts.append(self._forward_block(node, state.done, count, 0 if state.kind == FORCED else 1))
-                state.done += count
-        except NotYet:
-            raise  # resumed in a later engine cycle
-        except BaseException:  # undo the admission: the chunks stored so far, the node, its place in the plan
-            self._release(node)
-            self._discard(node)
-            raise
-        self.store.get(node.id).next_logits = state.parts[-1][-1].float().cpu().clone()
-        if state.kind == FORCED:
-            self._score_forced(node, torch.cat(state.parts))
-        for m in self.targets():
-            m.prefill_tokens += node.length
-        self.memory.node_end(node)
-        parents = [state.parent] if state.parent is not None else []
-        self.memory.after(parents, [node], forced=state.kind == FORCED, running=self.engine.running_owners())
-        self.engine.note_peak()
-        return node
-
-    def _admit_prefill(self, node: Node, left: int) -> int:
-        """Admit the next chunk of ``node``'s tokens (the scheduler says how many: all ``left`` when
-        they fit, else a chunk); recompute what its path lacks; returns the chunk's tokens.
-
-        Raises NotYet when it does not fit now but rows in flight will free room, and
-        KVBudgetExceeded when it cannot fit even alone.
-        """
-        got = self.engine.scheduler.admit([(node, left)], self.engine.running_owners(), "prefill").required()
-        self.recompute_all(got.recompute)
-        return got.slots
-
-    def _forward_block(self, node: Node, offset: int, count: int, logits_to_keep: int) -> torch.Tensor:
-        """Forward tokens [offset, offset + count) of ``node`` over its path; store their KV.
-
-        Returns (k, V) logits. Earlier chunks of the same block are part of the context.
-        """
-        with self._allocating(count) as extents:
-            context = [a.id for a in node.path()[:-1]] + ([node.id] if offset else [])
-            slots = _slots(extents).view(1, count)
-            window = self.policy.observation_window
-            stats_from = max(0, count - window) if window else 0
-            batch = self._batch([context], count, slots, stats=self.policy.needs_attention, stats_from=stats_from)
-            positions = torch.arange(node.start_pos + offset, node.start_pos + offset + count).unsqueeze(0)
-            ids = torch.tensor([node.token_ids[offset : offset + count]])
-            self.engine.note_peak()
-            logits = self._forward(batch, ids, positions, logits_to_keep)[0]
-        own = torch.arange(offset, offset + count)
-        if offset == 0:  # from here on the store owns the slots (a release frees them)
-            self.store.put(node.id, BlockKV.from_extents(extents, node.start_pos, None))
-        else:
-            self.store.add_tokens(node.id, extents, own, op="extend")
-        self.take_attention(batch)
-        if batch.own_mass is not None:  # causal: a block's own queries see half of it on average
-            self.store.add_attention(node.id, own, batch.own_mass[0], (count - stats_from) / 2)
-        return logits
-
-    @contextmanager
-    def _allocating(self, count: int) -> Iterator[list[Extent]]:
-        """``count`` pool slots for a forward's new KV, given back when anything inside fails: a failed
-        forward (a bad input, a device error) leaves the pool as it found it."""
-        extents = self.store.pool.alloc(count)
-        try:
-            yield extents
-        except BaseException:
-            self.free_slots(extents)
-            raise
-
-    def _forward(self, batch: TreeBatch, ids: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor:
-        """A prefill-style forward, its time charged to the current work's account."""
-        return self.runner.forward(batch, ids, positions, keep)
-
-    def _recompute(self, node: Node) -> None:
-        """Rebuild a block's tokens dropped from every tier by prefilling it over its (whole) ancestors.
-
-        Only the missing tokens get slots (the admission counted them); the retained ones stay as
-        they are.
-        """
-        blk = self.store.get(node.id)
-        missing = torch.nonzero(~torch.isin(torch.arange(blk.length), blk.kept)).squeeze(1)
-        with self._allocating(int(missing.numel())) as extents:
-            write = torch.full((1, blk.length), -1, dtype=torch.long)
-            write[0, missing] = _slots(extents)
-            self.engine.note_peak()
-            batch = self._batch([[a.id for a in node.path()[:-1]]], blk.length, write, stats=False)
-            positions = torch.arange(node.start_pos, node.end_pos).unsqueeze(0)
-            self._forward(batch, torch.tensor([node.token_ids]), positions, 1)
-        self.store.add_tokens(node.id, extents, missing)
-
-    def _score_forced(self, node: Node, logits: torch.Tensor) -> None:
-        """Fill logprobs/entropies of a forced block. logits: (T, V), row i predicts token i+1."""
-        prev = self.store.get(node.parent.id).next_logits.to(logits.device)
-        dists = torch.cat([prev.unsqueeze(0), logits[:-1].float()], dim=0)  # (T, V) predicting each token
-        logp = torch.log_softmax(dists, dim=-1)
-        tokens = torch.tensor(node.token_ids, device=logits.device)
-        node.logprobs = logp.gather(-1, tokens.view(-1, 1)).squeeze(-1).tolist()
-        node.entropies = (-(logp.exp() * logp).sum(-1)).tolist()
-        if self.logits_hook is not None:
-            self.logits_hook(node, logp)
-
-    def _batch(
-        self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool, stats_from: int = 0
-    ) -> TreeBatch:
-        return self.runner.batch(contexts, q, write, stats, stats_from)
-
+    # ---- internals ----------------------------------------------------------------------
     def _release(self, node: Node) -> None:
-        self._check_live(node)  # again in the driver: another thread may have released it meanwhile
-        self.memory.forget(self.table.forget_subtree(node, self.targets()))
-
-    # ---- internals: bookkeeping ----------------------------------------------------------
-    def _submit(self, work: Work):
-        return self.engine.submit(work)
-
-    def _account(self) -> Account | None:
-        return self.accounts.current()
-
-    def end_op(self, work: Work) -> None:
-        """A work is over: its time, the pool peak while it ran, a trace point (runtime and account)."""
-        self.accounts.end(work)
-
-    def _new_node(
-        self, parent: Node | None, ids: list[int], text: str, kind: str, start_pos: int, node_id: int | None = None
-    ) -> Node:
-        return self.table.new(parent, ids, text, kind, start_pos, self.targets(), node_id)
-
-    def _discard(self, node: Node) -> None:
-        """A node whose operation failed: gone as if never created."""
-        self.table.discard(node, self.targets())
-
-    def _check_live(self, node: Node) -> None:
-        self.table.check_live(node)
+        self.table.check_live(node)  # again in the driver: another thread may have released it meanwhile
+        self.memory.forget(self.table.forget_subtree(node, self.accounts.targets()))
 
     def _token_ids(self, ids: Sequence[int], where: str) -> list[int]:
         """``ids`` as ints in this model's vocabulary; TokenIdError naming the first bad one."""
         return validation.token_ids(ids, where, self.vocab_size)
-
-
-@dataclass(eq=False, slots=True)
-class _Prefill:
-    """A prompt or forced block being prefilled; resumable when it had to wait for room."""
-
-    rt: Runtime
-    parent: Node | None
-    ids: list[int]
-    text: str
-    kind: str
-    seed: int = 0
-    node: Node | None = None
-    done: int = 0
-    parts: list[torch.Tensor] = field(default_factory=list)
-
-    @property
-    def start_pos(self) -> int:
-        return 0 if self.parent is None else self.parent.end_pos
-
-    def __call__(self) -> Node:
-        if self.parent is not None:
-            self.rt._check_live(self.parent)
-        return self.rt.prefill(self)
-
-
-def _slots(extents: Sequence[Extent]) -> torch.Tensor:
-    """(N,) pool slots of extents, in order."""
-    if not extents:
-        return torch.zeros(0, dtype=torch.long)
-    return torch.cat([torch.arange(e.start, e.end) for e in extents])
 
 
 def _split(extents: Sequence[Extent], n: int) -> tuple[list[Extent], list[Extent]]:

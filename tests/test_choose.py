@@ -62,14 +62,14 @@ def test_choices_read_the_path_once_in_one_forward(tiny, monkeypatch):
     rt = Runtime(tiny)
     node = rt.append(rt.new_tree(PROMPT), "4 + 5 = 9 (left: 6 9 10)\n")
     seen = []
-    batch = rt._batch
+    batch = rt.runner.batch
 
     def spy(contexts, q, write, stats):
         made = batch(contexts, q, write, stats)
         seen.append(made)
         return made
 
-    monkeypatch.setattr(rt, "_batch", spy)
+    monkeypatch.setattr(rt.runner, "batch", spy)
     calls = rt.backend.forward_calls
     rt.choose(node, CHOICES)
     assert rt.backend.forward_calls == calls + 1 and len(seen) == 1

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from arbor_runtime.backend import ModelBackend, TreeBatch
     from arbor_runtime.kv import KVStore
     from arbor_runtime.memory import MemoryManager
+    from arbor_runtime.nodes import NodeTable
     from arbor_runtime.policies.base import Policy
 
 __all__ = ["PAGE", "Account", "Engine", "EngineHost", "ExpandJob", "Work"]
@@ -81,46 +82,51 @@ class ExpandJob(Work):
     children: dict[int, Node] = field(default_factory=dict)
 
 
-class EngineHost(Protocol):
-    """What the engine uses of the runtime that owns it (:class:`~arbor_runtime.runtime.Runtime`).
+class EngineAccounts(Protocol):
+    """What the engine uses of :class:`~arbor_runtime.accounts.Accounts` (a protocol: that module
+    imports this one)."""
 
-    Declared here so the engine names no module above it. It is today's coupling, written down;
-    the scheduler already takes its collaborators (memory manager, policy, accounting) instead.
+    def accounting(self, work: Work) -> AbstractContextManager[None]: ...
+
+    def targets(self, work: Work | None = None) -> list[RuntimeMetrics]: ...
+
+    def end(self, work: Work) -> None: ...
+
+
+class EngineRunner(Protocol):
+    """What the engine uses of :class:`~arbor_runtime.runner.Runner` (a protocol, as above)."""
+
+    def take_attention(self, batch: TreeBatch) -> None: ...
+
+    def free_slots(self, extents: Sequence[Extent]) -> None: ...
+
+
+class EnginePrefiller(Protocol):
+    """What the engine uses of :class:`~arbor_runtime.engine.prefill.Prefiller` (which holds the engine)."""
+
+    def recompute_all(self, nodes: Sequence[Node]) -> None: ...
+
+
+class EngineHost(Protocol):
+    """What the engine uses of the runtime that owns it (:class:`~arbor_runtime.runtime.Runtime`):
+    its collaborators, the callback that makes a finished row a block, and the op log.
+
+    Declared here so the engine names no module above it; the scheduler takes its collaborators
+    (memory manager, policy, accounting) directly.
     """
 
     store: KVStore
     memory: MemoryManager
     backend: ModelBackend
     policy: Policy
-
-    @property
-    def budget_tokens(self) -> int | None: ...
-
-    def accounting(self, work: Work) -> AbstractContextManager[None]: ...
-
-    def targets(self, work: Work | None = None) -> list[RuntimeMetrics]: ...
-
-    def tree_seed(self, node: Node) -> int: ...
-
-    def next_id(self) -> int: ...
-
-    def take_attention(self, batch: TreeBatch) -> None: ...
-
-    def recompute_all(self, nodes: Sequence[Node]) -> None: ...
-
-    def free_slots(self, extents: Sequence[Extent]) -> None: ...
+    table: NodeTable
+    accounts: EngineAccounts
+    runner: EngineRunner
+    prefiller: EnginePrefiller
 
     def child_from_row(self, row: Row) -> Node: ...
 
-    def order_nodes(self, created: list[Node]) -> None: ...
-
     def log_op(self, entry: dict) -> None: ...
-
-    def end_op(self, work: Work) -> None: ...
-
-    def _release(self, node: Node) -> None: ...
-
-    def _discard(self, node: Node) -> None: ...
 
 
 class Engine:
@@ -129,7 +135,7 @@ class Engine:
     def __init__(self, rt: EngineHost) -> None:
         self.rt = rt
         #: decides what runs: holds the waiting and running rows, admits every work's memory
-        self.scheduler = Scheduler(rt.memory, rt.policy, rt.accounting, self._fail)
+        self.scheduler = Scheduler(rt.memory, rt.policy, rt.accounts.accounting, self._fail)
         self.jobs: list[ExpandJob] = []
         self._pending: list[Work] = []
         self._in_flight: list[Work] = []  # started, not done (their memory peaks are tracked)
@@ -205,7 +211,7 @@ class Engine:
 
     def _end(self, work: Work) -> None:
         self._in_flight.remove(work)
-        self.rt.end_op(work)
+        self.rt.accounts.end(work)
         work.done = True
 
     def work_started(self, work: Work) -> None:
@@ -217,7 +223,7 @@ class Engine:
         """A prefill or release, now; a prefill that must wait for room goes back to the queue."""
         self.work_started(work)
         try:
-            with self.rt.accounting(work):
+            with self.rt.accounts.accounting(work):
                 work.result = work.run()
         except NotYet:
             with self._cv:
@@ -232,16 +238,16 @@ class Engine:
         """Rows for the job's requests; their sampling streams are fixed here."""
         rt = self.rt
         self.work_started(job)
-        with rt.accounting(job):
+        with rt.accounts.accounting(job):
             rt.memory.begin([node for node, _ in job.requests], job.account)
             for (node, n), stop in zip(job.requests, job.stops, strict=True):
                 params = stop.params
-                base = params.seed if params.seed is not None else rt.tree_seed(node)
+                base = params.seed if params.seed is not None else rt.table.tree_seed(node)
                 first = 0 if params.seed is not None else node.spawned
                 for k in range(n):
                     seed = row_seed(base, node.key, first + k)
                     matcher = job.grammar.matcher(params) if params.constrained else None
-                    row = Row(node, rt.next_id(), len(job.rows), seed, job=job, stop=stop, matcher=matcher)
+                    row = Row(node, rt.table.next_id(), len(job.rows), seed, job=job, stop=stop, matcher=matcher)
                     job.rows.append(row)
                 node.spawned += n
         self.jobs.append(job)
@@ -267,7 +273,7 @@ class Engine:
             batch, ids, pos = decode_batch(rt.store, self.running, stats, rt.backend.kernel)
             logits = rt.backend.forward(batch, ids, pos)[:, -1]
         self._charge_step(time.perf_counter() - start)
-        rt.take_attention(batch)
+        rt.runner.take_attention(batch)
         add_own_attention(self.running, batch)
         finished = []
         for stop, idx in _rows_by_stop(self.running).items():
@@ -282,8 +288,8 @@ class Engine:
         rt = self.rt
         if not plan.admitted:
             return
-        with rt.accounting(plan.job):
-            rt.recompute_all(plan.recompute)
+        with rt.accounts.accounting(plan.job):
+            rt.prefiller.recompute_all(plan.recompute)
         for row in plan.admitted:
             row.add_slots(rt.store.pool.alloc(first_page(row)))
         for stop, idx in _rows_by_stop(plan.admitted).items():
@@ -296,7 +302,7 @@ class Engine:
         """Rows the scheduler grew get their pages; the rows it preempted are counted."""
         rt = self.rt
         for row in plan.preempted:
-            for metrics in rt.targets(row.job):
+            for metrics in rt.accounts.targets(row.job):
                 metrics.preemptions += 1
         if not plan.grown:
             return
@@ -325,7 +331,7 @@ class Engine:
 
     def _finish_row(self, row: Row) -> None:
         job = row.job
-        with self.rt.accounting(job):
+        with self.rt.accounts.accounting(job):
             job.children[row.order] = self.rt.child_from_row(row)
         if len(job.children) == len(job.rows):
             self._complete(job)
@@ -334,12 +340,12 @@ class Engine:
         rt = self.rt
         self.jobs.remove(job)
         children = [job.children[i] for i in range(len(job.rows))]
-        rt.order_nodes(children)
+        rt.table.order(children)
         out, k = [], 0
         for _, n in job.requests:
             out.append(children[k : k + n])
             k += n
-        with rt.accounting(job):
+        with rt.accounts.accounting(job):
             rt.memory.after([node for node, _ in job.requests], children, running=self.running_owners())
         requests = [[n.id, k] for n, k in job.requests]
         rt.log_op({"op": "expand", "requests": requests, "children": [[c.id for c in kids] for kids in out]})
@@ -353,13 +359,13 @@ class Engine:
         rt = self.rt
         for row in [r for r in self.running if r.job is job]:
             self.running.remove(row)
-            rt.free_slots(row.extents)
+            rt.runner.free_slots(row.extents)
         self.waiting[:] = [r for r in self.waiting if r.job is not job]
-        with rt.accounting(job):  # the children were counted there when they finished
+        with rt.accounts.accounting(job):  # the children were counted there when they finished
             for child in job.children.values():
                 if not child.released:
-                    rt._release(child)
-                rt._discard(child)
+                    rt.memory.forget(rt.table.forget_subtree(child, rt.accounts.targets()))
+                rt.table.discard(child, rt.accounts.targets())
         if job in self.jobs:
             self.jobs.remove(job)
         job.error = error
