@@ -32,9 +32,9 @@ def generate(tiny, policy):
     return rt, leaf
 
 
-def test_read_budget_is_a_share_with_a_floor_capped_at_the_context():
+def test_read_budget_is_a_share_with_a_floor():
     assert read_budget(4000, 1024, 0.5) == 2000
-    assert read_budget(1000, 1024, 0.5) == 1000  # never more than the context
+    assert read_budget(1000, 1024, 0.5) == 1024  # a floor above the context: everything is read
     assert read_budget(1500, 1024, 0.5) == 1024  # the floor
     assert read_budget(4001, 16, 0.25) == 1001  # rounded up
     assert read_budget(4000, 1024, 0.0) == 1024

@@ -4,7 +4,7 @@ Two measured fixes (issue 24, docs/data/longctx/) for retrieval questions over a
 where a fixed 1,024-token budget changed SmolLM2's answer:
 
 - the budget grows with the context: ``read_budget`` = max(floor, share x resident context),
-  never more than the context. :class:`BudgetedAttention` applies it per decode step, from the
+  a floor above the context reads it all. :class:`BudgetedAttention` applies it per decode step, from the
   longest row's resident context (one budget per step: the selection is batched over rows).
 - the first ``dense_layers`` layers read every resident chunk (Quest, Tang et al. 2024, keeps its
   first two layers dense: their attention is not sparse, and what they miss every later layer
@@ -24,12 +24,13 @@ from arbor_runtime.sparse import SparseAttention
 
 
 def read_budget(context_tokens: int, floor: int, share: float) -> int:
-    """Tokens a query reads of ``context_tokens`` resident ones: max(floor, ceil(share x context)),
-    at most the context (and at least 1)."""
+    """Tokens a query reads of ``context_tokens`` resident ones: max(floor, ceil(share x context))
+    (at least 1). Not capped at the context: the selection counts sinks and window inside the budget,
+    so a budget of exactly the context can leave a chunk out, and a floor above the context must read
+    it all, as it did before the share existed."""
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"share={share} must be in [0, 1]")
-    want = max(int(floor), math.ceil(share * context_tokens))
-    return max(1, min(want, int(context_tokens))) if context_tokens > 0 else max(1, int(floor))
+    return max(1, int(floor), math.ceil(share * context_tokens))
 
 
 class DenseLayers:
