@@ -172,3 +172,16 @@ def test_bad_arguments_are_errors_before_the_model_loads(capsys):
     assert "--lengths '2048,x' must be comma-separated integers" in capsys.readouterr().err
     assert main(["--model", "gpt5"]) == 2
     assert "--model 'gpt5' is not one of smollm2, tiny-random" in capsys.readouterr().err
+
+
+def test_variant_names_parse_into_policies_and_bad_ones_are_refused():
+    from benchmarks.longctx.variants import variant_policy
+
+    policy = variant_policy("quest:b=512,s=0.25,d=2")
+    assert (type(policy).__name__, policy.token_budget, policy.token_share, policy.dense_layers) == (
+        "QuestPolicy", 512, 0.25, 2
+    )
+    with pytest.raises(ValueError, match="unknown knob 'x'"):
+        variant_policy("lychee:x=1")
+    with pytest.raises(ValueError, match="lychee or quest"):
+        variant_policy("h2o:b=1")
