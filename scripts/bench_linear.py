@@ -1,7 +1,7 @@
 """The project's linear policies side by side with kvpress's presses, on the same token ids.
 
     python scripts/bench_linear.py --out bench/linear/linear.json --threads 2 \
-        --kvpress-venv /work/venvs/kvpress --create-venv
+        --kvpress-venv /tmp/kvpress-venv --create-venv
 
 Each few-shot context (GSM8K / MATH500, 600-2000 SmolLM2 tokens) is prefilled whole, compressed
 once to each kept share (50/25/10%), then question + the uncompressed model's greedy continuation
