@@ -9,7 +9,7 @@ KV is complete and the distribution after it is kept for its future children.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,11 +76,12 @@ class Row:
         """(n,) pool slots of the row's first n tokens."""
         return torch.cat([torch.arange(e.start, e.end) for e in self.extents])[:n]
 
-    def add_slots(self, extents: Sequence[Extent]) -> None:
-        """Admitted slots: merged into the last extent when they continue it."""
+    def add_slots(self, extents: Sequence[Extent], joins: Callable[[Extent, Extent], bool] | None = None) -> None:
+        """Admitted slots: merged into the last extent when they continue it (``joins(last, ext)``:
+        the pool's rule, which never lets an extent cross an arena; default: consecutive slots)."""
         for ext in extents:
             last = self.extents[-1] if self.extents else None
-            if last is not None and last.end == ext.start:
+            if last is not None and (joins(last, ext) if joins is not None else last.end == ext.start):
                 self.extents[-1] = Extent(last.start, last.length + ext.length)
             else:
                 self.extents.append(ext)

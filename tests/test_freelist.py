@@ -173,3 +173,28 @@ def test_pool_refuses_a_double_free():
     with pytest.raises(ValueError, match=r"pool slots \[0, 5\) are not all allocated \(or given twice\)"):
         pool.free(ext)
     assert pool.used == 0 and pool.free_extents() == [Extent(0, 8)]
+
+
+def test_an_extent_never_grows_or_merges_across_an_arena(monkeypatch):
+    """An unbounded pool's arenas are separate tensors: an extent that ended at its arena's last slot
+    and grew (or was merged) into the next arena's first free slots was cut at the arena's end by
+    ``layer_view``, so attention silently read fewer keys. Now it neither grows nor merges there."""
+    from arbor_runtime.generation import Row
+
+    monkeypatch.setattr(pool_module, "ARENA_SLOTS", 8)
+    pool = DevicePool(SHAPE, 8, fixed=False)
+    (first,) = pool.alloc(8)
+    (second,) = pool.alloc(4)  # a second arena: slots [8, 16)
+    assert second == Extent(8, 4)
+    pool.free(second)
+    assert pool.extend(first, 4) == 0  # before: 4, and first became [0, 12)
+    assert not pool.joins(first, Extent(8, 4)) and pool.joins(Extent(0, 4), Extent(4, 4))
+    assert pool.extend(Extent(8, 0), 2) == 2  # an empty extent at an arena's start is inside it
+    with pytest.raises(ValueError, match=r"extent \[0, 12\) crosses the end of its arena at 8"):
+        pool.layer_view(0, Extent(0, 12))
+    row = Row.__new__(Row)
+    row.extents, row.attention = [first], torch.zeros(8)
+    row.add_slots(pool.alloc(2), pool.joins)
+    assert row.extents == [first, Extent(10, 2)]
+    row.add_slots([Extent(12, 2)], pool.joins)  # consecutive inside the arena: one extent
+    assert row.extents == [first, Extent(10, 4)]

@@ -291,7 +291,7 @@ class Engine:
         with rt.accounts.accounting(plan.job):
             rt.prefiller.recompute_all(plan.recompute)
         for row in plan.admitted:
-            row.add_slots(rt.store.pool.alloc(first_page(row)))
+            row.add_slots(rt.store.pool.alloc(first_page(row)), rt.store.pool.joins)
         for stop, idx in _rows_by_stop(plan.admitted).items():
             mine = [plan.admitted[i] for i in idx]
             logits = torch.stack([rt.store.get(r.owner.id).next_logits for r in mine])
@@ -308,9 +308,9 @@ class Engine:
             return
         for row, page in plan.grown:
             got = rt.store.pool.extend(row.extents[-1], page)
-            row.add_slots([Extent(row.extents[-1].end, got)] if got else [])
+            row.add_slots([Extent(row.extents[-1].end, got)] if got else [], rt.store.pool.joins)
             if got < page:
-                row.add_slots(rt.store.pool.alloc(page - got))
+                row.add_slots(rt.store.pool.alloc(page - got), rt.store.pool.joins)
         self.note_peak()
 
     def _rehydrate_wanted(self) -> int:

@@ -64,6 +64,11 @@ class FreeList:
         """Index of the segment holding ``slot``."""
         return bisect.bisect_right(self.bounds, slot) - 1
 
+    def starts_segment(self, slot: int) -> bool:
+        """Whether ``slot`` is the first of a segment (an extent ending just before it cannot grow into it)."""
+        i = bisect.bisect_left(self.bounds, slot)
+        return i < len(self.bounds) and self.bounds[i] == slot
+
     def largest(self) -> int:
         """Slots of the largest free range (the most one extent can get)."""
         return max((e - s for s, e in self._free), default=0)
@@ -102,7 +107,10 @@ class FreeList:
 
     def extend(self, ext: Extent, n: int) -> int:
         """Grow ``ext`` in place into the free range that starts right at its end, by up to ``n``
-        slots; returns the slots gained (0: its next slot is not free)."""
+        slots; returns the slots gained (0: its next slot is not free, or starts another segment:
+        an extent never crosses a segment, since a segment's slots are one tensor)."""
+        if ext.length and self.starts_segment(ext.end):  # its last slot ends a segment
+            return 0
         for i, (s, e) in enumerate(self._free):
             if s == ext.end:
                 got = min(n, e - s)

@@ -109,6 +109,10 @@ class DevicePool:
             raise PoolExhausted(f"no free range of {n} slots (largest {self.largest_free()})")
         return self._slots.alloc(n)
 
+    def joins(self, last: Extent, ext: Extent) -> bool:
+        """Whether ``ext`` continues ``last`` inside one arena (so the two can be one extent)."""
+        return last.end == ext.start and not (last.length and self._slots.starts_segment(ext.start))
+
     def extend(self, ext: Extent, n: int) -> int:
         """Grow ``ext`` in place into the free range right after it, by up to ``n`` slots; returns the slots gained."""
         return self._slots.extend(ext, n)
@@ -125,6 +129,8 @@ class DevicePool:
         """(H_kv, length, D) strided views of one layer's K and V over ``ext``: no copy."""
         arena = self._arena_of(ext.start)
         a, b = ext.start - arena.base, ext.end - arena.base
+        if b > arena.capacity:  # a slice past the arena would silently hold fewer keys
+            raise ValueError(f"extent [{ext.start}, {ext.end}) crosses the end of its arena at {arena.end}")
         return arena.keys[layer, :, a:b], arena.values[layer, :, a:b]
 
     def gather_layer(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
