@@ -18,6 +18,11 @@ class StreamingPolicy(ScorerPolicy):
     name = "streaming"
     sink_tokens: int = 4
 
+    def __post_init__(self) -> None:
+        ScorerPolicy.__post_init__(self)
+        if isinstance(self.sink_tokens, bool) or not isinstance(self.sink_tokens, int) or self.sink_tokens < 0:
+            raise ValueError(f"streaming sink_tokens={self.sink_tokens!r} must be a number of tokens >= 0")
+
     def sinks(self, cap: int) -> int:
         return self.sink_tokens
 
