@@ -205,7 +205,7 @@ class ChooseWork:
             ids[r, :n] = torch.tensor(self.ids[i])
             if i in extents:
                 write[r, :n] = torch.cat([torch.arange(e.start, e.end) for e in extents[i]])
-        context = [a.id for a in node.path()]
+        context = [a.id for a in node.kv_path()]
         batch = rt.runner.batch([context] * len(self.rows), width, write, stats=rt.policy.needs_attention)
         positions = torch.arange(node.end_pos, node.end_pos + width).expand(len(self.rows), width)
         return rt.runner.forward(batch, ids, positions, 0), batch

@@ -151,7 +151,7 @@ def decode_batch(
     Returns the :class:`TreeBatch` (contexts = the rows' paths, read in place; own tokens = their
     slots so far plus this step's), input ids (R, 1) and position ids (R, 1).
     """
-    contexts = [[n.id for n in row.owner.path()] for row in rows]
+    contexts = [[n.id for n in row.owner.kv_path()] for row in rows]
     width = max(r.fed + 1 for r in rows)
     own = torch.zeros(len(rows), width, dtype=torch.long)
     valid = torch.zeros(len(rows), width, dtype=torch.bool)

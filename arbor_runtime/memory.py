@@ -257,10 +257,10 @@ class MemoryManager:
 
 
 def _ordered_path_nodes(ends: Sequence[Node], active: frozenset[int]) -> list[Node]:
-    """Active nodes on the paths to ``ends``, parents before children (depth order)."""
-    seen: dict[int, Node] = {}
+    """Active blocks on the KV paths to ``ends`` (shared prefixes too), parents before children."""
+    seen: dict[int, tuple[int, Node]] = {}
     for end in ends:
-        for n in end.path():
+        for depth, n in enumerate(end.kv_path()):
             if n.id in active:
-                seen[n.id] = n
-    return sorted(seen.values(), key=lambda n: (n.depth, n.id))
+                seen[n.id] = (depth, n)
+    return [n for _, n in sorted(seen.values(), key=lambda dn: (dn[0], dn[1].id))]

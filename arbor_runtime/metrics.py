@@ -80,6 +80,12 @@ class RuntimeMetrics:
     sparse_attention_seconds: float = 0.0
     index_build_seconds: float = 0.0
     sparse_read_fraction: float = 1.0
+    #: prefixes shared across trees (``Runtime(share_prefixes=True)``): trees whose root attached
+    #: below a stored prefix, prompt tokens they did not prefill, and of those the ones on the
+    #: device when they attached (device KV not stored a second time); per account, the trees it made
+    prefix_trees: int = 0
+    prefix_prefill_saved_tokens: int = 0
+    prefix_resident_saved_tokens: int = 0
     trace: list[TracePoint] = field(default_factory=list)
 
     @property

@@ -159,5 +159,5 @@ class MemoryPlanner:
 
 
 def path_ids(ends: Iterable[Node]) -> set[int]:
-    """Ids of every node on the paths to ``ends`` (root to end, inclusive)."""
-    return {n.id for end in ends for n in end.path()}
+    """Ids of every block on the KV paths to ``ends`` (root to end inclusive, shared prefix blocks too)."""
+    return {n.id for end in ends for n in end.kv_path()}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections import ChainMap
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
@@ -34,6 +35,7 @@ from arbor_runtime.memory import MemoryManager
 from arbor_runtime.metrics import RuntimeMetrics, TracePoint
 from arbor_runtime.nodes import NodeTable, RuntimeOwner
 from arbor_runtime.policies import Policy, build_policy
+from arbor_runtime.prefix import PrefixIndex, SharedRootJob
 from arbor_runtime.runner import Runner
 from arbor_runtime.sampling import SamplingParams
 from arbor_runtime.tree import FORCED, GENERATED, PROMPT, Node
@@ -55,6 +57,10 @@ class Runtime:
         seed: default seed of each tree's sampling streams (``new_tree(seed=...)`` overrides it).
         fast_kernel: use the fused (out, lse) attention op when torch has one (False: the matmul
             reference, for tests).
+        share_prefixes: a new tree's prompt attaches below the longest prefix another live tree
+            already stores, and only its suffix is prefilled; the prefix's KV is stored once for
+            all of them (``arbor_runtime.prefix``). False: every tree stores its whole prompt (for
+            comparisons). Off under sparse decode attention (its per-block indexes are not cut).
     """
 
     def __init__(
@@ -64,7 +70,10 @@ class Runtime:
         budget_tokens: int | None = None,
         seed: int = 0,
         fast_kernel: bool = True,
+        share_prefixes: bool = True,
     ) -> None:
+        if not isinstance(share_prefixes, bool):
+            raise ValueError(f"share_prefixes={share_prefixes!r} must be true or false")
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         #: token ids a block may hold: 0 <= id < vocab_size (checked before any work)
         self.vocab_size = validation.vocab_size(self.model)
@@ -84,13 +93,18 @@ class Runtime:
         self.oplog: list[dict] = []
         #: called with (trace point, account or None) after every operation (the viewer's residency recorder)
         self.step_hooks: list[Callable[[TracePoint, Account | None], None]] = []
-        self.memory = MemoryManager(self.store, self.policy, self.nodes)
+        #: shared prefix blocks and the internal twins of the roots that read them
+        self.prefixes = PrefixIndex(self.table, self.store, self.policy)
+        # the memory manager sees every stored block: a shared root's block as its twin, the prefixes too
+        self.memory = MemoryManager(self.store, self.policy, ChainMap(self.prefixes.nodes, self.nodes))
         #: where counts go (the runtime's metrics, each thread's account), and each work's trace point
         self.accounts = Accounts(self.metrics, self.store, self.memory, self.backend, self.step_hooks)
         #: batches, forwards, attention records and slot frees of prefill-style forwards
         self.runner = Runner(self.store, self.backend, self.policy, self.accounts)
         decode = getattr(self.tokenizer, "decode", None)
         self.backend.sparse = self.policy.sparse_attention(self.store, self.block_token_ids, decode)
+        #: whether new trees attach below stored prefixes (see ``share_prefixes``)
+        self.share_prefixes = share_prefixes and self.backend.sparse is None
         self.engine = Engine(self)
         #: prefills (prompts, forced blocks) and recomputes of dropped blocks
         self.prefiller = Prefiller(
@@ -172,7 +186,11 @@ class Runtime:
                 "the active path could never fit; raise the budget"
             )
         text = self.tokenizer.decode(ids) if text is None else text
-        job = self.prefiller.job(None, ids, text, PROMPT, seed=self.seed if seed is None else int(seed))
+        seed = self.seed if seed is None else int(seed)
+        if self.share_prefixes:
+            job = SharedRootJob(self, ids, text, seed)
+        else:
+            job = self.prefiller.job(None, ids, text, PROMPT, seed=seed)
         node = self.engine.submit(Work("new_tree", self.accounts.current(), run=job))
         self.log_op({"op": "new_tree", "node": node.id, "ids": list(ids)})
         return node
@@ -325,8 +343,8 @@ class Runtime:
         return [t for n in node.path() for t in n.token_ids]
 
     def block_token_ids(self, block_id: int) -> list[int]:
-        """A live block's token ids (what a sparse index cuts chunks from)."""
-        return self.nodes[block_id].token_ids
+        """A stored block's token ids (what a sparse index cuts chunks from; a shared root's suffix)."""
+        return self.memory.nodes[block_id].token_ids
 
     def next_token_logprobs(self, node: Node) -> torch.Tensor:
         """(V,) log-probabilities of the token after ``node``'s path (a live node: its KV holds them)."""
@@ -334,7 +352,10 @@ class Runtime:
         return torch.log_softmax(self.store.get(node.id).next_logits, dim=-1)
 
     def residency(self, node: Node) -> dict[str, int]:
-        """Where ``node``'s block lives: tokens on device, on host, dropped (all of a released node's)."""
+        """Where ``node``'s block lives: tokens on device, on host, dropped (all of a released node's).
+
+        A root whose prompt shares a stored prefix counts its own block, the prompt's suffix.
+        """
         self.table.check(node)
         if node.id not in self.store:
             return {"device": 0, "host": 0, "dropped": node.length}
@@ -383,7 +404,10 @@ class Runtime:
     # ---- internals ----------------------------------------------------------------------
     def _release(self, node: Node) -> None:
         self.table.check_live(node)  # again in the driver: another thread may have released it meanwhile
-        self.memory.forget(self.table.forget_subtree(node, self.accounts.targets()))
+        gone = self.table.forget_subtree(node, self.accounts.targets())
+        if node.parent is None:  # prefixes no other tree reads go too
+            gone += self.prefixes.release(node)
+        self.memory.forget(gone)
 
     def _token_ids(self, ids: Sequence[int], where: str) -> list[int]:
         """``ids`` as ints in this model's vocabulary; TokenIdError naming the first bad one."""

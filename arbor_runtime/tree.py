@@ -40,6 +40,10 @@ class Node:
         spawned: children ever requested under this node (released ones included).
         owner: identity of the runtime that made the node (its ``Runtime.owner``); a runtime
             refuses nodes of another (node ids are only unique within one runtime).
+        kv: for a root whose prompt begins with a prefix stored once for several trees, the
+            runtime's internal twin of this root (same id): its block holds only the prompt's
+            suffix and its parent chain the shared prefix blocks (see ``arbor_runtime.prefix``);
+            None otherwise. The public view (``parent``, ``path()``, ``token_ids``) is unchanged.
     """
 
     id: int
@@ -59,6 +63,7 @@ class Node:
     tree_id: int = 0
     spawned: int = 0
     owner: object = field(default=None, repr=False)
+    kv: Node | None = field(default=None, repr=False)
 
     @property
     def depth(self) -> int:
@@ -105,6 +110,14 @@ class Node:
             nodes.append(node)
             node = node.parent
         return nodes[::-1]
+
+    def kv_path(self) -> list[Node]:
+        """The blocks this node's KV attends over, root side first: :meth:`path`, with a root's
+        internal twin chain (the shared prefix blocks, then the root's own suffix block) in place of
+        the root. What the runtime reads, plans and restores by; users see :meth:`path`."""
+        path = self.path()
+        twin = path[0].kv
+        return path if twin is None else twin.path() + path[1:]
 
     def subtree(self) -> Iterator[Node]:
         """This node and all its descendants, parents before children."""

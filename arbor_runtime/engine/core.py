@@ -323,7 +323,7 @@ class Engine:
         sparse = self.rt.backend.sparse
         if sparse is None or not sparse.on_demand:
             return 0
-        paths = {n.id for r in self.running for n in r.owner.path()}
+        paths = {n.id for r in self.running for n in r.owner.kv_path()}
         wants = [(block_id, idx) for block_id, idx in sparse.wanted() if block_id in paths]
         if not wants:
             return 0

@@ -152,7 +152,7 @@ class Prefiller:
         Returns (k, V) logits. Earlier chunks of the same block are part of the context.
         """
         with self._allocating(count) as extents:
-            context = [a.id for a in node.path()[:-1]] + ([node.id] if offset else [])
+            context = [a.id for a in node.kv_path()[:-1]] + ([node.id] if offset else [])
             slots = _slots(extents).view(1, count)
             window = self.policy.observation_window
             stats_from = max(0, count - window) if window else 0
@@ -194,7 +194,7 @@ class Prefiller:
             write = torch.full((1, blk.length), -1, dtype=torch.long)
             write[0, missing] = _slots(extents)
             self.engine.note_peak()
-            batch = self.runner.batch([[a.id for a in node.path()[:-1]]], blk.length, write, stats=False)
+            batch = self.runner.batch([[a.id for a in node.kv_path()[:-1]]], blk.length, write, stats=False)
             positions = torch.arange(node.start_pos, node.end_pos).unsqueeze(0)
             self.runner.forward(batch, torch.tensor([node.token_ids]), positions, 1)
         self.store.add_tokens(node.id, extents, missing)

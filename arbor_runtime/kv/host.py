@@ -345,6 +345,23 @@ class HostTier:
         self.tokens -= span.tokens
         return span.tokens
 
+    def split(self, block_id: int, prefix_id: int, at: int) -> int:
+        """A block cut in two (``KVStore.split``): its host tokens below ``at`` become ``prefix_id``'s
+        span, the rest stay, renumbered from ``at``; no slot moves. Returns the tokens that moved."""
+        span = self._spans.get(block_id)
+        if span is None:
+            return 0
+        below = span.idx < at
+        n = int(below.sum())
+        writes = _pending(span.writes)
+        if n:
+            self._spans[prefix_id] = HostSpan(span.idx[below], span.slots[below], list(writes))
+        if n == span.tokens:
+            del self._spans[block_id]
+        else:
+            self._spans[block_id] = HostSpan(span.idx[~below] - at, span.slots[~below], writes)
+        return n
+
     def forget(self, block_id: int, idx: torch.Tensor) -> int:
         """Forget tokens ``idx`` of a block's span (they were rebuilt on the device); returns how many."""
         span = self._spans.get(block_id)

@@ -124,6 +124,32 @@ class KVStore:
         self._change("release", block_id, -block.kept_tokens, -host)
         return block
 
+    def split(self, block_id: int, prefix_id: int, at: int) -> None:
+        """Cut a block in two: its tokens [0, at) become a new block ``prefix_id``, the rest stay
+        ``block_id`` (renumbered from 0, its ``start_pos`` moved by ``at``).
+
+        Bookkeeping only: every token keeps its pool slot (or host slot), so nothing is copied and
+        the K/V read back is bit-identical. Everything kept per token is cut too (segments, host
+        span, attention mass); both parts keep the block's ``observers``; the prefix has no
+        ``next_logits`` (no child samples from it). Journaled as a pair of ``split`` entries
+        whose device and host deltas cancel.
+        """
+        if prefix_id in self._blocks:
+            raise ValueError(f"block {prefix_id} is already in the store")
+        blk = self.get(block_id)
+        if not 0 < at < blk.length:
+            raise ValueError(f"split of block {block_id} at {at}: must be inside its {blk.length} tokens")
+        self.prefetch()  # queued restores of this block are issued under its old numbering
+        low, high = _split_segments(blk.segments, at)
+        head = BlockKV(low, blk.start_pos, at, None, blk.attention[:at].clone(), blk.observers)
+        blk.set_segments(high)
+        blk.start_pos, blk.length = blk.start_pos + at, blk.length - at
+        blk.attention = blk.attention[at:].clone()
+        hosted = self.host.split(block_id, prefix_id, at)
+        self._blocks[prefix_id] = head
+        self._change("split", block_id, -head.kept_tokens, -hosted)
+        self._change("split", prefix_id, head.kept_tokens, hosted)
+
     def add_tokens(self, block_id: int, extents: list[Extent], idx: torch.Tensor, op: str = "recompute") -> None:
         """Record that tokens ``idx`` (N,) of a block now fill ``extents`` (in order).
 
@@ -267,3 +293,18 @@ class KVStore:
         if self.host.tokens > self.counters.peak_host_tokens:
             self.counters.peak_host_tokens = self.host.tokens
             self.counters.peak_host_bytes = self.host.tokens * self.shape.bytes_per_token
+
+
+def _split_segments(segments: list[Segment], at: int) -> tuple[list[Segment], list[Segment]]:
+    """Segments of tokens below ``at`` and, renumbered from ``at``, of the rest: a segment holding
+    both is cut into runs of consecutive slots (its slots stay where they are)."""
+    low, high = [], []
+    for seg in segments:
+        below = seg.idx < at
+        cuts = [0, *(torch.nonzero(below[1:] != below[:-1]).squeeze(1) + 1).tolist(), seg.length]
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+            if bool(below[a]):
+                low.append(Segment(seg.start + a, seg.idx[a:b].clone()))
+            else:
+                high.append(Segment(seg.start + a, seg.idx[a:b] - at))
+    return low, high

@@ -10,7 +10,7 @@ policy never moves tensors itself. Policies read the tree and per-block statisti
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 import torch
@@ -188,6 +188,22 @@ class Policy:
             return self.prefill_chunk
         return max(1, (self.budget_tokens or 2048) // 4)
 
+    def split_block(self, block_id: int, prefix_id: int, at: int) -> None:
+        """A block was cut in two (a prefix shared across trees, ``arbor_runtime.prefix``): its tokens
+        [0, at) are block ``prefix_id`` now, the rest stay ``block_id`` numbered from 0.
+
+        Per-block state must be cut the same way. The default does it for the usual shapes: every
+        field holding a dict keyed by block id has that entry's per-token tensors cut on their last
+        dim (:func:`split_tokens`), and every field with a ``split_block`` of its own (a scorer's
+        cache) is told. A policy keeping state otherwise overrides this.
+        """
+        for f in fields(self):
+            value = getattr(self, f.name, None)
+            if isinstance(value, dict):
+                split_tokens(value, block_id, prefix_id, at)
+            elif callable(getattr(value, "split_block", None)):
+                value.split_block(block_id, prefix_id, at)
+
     def on_event(self, event: Event, view: MemoryView) -> RetentionPlan | None:
         """React to an event; the default plans only on memory pressure."""
         if isinstance(event, MemoryThreshold) and view.resident > view.target:
@@ -197,3 +213,16 @@ class Policy:
     def plan(self, view: MemoryView) -> RetentionPlan | None:
         """Which tokens stay so that resident blocks fit ``view.target``; None keeps everything."""
         return None
+
+
+def split_tokens(state: dict, block_id: int, prefix_id: int, at: int) -> None:
+    """Cut ``state[block_id]`` (a per-token tensor (..., T), or a tuple of them) at token ``at``:
+    the first part goes to ``prefix_id``, the rest stays. Other values are left alone."""
+    value = state.get(block_id)
+    parts = value if isinstance(value, tuple) else (value,)
+    if not parts or not all(isinstance(p, torch.Tensor) and p.dim() >= 1 for p in parts):
+        return
+    head = tuple(p[..., :at].clone() for p in parts)
+    tail = tuple(p[..., at:].clone() for p in parts)
+    state[prefix_id] = head if isinstance(value, tuple) else head[0]
+    state[block_id] = tail if isinstance(value, tuple) else tail[0]

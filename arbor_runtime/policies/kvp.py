@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from arbor_runtime.policies.base import MemoryView, Policy
+from arbor_runtime.policies.base import MemoryView, Policy, split_tokens
 from arbor_runtime.policies.kvp_scorer import KVPScorer, pooled_token_scores
 from arbor_runtime.policies.kvp_weights import load_weights, model_fingerprint, shipped_weights
 from arbor_runtime.policies.scorer import FlatPool, ScorerPolicy
@@ -89,6 +89,10 @@ class KVPScores:
             scores[kept] = pooled[offset : offset + kept.numel()]
             out[b.node.id], offset = scores, offset + kept.numel()
         return out
+
+    def split_block(self, block_id: int, prefix_id: int, at: int) -> None:
+        """A block cut in two (``Policy.split_block``): its cached scores are cut with it."""
+        split_tokens(self._cache, block_id, prefix_id, at)
 
     def _block_scores(self, view: MemoryView, block_id: int, kv) -> torch.Tensor:
         g = self.scorer.shape.heads
