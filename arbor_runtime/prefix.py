@@ -37,10 +37,10 @@ from arbor_runtime.errors import NotYet
 from arbor_runtime.tree import PROMPT, Node
 
 if TYPE_CHECKING:
-    from arbor_runtime.runtime import Runtime
     from arbor_runtime.kv import KVStore
     from arbor_runtime.nodes import NodeTable
     from arbor_runtime.policies import Policy
+    from arbor_runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
