@@ -61,11 +61,17 @@ class Setup:
     def runtime(self, problem: Problem, policy: str | Policy | None = None) -> Runtime:
         """A fresh runtime for ``problem``: the config's policy for it unless ``policy`` is given."""
         chosen = self.policies.build(problem.index) if policy is None else policy
-        return Runtime(self.loaded, policy=chosen, seed=self.seed(problem))
+        return Runtime(self.loaded, policy=chosen, seed=self.seed(problem), share_prefixes=self.share_prefixes)
 
     def shared_runtime(self) -> Runtime:
         """One runtime for every problem (``concurrency`` > 1): one policy, one budget, the config's seed."""
-        return Runtime(self.loaded, policy=self.policies.build(None), seed=int(self.cfg.seed))
+        policy = self.policies.build(None)
+        return Runtime(self.loaded, policy=policy, seed=int(self.cfg.seed), share_prefixes=self.share_prefixes)
+
+    @property
+    def share_prefixes(self) -> bool:
+        """``share_prefixes`` (checked by :func:`prepare`): trees of a runtime store a common prefix once."""
+        return bool(self.cfg.get("share_prefixes", True))
 
     def controller(self, runtime: Runtime) -> Controller:
         """The configured controller over ``runtime`` (the verifier is bound to it)."""
@@ -92,6 +98,7 @@ def prepare(cfg: DictConfig, device: str | None = None) -> Prepared:
     problems = task.problems()
     policies = PolicyFactory(cfg.policy, problems)
     concurrency = check_concurrency(cfg, policies)
+    check_share_prefixes(cfg)
     validate_config(cfg, policies, device=device)
     return Prepared(cfg, task, verifier, problems, policies, concurrency)
 
@@ -127,6 +134,13 @@ def check_concurrency(cfg: DictConfig, policies: PolicyFactory) -> int:
             "policy.budget_tokens, not policy.budget_ratio (a budget per problem)"
         )
     return value
+
+
+def check_share_prefixes(cfg: DictConfig) -> None:
+    """``share_prefixes``: true or false (trees of one runtime store a common prompt prefix once)."""
+    value = cfg.get("share_prefixes", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"share_prefixes={value!r} must be true or false (store a prompt prefix common to trees once)")
 
 
 def build_task(cfg: DictConfig) -> Task:

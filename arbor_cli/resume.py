@@ -10,7 +10,8 @@ Keys that do not change any problem's result are left out of the fingerprint: wh
 outputs live (``paths``, ``task.data_dir``, ``run_dir``, ``task.cache_dir``), which problems of the
 data set run (``task.start`` / ``task.end``: widening the slice and rerunning is how a run grows),
 output switches (``show_tree``, ``save_trees``, ``view``, ``resume``), and where the searches run
-(``concurrency``, ``runner``: a run started locally may resume on Ray actors and back).
+(``concurrency``, ``runner``: a run started locally may resume on Ray actors and back), and whether trees
+of a runtime share a stored prompt prefix (``share_prefixes``: the same results, less memory).
 
 The data a run read is part of the fingerprint too, kept beside the config's settings (``data``):
 where its rows came from, the file's size, and a hash of each problem's row by index. A rerun
@@ -51,7 +52,7 @@ FINGERPRINT_FILE = "config_fingerprint.json"
 LOCK_FILE = "run.lock"
 #: dotted config keys left out of the fingerprint (see the module docstring)
 IGNORED_KEYS = (
-    "paths", "run_dir", "resume", "show_tree", "save_trees", "view", "concurrency", "runner",
+    "paths", "run_dir", "resume", "show_tree", "save_trees", "view", "concurrency", "share_prefixes", "runner",
     "task.data_dir", "task.cache_dir", "task.start", "task.end",
 )  # fmt: skip
 RESUME_MODES = (True, False, "force")
