@@ -171,7 +171,7 @@ class PrefixIndex:
 
     def _cut(self, node: Node, at: int) -> Node:
         """Cut ``node``'s block at ``at``: returns the new prefix node (tokens [0, at)) above it."""
-        if node.id >= 0 and node.kv is None:  # a root stored whole: it gets its twin now
+        if self.nodes.get(node.id) is not node:  # a public root stored whole: it gets its twin now
             node = self.twin(node, None, 0)
         prefix = self._internal(self._next, None, node.token_ids[:at], node.start_pos, self._next)
         self._next -= 1
