@@ -193,8 +193,8 @@ def _prompt(family: int, kind: int) -> list[int]:
 def _token_kv(rt: Runtime) -> dict[tuple, torch.Tensor]:
     """K/V of every token held on some tier, (L, 2, H, D) each: a prompt token (computed once for every
     tree that shares it, wherever a cut moved it) by the token ids of its path up to it, any other by
-    its block and index."""
-    out = {}
+    its block and index. A key held twice (identical prompts keep their last token each) is left out."""
+    out, twice = {}, set()
     for block_id in rt.store.block_ids():
         node = rt.memory.nodes[block_id]
         path = [t for b in node.kv_path() for t in b.token_ids] if node.kind == "prompt" else None
@@ -206,8 +206,10 @@ def _token_kv(rt: Runtime) -> dict[tuple, torch.Tensor]:
         for idx, kk, vv in parts:
             for j, i in enumerate(idx.tolist()):
                 key = tuple(path[: blk.start_pos + i + 1]) if path else (block_id, i)
+                if key in out:
+                    twice.add(key)
                 out[key] = torch.stack([kk[:, :, j], vv[:, :, j]], 1)
-    return out
+    return {k: v for k, v in out.items() if k not in twice}
 
 
 @pytest.mark.parametrize("policy", ["h2o", "arbor"])
