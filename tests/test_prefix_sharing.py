@@ -71,7 +71,7 @@ def test_two_prompts_differing_in_the_last_line_store_the_prefix_once(tiny, one_
     few_shot = "".join(f"Input: {a} {b} {a + b}\nAnswer: {a * b}\n" for a, b in itertools.product(range(2, 7), (3, 5)))
     texts = [few_shot + "Input: 4 4 6 8\n", few_shot + "Input: 2 9 10 10\n"]
     ids = [tiny.tokenizer(t)["input_ids"] for t in texts]
-    common = next(i for i, (a, b) in enumerate(zip(*ids)) if a != b)
+    common = next(i for i, (a, b) in enumerate(zip(*ids, strict=False)) if a != b)
     assert common > 100
     runs = {}
     for share in (False, True):
