@@ -8,6 +8,7 @@ budget property test with many trees sharing prefixes under h2o and arbor.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import random
 
@@ -18,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arbor_runtime import Runtime, SamplingParams
+from arbor_runtime.events import replay_resident
 from arbor_runtime.kv import BlockKV, KVShape, KVStore
 from arbor_runtime.prefix import MIN_SHARED_TOKENS
 
@@ -91,6 +93,34 @@ def test_two_prompts_differing_in_the_last_line_store_the_prefix_once(tiny, one_
     for root, n in zip(runs[True][1], map(len, ids), strict=True):
         assert [b.id for b in root.kv_path()] == [prefix_id, root.id]
         assert on.residency(root)["device"] == n - common
+
+
+def test_oplog_replay_rebuilds_the_sharing_and_a_copy_keeps_it(tiny, one_torch_thread):
+    from benchmarks.replay import replay_trace
+    from benchmarks.trace import Trace
+
+    few_shot = "".join(f"Example {i}: {i} plus {i} is {2 * i}.\n" for i in range(12))
+    rt = Runtime(tiny, policy="full")
+    roots = [rt.new_tree(few_shot + q) for q in ("Now: 3 plus 4?", "Now: 8 plus 1?", "Now: 3 plus 4?")]
+    for r in roots:
+        rt.append(rt.expand(r, 1, GREEDY)[0], " so")
+    rt.release(roots[0])
+    assert rt.metrics.prefix_trees == 2
+    # the journal replays the resident and host totals, the cuts included
+    logged = [(e.resident_tokens, e.host_tokens) for e in rt.events.records]
+    assert replay_resident(rt.store.journal, rt.events) == logged
+    run = replay_trace(tiny, Trace.from_runtime(rt, "tiny-random"), "arbor", budget_tokens=200)
+    assert run.error is None and run.fidelity.max_abs_dlogp <= reassociation_tol(tiny, [run.fidelity.scale])
+    assert run.metrics["prefix_trees"] == 2
+    assert run.metrics["prefix_prefill_saved_tokens"] == rt.metrics.prefix_prefill_saved_tokens
+    # a deep copy holds its own prefix blocks: it expands the same, and releasing there leaves this one whole
+    clone = copy.deepcopy(rt, {id(tiny.model): tiny.model, id(tiny.tokenizer): tiny.tokenizer})
+    twin = clone.nodes[roots[1].id]
+    assert [b.id for b in twin.kv_path()] == [b.id for b in roots[1].kv_path()]
+    assert clone.expand(twin, 1, GREEDY)[0].token_ids == rt.expand(roots[1], 1, GREEDY)[0].token_ids
+    clone.release(twin)
+    clone.release(clone.nodes[roots[2].id])
+    assert clone.store.pool.used == 0 and set(rt.store.block_ids()) >= {b.id for b in roots[1].kv_path()}
 
 
 def test_share_prefixes_false_keeps_one_block_per_prompt(tiny, one_torch_thread):
