@@ -212,8 +212,10 @@ def run_cli(data_dir, run_dir, *extra):
 
 def test_cli_concurrency_gives_every_problem_the_same_result(data_dir, tmp_path):
     keys = ("solved", "answer", "best_path", "decode_tokens", "oom", "error")
-    one = run_cli(data_dir, tmp_path / "c1")
-    four = run_cli(data_dir, tmp_path / "c4", "concurrency=4")
+    # the prefill accounting below is of one value-prefix tree per runtime; sharing of prompt prefixes
+    # across trees (on by default) is checked at the end
+    one = run_cli(data_dir, tmp_path / "c1", "share_prefixes=false")
+    four = run_cli(data_dir, tmp_path / "c4", "concurrency=4", "share_prefixes=false")
     assert sorted(one) == sorted(four) == [900, 901, 902, 903]
     assert {i: {k: r[k] for k in keys} for i, r in one.items()} == {i: {k: r[k] for k in keys} for i, r in four.items()}
     # llm_value's few-shot value prefix is a tree of its own, prefilled once per runtime: four fresh
@@ -227,6 +229,13 @@ def test_cli_concurrency_gives_every_problem_the_same_result(data_dir, tmp_path)
     assert [i for i in one if extra_nodes[i] == 0] == [i for i in one if extra_prefill[i] == 0]
     again = run_cli(data_dir, tmp_path / "c4", "concurrency=2")  # resume: nothing left to do, nothing written twice
     assert again.keys() == four.keys()
+    # the task's few-shot prompt stored once for the four searches: the same results, fewer prefill tokens
+    shared = run_cli(data_dir, tmp_path / "c4-shared", "concurrency=4")
+    assert sorted(shared) == sorted(one)
+    assert all({k: shared[i][k] for k in keys} == {k: one[i][k] for k in keys} for i in one)
+    saved = sum(r["prefix_prefill_saved_tokens"] for r in shared.values())
+    assert saved > 0 and sum(r["prefix_trees"] for r in shared.values()) >= 3
+    assert sum(r["prefill_tokens"] for r in shared.values()) == sum(r["prefill_tokens"] for r in four.values()) - saved
 
 
 def test_cli_concurrency_needs_one_absolute_budget(data_dir, tmp_path, capsys):
