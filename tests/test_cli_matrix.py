@@ -221,6 +221,7 @@ BAD_VALUES = [
     ("temperature=nan", lambda tmp, data: ["controller.temperature=nan"], "temperature"),
     ("top_p=2", lambda tmp, data: ["controller.top_p=2"], "top_p"),
     ("seed=abc", lambda tmp, data: ["seed=abc"], "seed"),
+    ("share_prefixes=maybe", lambda tmp, data: ["share_prefixes=maybe"], "share_prefixes"),
     ("sink_tokens=-1", lambda tmp, data: ["policy=streaming", "policy.sink_tokens=-1"], "sink_tokens"),
     ("host_budget_tokens=-1", lambda tmp, data: ["policy=arbor", "policy.host_budget_tokens=-1"], "host_budget_tokens"),
     ("budget_tokens=1e11", lambda tmp, data: ["policy.budget_tokens=100000000000"], "budget_tokens"),
