@@ -173,6 +173,10 @@ class Runtime:
     def new_tree_ids(self, ids: Sequence[int], text: str | None = None, seed: int | None = None) -> Node:
         """Start a tree whose root block is exactly these token ids (trace replay uses this).
 
+        With ``share_prefixes`` the prompt attaches below the longest prefix of it that a live tree
+        already stores (see ``arbor_runtime.prefix``): only the rest is prefilled, and the root's
+        own block holds only that rest; the node itself still has the whole prompt and no parent.
+
         A prompt larger than the budget is prefilled in chunks under policies that may evict from
         the active path; under the others (``full``, ``arbor``) it is refused up front.
         """
@@ -307,7 +311,8 @@ class Runtime:
     def release(self, node: Node) -> None:
         """Drop ``node``'s subtree and its KV from every tier; the node stays readable.
 
-        Releasing a root frees exactly that tree's blocks; other trees are untouched. A node of
+        Releasing a root frees exactly that tree's blocks, and the shared prefix blocks no other
+        tree reads; other trees are untouched. A node of
         another runtime, or one already released, is refused (NodeError) and nothing changes.
         """
         self.table.check_live(node)

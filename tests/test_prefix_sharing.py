@@ -43,10 +43,13 @@ def _prompts() -> list[list[int]]:
 
 
 def _tree_outputs(rt: Runtime, root, sampling: SamplingParams):
-    """Root's next-token log-probs, two children, and a forced block under the root."""
+    """Root's next-token log-probs, two children, and the log-probs of a forced block and of two
+    scored choices (one kept) under the root."""
     kids = rt.expand(root, 2, sampling)
     forced = rt.append_ids(root, [321, 654, 987])
-    return rt.next_token_logprobs(root), [(k.token_ids, k.logprobs) for k in kids], forced.logprobs
+    chosen = rt.choose(root, [" yes it is", " no"], keep=1)
+    scored = forced.logprobs + [p for lps in chosen.token_logprobs for p in lps] + chosen.kept[0].logprobs
+    return rt.next_token_logprobs(root), [(k.token_ids, k.logprobs) for k in kids], scored
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
