@@ -191,7 +191,9 @@ class MemoryManager:
             )
 
     def view(self, target: int) -> MemoryView:
-        blocks = [BlockView(self.nodes[i], self.store.get(i), i in self.active) for i in sorted(self.store.block_ids())]
+        # shared prefix blocks (negative ids) first, top down: they hold the oldest tokens
+        order = sorted(self.store.block_ids(), key=lambda i: (i >= 0, self.store.get(i).start_pos if i < 0 else i))
+        blocks = [BlockView(self.nodes[i], self.store.get(i), i in self.active) for i in order]
         return MemoryView(blocks=blocks, active=self.active, budget=self.budget, target=target, read=self._read)
 
     def _read(self, block_id: int, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,7 +34,7 @@ class MemoryView:
     """What a policy may read when it plans.
 
     Attributes:
-        blocks: live blocks in creation order (oldest first).
+        blocks: live blocks in creation order (oldest first); shared prefix blocks first, by position.
         active: node ids on the active paths (the nodes about to be / just expanded and ancestors).
         budget: ``budget_tokens``; target: resident block tokens the plan should get down to.
         read: ``read(block_id, tokens)`` -> copies of the K/V of a block's device ``tokens`` (N,),
