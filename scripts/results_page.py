@@ -1,0 +1,24 @@
+"""Rebuild docs/results.md and README's headline table from docs/data alone (`make results-page`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.results.page import write  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default="docs/results.md")
+    ap.add_argument("--readme", default="README.md", help="README to splice the headline table into ('' = none)")
+    args = ap.parse_args()
+    write(Path(args.out), Path(args.readme) if args.readme else None)
+    print(f"wrote {args.out}" + (f" and {args.readme}'s results block" if args.readme else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The results page is generated from committed data (issue 27): rebuilding it changes nothing, every
+section says how and when it was measured, README's figures are the data's, rates carry intervals."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.results import page as results_page
+from benchmarks.results.data import load_section, write_section_data
+from benchmarks.results.sections import Section, render_section
+from benchmarks.results.stats import format_rate, overlap, wilson
+from benchmarks.results.template import render
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_rebuilding_the_page_from_docs_data_changes_nothing(tmp_path):
+    """`make results-page`'s script with a bare interpreter (no package deps) into a temp dir equals the
+    committed page, and copies the PNGs the page shows next to it."""
+    out = tmp_path / "results.md"
+    cmd = [sys.executable, str(REPO / "scripts" / "results_page.py"), "--out", str(out), "--readme", ""]
+    subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True)
+    assert out.read_text() == (REPO / "docs" / "results.md").read_text()
+    for name in re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", out.read_text()):
+        assert (tmp_path / name).read_bytes() == (REPO / "docs" / name).read_bytes()
+
+
+def test_every_section_names_its_command_and_when_it_was_measured():
+    text = (REPO / "docs" / "results.md").read_text()
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    assert sections[0].startswith("Summary")
+    titles = {data["title"] for data in results_page.load_all().values()}
+    assert {s.split("\n", 1)[0] for s in sections[1:]} == titles
+    for body in sections[1:]:
+        head = body.split("\n\n", 2)[1]
+        when = r"Measured \d{4}-\d\d-\d\d (at commit `\w{7,}|\(commit not recorded; rows committed in `\w{7})"
+        assert re.match(when, head), head
+        assert "```bash\n" in body.split("\n\n", 3)[2] and "\n```" in body
+
+
+def test_readme_results_block_is_the_data():
+    """A figure in README's results lines that differs from docs/data fails here."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split(results_page.BEGIN, 1)[1].split(results_page.END, 1)[0]
+    assert block.strip("\n") == results_page.headline().strip("\n")
+    rows = load_section("accuracy")["tables"]["main"]["rows"]
+    full = next(r for r in rows if r["policy"] == "full" and r["mode"].startswith("ToT BFS, legal"))
+    assert f"| full | none | {format_rate(full['solved'], full['problems'])} | {full['peak_kv_tok']:,} |" in block
+
+
+def test_accuracy_cells_show_their_wilson_interval():
+    text = (REPO / "docs" / "results.md").read_text()
+    acc = text.split("## Accuracy", 1)[1].split("\n## ", 1)[0]
+    cells = re.findall(r"\| (\d+)/(\d+) (\d+)% \[(\d+)-(\d+)%\] \|", acc)
+    assert len(cells) == len(load_section("accuracy")["tables"]["main"]["rows"]) == 29
+    for k, n, _rate, lo, hi in cells:
+        want_lo, want_hi = wilson(int(k), int(n))
+        assert (int(lo), int(hi)) == (round(100 * want_lo), round(100 * want_hi))
+
+
+def test_wilson_interval_known_values_and_bad_input():
+    lo, hi = wilson(1, 6)  # textbook: 0.0301, 0.5635
+    assert abs(lo - 0.0301) < 5e-4 and abs(hi - 0.5635) < 5e-4
+    assert wilson(0, 6)[0] == 0.0 and abs(wilson(0, 6)[1] - 0.3903) < 5e-4
+    assert wilson(6, 6)[1] == 1.0 and abs(wilson(6, 6)[0] - (1 - 0.3903)) < 5e-4
+    assert wilson(0, 0) == (0.0, 1.0)
+    assert overlap((1, 6), (2, 6)) and not overlap((0, 20), (15, 20))
+    with pytest.raises(ValueError, match="7/6"):
+        wilson(7, 6)
+
+
+def test_a_benchmark_writes_a_section_that_renders_with_its_provenance(tmp_path):
+    """write_section_data adds commit, date and machine; the template fills a figure from a row."""
+    rows = [{"policy": "full", "solved": 3}, {"policy": "arbor", "solved": 5}]
+    path = write_section_data("demo", rows, "python scripts/x.py --n 2", {"n": 2}, title="Demo", root=tmp_path)
+    doc = json.loads(path.read_text())
+    assert doc["command"] == "python scripts/x.py --n 2" and doc["settings"] == {"n": 2}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", doc["measured"]) and doc["machine"] and doc["format"] == 1
+    assert doc["commit"] is None or re.match(r"[0-9a-f]{40}", doc["commit"])
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "demo.md").write_text("arbor solved {{main[policy=arbor].solved}}.\n\n{{table main}}\n")
+    text = render_section(Section("demo"), load_section("demo", tmp_path), notes)
+    assert text.startswith("## Demo\n\nMeasured ") and "python scripts/x.py --n 2" in text
+    assert "arbor solved 5." in text and "| arbor | 5 |" in text
+
+
+def test_a_placeholder_that_matches_no_row_is_an_error():
+    table = {"columns": [{"key": "p", "header": "p"}], "rows": [{"p": "a"}]}
+    data = {"section": "s", "title": "t", "tables": {"main": table}}
+    assert render("{{main[p=a].p}}", data) == "a"
+    with pytest.raises(ValueError, match="0 rows match"):
+        render("{{main[p=b].p}}", data)
+    with pytest.raises(ValueError, match="no column 'q'"):
+        render("{{main[q=a].p}}", data)
