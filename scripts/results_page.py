@@ -15,8 +15,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="docs/results.md")
     ap.add_argument("--readme", default="README.md", help="README to splice the headline table into ('' = none)")
+    ap.add_argument("--data", default=None, help="the data folder (default: docs/data)")
     args = ap.parse_args()
-    write(Path(args.out), Path(args.readme) if args.readme else None)
+    kwargs = {"root": Path(args.data)} if args.data else {}
+    write(Path(args.out), Path(args.readme) if args.readme else None, **kwargs)
     print(f"wrote {args.out}" + (f" and {args.readme}'s results block" if args.readme else ""))
 
 
