@@ -1,6 +1,6 @@
 """Build docs/results.md (and README's headline table) from docs/data alone: no model, no bench/.
 
-    python scripts/results_page.py [--out docs/results.md] [--readme README.md]
+python scripts/results_page.py [--out docs/results.md] [--readme README.md]
 """
 
 from __future__ import annotations

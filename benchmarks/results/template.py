@@ -5,7 +5,8 @@ Block placeholders, each alone on a line: ``{{table NAME}}`` (a table of the dat
 
 - ``{{NAME[col=text; col=text].col}}``: one cell of table ``NAME``, the row picked by what its
   columns render as (keys or headers), e.g. ``{{main[policy=h2o; kept=50%].kl}}``;
-- ``{{facts.KEY}}``, ``{{measured}}``, ``{{command}}``: the data file's fields.
+- ``{{facts.KEY}}``, ``{{settings.KEY}}``, ``{{measured}}``, ``{{command}}``: the data file's fields;
+- a ``:FORMAT`` suffix formats the number another way than its column, e.g. ``{{...kl:.3f}}``.
 
 An unknown table, column or a selector that matches no row or several is an error naming the
 placeholder, so a template never silently shows a stale figure.
@@ -18,15 +19,17 @@ import re
 from .tables import cell, column, find_row, render_table
 
 _INLINE = re.compile(r"\{\{\s*([^{}]+?)\s*\}\}")
+_FORMAT = re.compile(r":([+,]?\.?\d*[dfeg%])$")
 _CELL = re.compile(r"^(\w+)\[([^\]]*)\]\.(\w+)$")
 
 
-def value(expr: str, data: dict) -> str:
-    """The text of one inline placeholder ``expr`` against the section's ``data``."""
-    if expr.startswith("facts."):
-        return cell(data["facts"][expr[len("facts.") :]])
+def _raw(expr: str, data: dict) -> tuple[object, str]:
+    """The value ``expr`` names and its column format."""
+    for field in ("facts", "settings"):
+        if expr.startswith(field + "."):
+            return data[field][expr[len(field) + 1 :]], "auto"
     if expr in ("measured", "command"):
-        return str(data[expr])
+        return data[expr], "text"
     m = _CELL.match(expr)
     if not m:
         raise ValueError(f"template placeholder {{{{{expr}}}}}: expected TABLE[col=value; ...].col")
@@ -34,7 +37,19 @@ def value(expr: str, data: dict) -> str:
     match = dict(part.split("=", 1) for part in (p.strip() for p in m.group(2).split(";")) if part)
     row = find_row(table, **{k.strip(): v.strip() for k, v in match.items()})
     col = column(table, m.group(3))
-    return cell(row.get(col["key"]), col.get("fmt", "auto"))
+    return row.get(col["key"]), col.get("fmt", "auto")
+
+
+def value(expr: str, data: dict) -> str:
+    """The text of one inline placeholder ``expr`` against the section's ``data``: a cell or fact, or the
+    ratio ``A / B`` of two of them; ``:FORMAT`` at the end overrides the column's format."""
+    m = _FORMAT.search(expr)
+    expr, fmt = (expr[: m.start()], m.group(1)) if m else (expr, "")
+    if " / " in expr:
+        (a, _), (b, _) = (_raw(part.strip(), data) for part in expr.split(" / ", 1))
+        return cell(a / b, "{:" + (fmt or ".2f") + "}")
+    raw, col_fmt = _raw(expr.strip(), data)
+    return cell(raw, "{:" + fmt + "}" if fmt else col_fmt)
 
 
 def render(template: str, data: dict) -> str:
