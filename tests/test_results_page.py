@@ -118,3 +118,25 @@ def test_prose_figures_come_from_the_data():
             typed.add(section.name)
     assert typed <= HAND_TYPED, f"hand-typed decimals in docs/notes/{sorted(typed - HAND_TYPED)}"
     assert {"rehydrate", "accuracy", "linear"}.isdisjoint(typed)
+
+
+def test_a_benchmarks_jsonl_becomes_its_sections_data(tmp_path):
+    """bench_concurrency's JSONL (its keys) -> docs/data/concurrency with the committed columns -> the table."""
+    from benchmarks.results.collect import write as collect
+
+    run = tmp_path / "bench" / "game24-bfs"
+    run.mkdir(parents=True)
+    row = {"policy": "policy=full", "concurrency": 4, "problems": 8, "seconds": 37.25, "problems_per_hour": 773.2}
+    row |= {"peak_device_mb": 43.2, "decode_tokens": 619, "oom": 0, "same_results_as_concurrency_1": True}
+    (run / "concurrency.jsonl").write_text(json.dumps(row) + "\n")
+    path = collect(
+        "concurrency", tmp_path / "bench", "python scripts/bench_concurrency.py --levels 4", data_root=tmp_path
+    )
+    data = load_section("concurrency", tmp_path)
+    assert path == tmp_path / "concurrency" / "results.json" and data["source"] == "run"
+    assert data["tables"]["main"]["rows"] == [
+        {"search": "game24-bfs", "policy": "policy=full", "concurrency": 4, "problems": 8, "seconds": 37.25}
+        | {"problems_hour": 773.2, "peak_kv_mb": 43.2, "decode_tokens": 619, "oom": 0, "same_results_as_1": "yes"}
+    ]
+    text = render_section(Section("concurrency"), data)
+    assert "| game24-bfs | policy=full | 4 | 8 | 37.25 | 773.2 | 43.2 | 619 | 0 | yes |" in text

@@ -22,6 +22,7 @@ import os
 import platform
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,11 @@ def machine() -> str:
         parts.append(f"torch {torch.__version__}")
         if torch.cuda.is_available():
             parts.insert(2, torch.cuda.get_device_name(0))
+    else:  # a collector that reads a benchmark's outputs need not import torch to name it
+        try:
+            parts.append(f"torch {metadata.version('torch')}")
+        except metadata.PackageNotFoundError:
+            pass
     return ", ".join(parts)
 
 
