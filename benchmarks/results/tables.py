@@ -2,8 +2,9 @@
 
 A cell format is ``"auto"`` (as :func:`arbor_cli.results.format_cell`'s: integers with separators,
 other numbers to 4 significant digits; repeated here so the page builds with a bare ``python3``,
-without the package's dependencies), a format string such as ``"{:.2f}"`` or ``"{:.1f}%"``, or
-``"text"`` (the value as it is). ``None`` renders as ``-``.
+without the package's dependencies), a format string such as ``"{:.2f}"`` or ``"{:.1f}%"``,
+``"list:FMT"`` for a list of numbers (one per context: ``a / b / c``), or ``"text"`` (the value as
+it is). ``None`` renders as ``-``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ def cell(value: Any, fmt: str = "auto") -> str:
         return "-"
     if fmt == "text" or isinstance(value, str):
         return str(value)
+    if isinstance(value, list):  # fmt "list:{:.3f}": one value per context, joined
+        item = fmt.removeprefix("list:")
+        return " / ".join(cell(v, item) for v in value)
     if isinstance(value, bool):
         return "yes" if value else "no"
     if fmt == "auto":

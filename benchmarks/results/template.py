@@ -4,7 +4,8 @@ Block placeholders, each alone on a line: ``{{table NAME}}`` (a table of the dat
 ``{{image FILE}}`` (a PNG next to the page). Inline placeholders:
 
 - ``{{NAME[col=text; col=text].col}}``: one cell of table ``NAME``, the row picked by what its
-  columns render as (keys or headers), e.g. ``{{main[policy=h2o; kept=50%].kl}}``;
+  columns render as (keys or headers), e.g. ``{{main[policy=h2o; kept=50%].kl}}``; ``.col[i]`` is
+  item ``i`` of a list cell;
 - ``{{facts.KEY}}``, ``{{settings.KEY}}``, ``{{measured}}``, ``{{command}}``: the data file's fields;
 - a ``:FORMAT`` suffix formats the number another way than its column, e.g. ``{{...kl:.3f}}``.
 
@@ -20,7 +21,7 @@ from .tables import cell, column, find_row, render_table
 
 _INLINE = re.compile(r"\{\{\s*([^{}]+?)\s*\}\}")
 _FORMAT = re.compile(r":([+,]?\.?\d*[dfeg%])$")
-_CELL = re.compile(r"^(\w+)\[([^\]]*)\]\.(\w+)$")
+_CELL = re.compile(r"^(\w+)\[([^\]]*)\]\.(\w+)(?:\[(\d+)\])?$")
 
 
 def _raw(expr: str, data: dict) -> tuple[object, str]:
@@ -37,6 +38,8 @@ def _raw(expr: str, data: dict) -> tuple[object, str]:
     match = dict(part.split("=", 1) for part in (p.strip() for p in m.group(2).split(";")) if part)
     row = find_row(table, **{k.strip(): v.strip() for k, v in match.items()})
     col = column(table, m.group(3))
+    if m.group(4) is not None:  # one item of a list cell (a value per context)
+        return row[col["key"]][int(m.group(4))], col.get("fmt", "auto").removeprefix("list:")
     return row.get(col["key"]), col.get("fmt", "auto")
 
 
