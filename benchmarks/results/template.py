@@ -7,6 +7,7 @@ Block placeholders, each alone on a line: ``{{table NAME}}`` (a table of the dat
   columns render as (keys or headers), e.g. ``{{main[policy=h2o; kept=50%].kl}}``; ``.col[i]`` is
   item ``i`` of a list cell;
 - ``{{facts.KEY}}``, ``{{settings.KEY}}``, ``{{measured}}``, ``{{command}}``: the data file's fields;
+- ``{{A / B}}`` and ``{{A - B}}`` of two such values (a ratio, what one method saves over another);
 - a ``:FORMAT`` suffix formats the number another way than its column, e.g. ``{{...kl:.3f}}``.
 
 An unknown table, column or a selector that matches no row or several is an error naming the
@@ -28,7 +29,9 @@ def _raw(expr: str, data: dict) -> tuple[object, str]:
     """The value ``expr`` names and its column format."""
     for field in ("facts", "settings"):
         if expr.startswith(field + "."):
-            return data[field][expr[len(field) + 1 :]], "auto"
+            key, index = re.fullmatch(r"(\w+)(?:\[(\d+)\])?", expr[len(field) + 1 :]).groups()
+            value = data[field][key]
+            return (value[int(index)] if index is not None else value), "auto"
     if expr in ("measured", "command"):
         return data[expr], "text"
     m = _CELL.match(expr)
@@ -45,12 +48,13 @@ def _raw(expr: str, data: dict) -> tuple[object, str]:
 
 def value(expr: str, data: dict) -> str:
     """The text of one inline placeholder ``expr`` against the section's ``data``: a cell or fact, or the
-    ratio ``A / B`` of two of them; ``:FORMAT`` at the end overrides the column's format."""
+    ratio ``A / B`` or difference ``A - B`` of two of them; ``:FORMAT`` at the end overrides the column's format."""
     m = _FORMAT.search(expr)
     expr, fmt = (expr[: m.start()], m.group(1)) if m else (expr, "")
-    if " / " in expr:
-        (a, _), (b, _) = (_raw(part.strip(), data) for part in expr.split(" / ", 1))
-        return cell(a / b, "{:" + (fmt or ".2f") + "}")
+    for op, fn in ((" / ", lambda a, b: a / b), (" - ", lambda a, b: a - b)):
+        if op in expr:
+            (a, _), (b, _) = (_raw(part.strip(), data) for part in expr.split(op, 1))
+            return cell(fn(a, b), "{:" + (fmt or ".2f") + "}")
     raw, col_fmt = _raw(expr.strip(), data)
     return cell(raw, "{:" + fmt + "}" if fmt else col_fmt)
 
