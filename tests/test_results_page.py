@@ -135,3 +135,23 @@ def test_a_benchmarks_jsonl_becomes_its_sections_data(tmp_path):
     ]
     text = render_section(Section("concurrency"), data)
     assert "| game24-bfs | policy=full | 4 | 8 | 37.25 | 773.2 | 43.2 | 619 | 0 | yes |" in text
+
+
+def test_the_summary_follows_the_data():
+    """Change the data and the generated summary changes with it: a real difference beyond the intervals
+    is named, a policy out of memory everywhere loses, a faster sparse context wins."""
+    from benchmarks.results.summary import summary
+
+    def acc(policy, solved, oom=0):
+        row = {"mode": "ToT", "verifier": "llm_value", "policy": policy, "budget": "0.5x", "solved": solved}
+        return row | {"problems": 20, "oom": oom}
+
+    rows = [acc("full", 2), acc("arbor", 15), acc("h2o", 0, oom=20)]
+    data = {"accuracy": {"title": "Accuracy", "tables": {"main": {"rows": rows}}}}
+    text = summary(data)
+    assert "differing from `full`: arbor 0.5x in ToT (" in text  # 15/20 vs 2/20; h2o's 0/20 overlaps 2/20
+    assert "**h2o** loses: out of memory on every puzzle at 0.5x in 1 of 1 accuracy modes" in text
+    sparse = [{"model": "m", "context": 8192, "method": "lychee", "x_dense": 1.5, "top_1_gsm8k": 1.0}]
+    text = summary({"sparse": {"title": "Sparse", "stale": "old", "tables": {"main": {"rows": sparse}}}})
+    assert "**lychee** wins: decodes faster than dense at 8,192 (1.50x)" in text
+    assert "**Not yet re-measured** (their data says why; `make results` reruns them): Sparse." in text
