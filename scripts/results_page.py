@@ -16,7 +16,16 @@ def main() -> None:
     ap.add_argument("--out", default="docs/results.md")
     ap.add_argument("--readme", default="README.md", help="README to splice the headline table into ('' = none)")
     ap.add_argument("--data", default=None, help="the data folder (default: docs/data)")
+    ap.add_argument("--plots", action="store_true", help="only redraw the PNGs drawn from docs/data (matplotlib)")
     args = ap.parse_args()
+    if args.plots:
+        from benchmarks.results.page import load_all
+        from benchmarks.results.plots import draw_all
+
+        root = {"root": Path(args.data)} if args.data else {}
+        for path in draw_all(load_all(**root), Path(args.out).parent):
+            print(f"wrote {path}")
+        return
     kwargs = {"root": Path(args.data)} if args.data else {}
     write(Path(args.out), Path(args.readme) if args.readme else None, **kwargs)
     print(f"wrote {args.out}" + (f" and {args.readme}'s results block" if args.readme else ""))

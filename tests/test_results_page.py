@@ -155,3 +155,15 @@ def test_the_summary_follows_the_data():
     text = summary({"sparse": {"title": "Sparse", "stale": "old", "tables": {"main": {"rows": sparse}}}})
     assert "**lychee** wins: decodes faster than dense at 8,192 (1.50x)" in text
     assert "**Not yet re-measured** (their data says why; `make results` reruns them): Sparse." in text
+
+
+def test_the_plots_drawn_from_data_are_on_the_page(tmp_path):
+    """Every plot of benchmarks/results/plots.py draws from the committed data alone and the page shows it."""
+    from benchmarks.results.plots import PLOTS, draw_all
+
+    written = draw_all(results_page.load_all(), tmp_path)
+    assert sorted(p.name for p in written) == sorted(PLOTS)
+    page = (REPO / "docs" / "results.md").read_text()
+    for path in written:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({path.name})" in page
+        assert (REPO / "docs" / path.name).is_file()

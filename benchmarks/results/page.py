@@ -5,6 +5,7 @@ python scripts/results_page.py [--out docs/results.md] [--readme README.md]
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -75,11 +76,11 @@ def write(out: Path, readme: Path | None = None, root: Path = DATA) -> None:
     """Write the page to ``out`` (PNGs it shows are copied next to it when ``out`` is elsewhere) and,
     when given, README's generated block."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page(root))
+    text = page(root)
+    out.write_text(text)
     docs = REPO / "docs"
-    if out.parent.resolve() != docs.resolve():
-        for data in load_all(root).values():
-            for name in data.get("images", []):
-                shutil.copy(docs / name, out.parent / name)
+    if out.parent.resolve() != docs.resolve():  # the PNGs the page shows, next to it
+        for name in re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", text):
+            shutil.copy(docs / name, out.parent / name)
     if readme is not None:
         readme.write_text(splice(readme.read_text(), headline(root)))
