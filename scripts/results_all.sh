@@ -13,7 +13,7 @@
 #   full:  accuracy on 20 puzzles (rows 900-919), ToT legal steps, arbor / h2o / streaming at 0.5x and
 #          0.25x, plus IO and CoT: ~5 h by those per-puzzle times (over the 2 h target; not run here);
 #          concurrency 1/2/4/8 on 8 puzzles, full and arbor, and naive ToT; the two smallest-exact-budget
-#          searches (Game of 24 legal BFS-5, GSM8K best-first 50)
+#          searches (Game of 24 legal BFS-5, GSM8K best-first 50); sparse decode at 2K-32K
 set -euo pipefail
 SIZE=${1:-quick}
 DATA=${2:-../shared/data}
@@ -60,13 +60,20 @@ if [ "$SIZE" = full ]; then
   step budgets-gsm8k env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_budgets.py "${b2[@]}"
   "$PYTHON" -m benchmarks.results.collect budgets "$OUT/budgets" \
     --command "python scripts/bench_budgets.py ${b1[*]}; python scripts/bench_budgets.py ${b2[*]}"
+  # sparse decode attention vs dense by context (bench_sparse.py writes sparse.jsonl); the int8 before/after
+  # table is not rerun (it needs the parent commit's checkout) and is kept, marked as such
+  sp=(--threads 1 --data-dir "$DATA" --contexts 2048,4096,8192 --random-contexts 16384,32768 --decode 16 --repeats 2
+    --fidelity-steps 12 --out "$OUT/sparse")
+  step sparse env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_sparse.py "${sp[@]}"
+  "$PYTHON" -m benchmarks.results.collect sparse "$OUT/sparse" \
+    --command "OMP_WAIT_POLICY=PASSIVE python scripts/bench_sparse.py ${sp[*]}"
 fi
 
 # Not wired yet: these benchmarks write bench/ formats, not docs/data; their sections keep the data
 # migrated from the old page (each section's provenance line says when it was measured).
 cat <<'TODO'
 == not rerun (no docs/data writer yet; commands as in each section of docs/results.md):
-   wide (scripts/bench_memory.py), longctx (scripts/bench_longctx.py), sparse (scripts/bench_sparse.py), rehydrate (scripts/bench_rehydrate.py),
+   wide (scripts/bench_memory.py), longctx (scripts/bench_longctx.py), rehydrate (scripts/bench_rehydrate.py),
    linear (scripts/bench_linear.py, scripts/bench_stats_cost.py), kvp (scripts/bench_kvp.py, kvp_train.py),
    e2e-* and scaling (scripts/bench_table.sh), replay / memory-steps (record_trace.py, replay_trace.py,
    plot_memory.py), speed (scripts/bench_speed.py), controllers (scripts/bench_controllers.sh)

@@ -167,3 +167,30 @@ def test_the_plots_drawn_from_data_are_on_the_page(tmp_path):
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({path.name})" in page
         assert (REPO / "docs" / path.name).is_file()
+
+
+def test_a_rerun_keeps_what_it_did_not_remeasure_and_says_so(tmp_path):
+    """bench_sparse's JSONL replaces the sparse main table; the int8 before/after table and the prose's
+    figures are kept from the committed data, named in the provenance line, and the template renders."""
+    from benchmarks.results.collect import write as collect
+
+    committed = load_section("sparse")
+    (tmp_path / "bench").mkdir()
+    lines = []
+    for r in committed["tables"]["main"]["rows"]:  # the committed rows under bench_sparse's own keys
+        row = {"model": r["model"], "context": r["context"], "method": r["method"], "decode_tok_s": r["decode_tok_s"]}
+        row |= {"speedup": r["x_dense"] * 1.5, "attn_ms_step": r["attn_ms_step"], "attn_speedup": r["attn_x_dense"]}
+        row |= {"index_ms_step": r["index_ms"], "sparse_attn_ms_step": r["sparse_attn_ms"], "build_s": r["build_s"]}
+        row |= {"read_fraction": r["read"] / 100, "index_pct": r["index_pct_kv"], "top1_gsm8k": r["top_1_gsm8k"]}
+        row |= {"kl_gsm8k": r["kl_gsm8k"], "top1_math500": r["top_1_math"], "kl_math500": r["kl_math"]}
+        lines.append(json.dumps(row))
+    (tmp_path / "bench" / "sparse.jsonl").write_text("\n".join(lines) + "\n")
+    collect("sparse", tmp_path / "bench", "python scripts/bench_sparse.py --contexts 2048", data_root=tmp_path)
+    data = load_section("sparse", tmp_path)
+    assert data["tables"]["table2"] == committed["tables"]["table2"] and data["facts"] == committed["facts"]
+    assert data["carried"]["tables"] == ["table2"] and data["carried"]["measured"] == committed["measured"]
+    text = render_section(Section("sparse"), data)
+    assert f"Kept from the measurement of {committed['measured']}" in text and "table `table2`" in text
+    lychee_8k = next(r for r in committed["tables"]["main"]["rows"] if (r["context"], r["method"]) == (8192, "lychee"))
+    assert f"lychee decodes at **{lychee_8k['x_dense'] * 1.5:.2f}x" in text  # the prose follows the new table
+    assert "| 12.6% |" in text  # read_fraction 0.126 shown as a percentage again

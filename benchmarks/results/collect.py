@@ -27,6 +27,7 @@ class Collector:
 
     pattern: str
     keys: dict[str, str]
+    scale: dict[str, float] | None = None  # section key -> factor (a share in [0, 1] shown as a percentage)
 
 
 COLLECTORS = {
@@ -37,6 +38,17 @@ COLLECTORS = {
             "seconds": "seconds", "problems_hour": "problems_per_hour", "peak_kv_mb": "peak_device_mb",
             "decode_tokens": "decode_tokens", "oom": "oom", "same_results_as_1": "same_results_as_concurrency_1",
         },
+    ),
+    "sparse": Collector(
+        "sparse.jsonl",
+        {
+            "model": "model", "context": "context", "method": "method", "decode_tok_s": "decode_tok_s",
+            "x_dense": "speedup", "attn_ms_step": "attn_ms_step", "attn_x_dense": "attn_speedup",
+            "index_ms": "index_ms_step", "sparse_attn_ms": "sparse_attn_ms_step", "build_s": "build_s",
+            "read": "read_fraction", "index_pct_kv": "index_pct", "top_1_gsm8k": "top1_gsm8k", "kl_gsm8k": "kl_gsm8k",
+            "top_1_math": "top1_math500", "kl_math": "kl_math500",
+        },
+        scale={"read": 100.0},
     ),
     "budgets": Collector(
         "*/budgets.jsonl",
@@ -62,7 +74,10 @@ def rows(name: str, root: Path) -> list[dict]:
         for line in path.read_text().splitlines():
             if line.strip():
                 raw = json.loads(line)
-                out.append({k: path.parent.name if b == FOLDER else _cell(raw.get(b)) for k, b in spec.keys.items()})
+                row = {k: path.parent.name if b == FOLDER else _cell(raw.get(b)) for k, b in spec.keys.items()}
+                for key, factor in (spec.scale or {}).items():
+                    row[key] = None if row[key] is None else row[key] * factor
+                out.append(row)
     return out
 
 
@@ -72,15 +87,32 @@ def write(name: str, root: Path, command: str, settings: dict | None = None, dat
     if not found:
         raise SystemExit(f"collect: error: no {COLLECTORS[name].pattern} under {root}")
     committed = load_section(name, DATA)  # its columns and title are what the template expects
+    kept = carried(committed, settings or {})
     return write_section_data(
         name,
         found,
         command,
-        settings,
+        committed.get("settings", {}) | (settings or {}),
         title=committed["title"],
         columns=committed["tables"]["main"]["columns"],
+        **kept,
         root=data_root,
     )
+
+
+def carried(committed: dict, settings: dict) -> dict:
+    """What a rerun of the main table does not remeasure (other tables, figures the prose quotes, settings
+    the caller did not give), kept from the committed data with where it came from, so the section's
+    template still renders and its provenance line says which parts are older."""
+    tables = {k: v for k, v in committed["tables"].items() if k != "main"}
+    old_settings = sorted(set(committed.get("settings", {})) - set(settings))
+    if not tables and not committed.get("facts") and not old_settings:
+        return {}
+    when = committed.get("commit") or committed.get("committed_in") or "?"
+    origin = {"measured": committed.get("measured"), "commit": when[:12], "tables": sorted(tables)}
+    origin["facts"] = sorted(committed.get("facts", {}))
+    origin["settings"] = old_settings
+    return {"tables": tables, "facts": committed.get("facts", {}), "carried": origin}
 
 
 def main(argv: list[str] | None = None) -> None:

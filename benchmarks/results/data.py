@@ -8,7 +8,8 @@
      "settings": {...},                                    # the knobs that are not in the command
      "tables": {"main": {"columns": [{"key", "header", "fmt", "numeric"}], "rows": [{key: value}]}},
      "facts": {"name": value},                             # single figures the section's prose quotes
-     "source": "..."}                                      # how the file came to be (a run, or the migration)
+     "source": "...",                                      # how the file came to be (a run, or the migration)
+     "carried": {"measured", "commit", "tables", "facts"}}   # parts kept from an earlier measurement, if any
 
 A benchmark calls :func:`write_section_data` at the end of its run; ``make results-page`` renders the
 page from these files alone (:mod:`benchmarks.results.page`).
@@ -79,13 +80,15 @@ def write_section_data(
     columns: list[dict] | None = None,
     tables: dict[str, dict] | None = None,
     facts: dict[str, Any] | None = None,
+    carried: dict[str, Any] | None = None,
     root: Path | None = None,
 ) -> Path:
     """Write ``docs/data/<name>/results.json`` for one results section, with this run's provenance.
 
     ``rows`` is the section's main table (``columns`` from :func:`columns_for` unless given; extra
     tables go in ``tables``); commit, date (UTC) and machine are added here so every benchmark
-    records them the same way. Returns the path written.
+    records them the same way. ``carried`` names what was kept from an earlier measurement (its date,
+    commit, tables and facts); the page says so. Returns the path written.
     """
     path = (root or DATA) / name / "results.json"
     old = load_section(name, root) if path.is_file() else {}
@@ -103,6 +106,8 @@ def write_section_data(
         "facts": facts or {},
         "source": "run",
     }
+    if carried:
+        doc["carried"] = carried
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
     return path

@@ -92,6 +92,12 @@ def provenance(data: dict) -> str:
         data.get("command", "(command not recorded)"),
         "```",
     ]
+    if data.get("carried"):
+        c = data["carried"]
+        kept = ", ".join(
+            [f"table `{t}`" for t in c["tables"]] + (["the figures its prose quotes"] if c["facts"] else [])
+        )
+        lines += ["", f"Kept from the measurement of {c['measured']} (`{c['commit']}`), not rerun: {kept}."]
     if data.get("stale"):
         lines += ["", f"**Not current:** {data['stale']}; `make results` reruns it."]
     if data.get("images") and data.get("source", "").startswith("migrated"):
