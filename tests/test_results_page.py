@@ -194,3 +194,20 @@ def test_a_rerun_keeps_what_it_did_not_remeasure_and_says_so(tmp_path):
     lychee_8k = next(r for r in committed["tables"]["main"]["rows"] if (r["context"], r["method"]) == (8192, "lychee"))
     assert f"lychee decodes at **{lychee_8k['x_dense'] * 1.5:.2f}x" in text  # the prose follows the new table
     assert "| 12.6% |" in text  # read_fraction 0.126 shown as a percentage again
+
+
+def test_a_benchmark_with_its_own_format_renders_its_own_section(tmp_path):
+    """The longctx hook: a summary in the benchmark's own format (date as ISO time, machine as a dict)
+    gets the same provenance line, and its body comes from the benchmark's renderer."""
+    from benchmarks.results.sections import load
+
+    summary = {"command": "python scripts/bench_longctx.py --lengths 1024", "commit": "ab" * 20}
+    summary |= {"date": "2026-12-01T15:38:30+00:00", "machine": {"cpu": "x86_64", "torch_threads": 1}}
+    (tmp_path / "longctx").mkdir()
+    (tmp_path / "longctx" / "ruler_summary.json").write_text(json.dumps(summary))
+    section = Section("longctx", render="json:dumps", optional=True, file="ruler_summary.json", title="Long")
+    data = load(section, tmp_path)
+    text = render_section(section, data)
+    assert text.startswith("## Long\n\nMeasured 2026-12-01 at commit `abababababab` on cpu x86_64, torch_threads 1.")
+    assert "python scripts/bench_longctx.py --lengths 1024" in text and '"torch_threads": 1' in text
+    assert load(section, tmp_path / "nothing") is None

@@ -55,7 +55,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("concurrency"),
     Section(
         "longctx",
-        render="benchmarks.longctx.report:render_results_section",
+        render="benchmarks.longctx.report:render",
         optional=True,
         file="ruler_summary.json",
         title="Long context: RULER-style suite on SmolLM2",
@@ -85,8 +85,11 @@ def provenance(data: dict) -> str:
         when = f"Measured {measured} (commit not recorded; rows committed in `{data['committed_in'][:7]}`)"
     else:
         when = f"Measured {measured} (commit not recorded)"
+    machine = data.get("machine", "(machine not recorded)")
+    if isinstance(machine, dict):
+        machine = ", ".join(f"{k} {v}" for k, v in machine.items())
     lines = [
-        f"{when} on {data.get('machine', '(machine not recorded)')}. Data: `docs/data/{data['section']}/`. Command:",
+        f"{when} on {machine}. Data: `docs/data/{data['section']}/`. Command:",
         "",
         "```bash",
         data.get("command", "(command not recorded)"),
@@ -112,8 +115,9 @@ def load(section: Section, root: Path | None = None) -> dict | None:
         return None
     if section.file == "results.json":
         data = load_section(section.name, root)
-    else:  # a benchmark's own format, rendered by its own function
+    else:  # a benchmark's own format (its own provenance keys), rendered by its own function
         data = {"section": section.name, "title": section.title or section.name} | json.loads(path.read_text())
+        data.setdefault("measured", str(data.get("date", "(date not recorded)"))[:10])
     return section.prepare(data) if section.prepare else data
 
 
