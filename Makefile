@@ -45,3 +45,22 @@ clean:
 gpu-rehearsal:
 	bash scripts/gpu_wheels.sh
 	bash scripts/gpu_rehearsal.sh
+
+# Results (issue 27). `make results-page`: docs/results.md and README's headline table from docs/data
+# alone (no model, no .venv: a bare python3 does it in about a second). `make results`: rerun the
+# benchmarks that write docs/data/<section>/results.json (scripts/results_all.sh; SIZE=quick about
+# 20 min on 2 cores, SIZE=full longer: its header gives the estimates), then the page. Every data file
+# records the command, commit, date and machine it was measured with.
+.PHONY: results-page results-plots results
+SIZE ?= quick
+DATA_DIR ?= ../shared/data
+results-page:
+	python3 scripts/results_page.py --out docs/results.md --readme README.md
+
+# the PNGs drawn from docs/data (matplotlib, from the sweep extra); results-page shows the committed ones
+results-plots: setup
+	$(PY) scripts/results_page.py --plots
+
+results: setup
+	bash scripts/results_all.sh $(SIZE) $(DATA_DIR) $(PY)
+	$(MAKE) results-plots results-page

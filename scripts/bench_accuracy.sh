@@ -4,7 +4,7 @@
 # (per problem); plus the exact-solver oracle as one labeled upper-bound row. Model-based values only
 # (settings: conf/experiment/acc/*.yaml).
 #   bash scripts/bench_accuracy.sh [OUT_DIR] [DATA_DIR] [START] [END]
-# Then: python scripts/write_results.py --bench bench --only accuracy (splices the section into the page).
+# Then it writes docs/data/accuracy/results.json (DATA_ROOT= elsewhere); `make results-page` renders it.
 set -euo pipefail
 OUT=${1:-bench/accuracy}
 DATA=${2:-../shared/data}
@@ -28,3 +28,7 @@ for mode in $MODES; do
 done
 # the oracle: ToT BFS with legal moves steered by the exact solver (an upper bound, labeled as such)
 $SOLVE experiment=acc/tot_legal verifier=game24_oracle $COMMON policy=full run_dir=$OUT/oracle/full
+# the section's data (docs/data/accuracy/results.json, or under $DATA_ROOT), with this command and commit
+PYTHON=${PYTHON:-${BIN:-.venv/bin}/python}
+$PYTHON -m benchmarks.results.accuracy "$OUT" ${DATA_ROOT:+--data-root "$DATA_ROOT"} \
+  --command "MODES='$MODES' POLICIES='$POLICIES' RATIOS='$RATIOS' bash scripts/bench_accuracy.sh $OUT $DATA $START $END"

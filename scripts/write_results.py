@@ -1,7 +1,11 @@
-"""Assemble docs/results.md from benchmark outputs (reruns overwrite it).
+"""Legacy (issue 27): render bench/ outputs of the older benchmark formats into a scratch markdown page.
 
-    python scripts/write_results.py --bench bench --out docs/results.md
-    python scripts/write_results.py --bench bench --out docs/results.md --only linear
+docs/results.md is generated from docs/data by `make results-page` (benchmarks/results/) and must not
+be written by this script; it stays only until each benchmark writes docs/data itself, as a way to
+read a fresh bench/ run next to the committed page:
+
+    python scripts/write_results.py --bench bench --out bench/results-legacy.md
+    python scripts/write_results.py --bench bench --out bench/results-legacy.md --only linear
 
 Expects under --bench: e2e/{game24,gsm8k}-{full,budget}/merged.md, e2e/scaling/merged.md,
 replay/replay.csv, speed/speed.json, memory.png (+ memory.json), ctrl/*/results.jsonl,
@@ -713,7 +717,7 @@ SECTIONS = {
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", default="bench")
-    ap.add_argument("--out", default="docs/results.md")
+    ap.add_argument("--out", default="bench/results-legacy.md")
     ap.add_argument(
         "--only", default=None, help=f"comma-separated sections to rewrite in an existing --out: {', '.join(SECTIONS)}"
     )

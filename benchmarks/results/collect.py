@@ -1,0 +1,129 @@
+"""Sections' data from benchmarks that still write their own JSONL under bench/ (until each calls
+:func:`~benchmarks.results.data.write_section_data` itself).
+
+    python -m benchmarks.results.collect concurrency bench/concurrency \
+        --command "python scripts/bench_concurrency.py ..."
+
+A collector globs the benchmark's files, renames its keys to the committed section's column keys
+(so the section's template keeps working), and writes docs/data/<section>/results.json with this
+run's commit, date and machine. Booleans become yes / no, as the tables show them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .data import DATA, load_section, write_section_data
+
+FOLDER = "<folder>"  # the row's value is the name of the folder its file is in (one search per folder)
+
+
+@dataclass(frozen=True, slots=True)
+class Collector:
+    """``pattern`` under the benchmark's output folder; ``keys``: section column key -> benchmark key."""
+
+    pattern: str
+    keys: dict[str, str]
+    scale: dict[str, float] | None = None  # section key -> factor (a share in [0, 1] shown as a percentage)
+
+
+COLLECTORS = {
+    "concurrency": Collector(
+        "*/concurrency.jsonl",
+        {
+            "search": FOLDER, "policy": "policy", "concurrency": "concurrency", "problems": "problems",
+            "seconds": "seconds", "problems_hour": "problems_per_hour", "peak_kv_mb": "peak_device_mb",
+            "decode_tokens": "decode_tokens", "oom": "oom", "same_results_as_1": "same_results_as_concurrency_1",
+        },
+    ),
+    "sparse": Collector(
+        "sparse.jsonl",
+        {
+            "model": "model", "context": "context", "method": "method", "decode_tok_s": "decode_tok_s",
+            "x_dense": "speedup", "attn_ms_step": "attn_ms_step", "attn_x_dense": "attn_speedup",
+            "index_ms": "index_ms_step", "sparse_attn_ms": "sparse_attn_ms_step", "build_s": "build_s",
+            "read": "read_fraction", "index_pct_kv": "index_pct", "top_1_gsm8k": "top1_gsm8k", "kl_gsm8k": "kl_gsm8k",
+            "top_1_math": "top1_math500", "kl_math": "kl_math500",
+        },
+        scale={"read": 100.0},
+    ),
+    "budgets": Collector(
+        "*/budgets.jsonl",
+        {
+            "search": FOLDER, "problem": "problem", "policy": "policy", "budget_tok": "budget",
+            "x_full_peak": "fraction", "floor": "floor_fraction", "oom": "oom", "same_tree_as_full": "same_tree",
+            "max_d_logprob": "max_logprob_gap", "time_full": "time_vs_full", "preemptions": "preemptions",
+            "rehydrations": "rehydrations", "peak_kv_mb": "peak_device_mb", "peak_host_mb": "peak_host_mb",
+        },
+    ),
+}  # fmt: skip
+
+
+def _cell(value):
+    return ("yes" if value else "no") if isinstance(value, bool) else value
+
+
+def rows(name: str, root: Path) -> list[dict]:
+    """The benchmark's rows under ``root`` with the section's column keys (missing keys are None)."""
+    spec = COLLECTORS[name]
+    out = []
+    for path in sorted(root.glob(spec.pattern)):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                raw = json.loads(line)
+                row = {k: path.parent.name if b == FOLDER else _cell(raw.get(b)) for k, b in spec.keys.items()}
+                for key, factor in (spec.scale or {}).items():
+                    row[key] = None if row[key] is None else row[key] * factor
+                out.append(row)
+    return out
+
+
+def write(name: str, root: Path, command: str, settings: dict | None = None, data_root: Path | None = None) -> Path:
+    """Write docs/data/<name>/results.json from the benchmark's outputs under ``root``."""
+    found = rows(name, root)
+    if not found:
+        raise SystemExit(f"collect: error: no {COLLECTORS[name].pattern} under {root}")
+    committed = load_section(name, DATA)  # its columns and title are what the template expects
+    kept = carried(committed, settings or {})
+    return write_section_data(
+        name,
+        found,
+        command,
+        committed.get("settings", {}) | (settings or {}),
+        title=committed["title"],
+        columns=committed["tables"]["main"]["columns"],
+        **kept,
+        root=data_root,
+    )
+
+
+def carried(committed: dict, settings: dict) -> dict:
+    """What a rerun of the main table does not remeasure (other tables, figures the prose quotes, settings
+    the caller did not give), kept from the committed data with where it came from, so the section's
+    template still renders and its provenance line says which parts are older."""
+    tables = {k: v for k, v in committed["tables"].items() if k != "main"}
+    old_settings = sorted(set(committed.get("settings", {})) - set(settings))
+    if not tables and not committed.get("facts") and not old_settings:
+        return {}
+    when = committed.get("commit") or committed.get("committed_in") or "?"
+    origin = {"measured": committed.get("measured"), "commit": when[:12], "tables": sorted(tables)}
+    origin["facts"] = sorted(committed.get("facts", {}))
+    origin["settings"] = old_settings
+    return {"tables": tables, "facts": committed.get("facts", {}), "carried": origin}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("section", choices=sorted(COLLECTORS))
+    ap.add_argument("outputs", type=Path, help="the benchmark's --out folder (one subfolder per search)")
+    ap.add_argument("--command", required=True, help="the command that produced the outputs (recorded)")
+    ap.add_argument("--data-root", type=Path, default=None, help="docs/data by default")
+    args = ap.parse_args(argv)
+    print(f"wrote {write(args.section, args.outputs, args.command, data_root=args.data_root)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The committed results format: one JSON file per results section under ``docs/data/<section>/``.
+
+``docs/data/<section>/results.json``::
+
+    {"format": 1, "section": "linear", "title": "...",
+     "command": "python scripts/bench_linear.py ...",     # what produced the rows
+     "commit": "1e0dd53..." | null, "measured": "2026-11-30", "machine": "x86_64, 2 CPUs, ...",
+     "settings": {...},                                    # the knobs that are not in the command
+     "tables": {"main": {"columns": [{"key", "header", "fmt", "numeric"}], "rows": [{key: value}]}},
+     "facts": {"name": value},                             # single figures the section's prose quotes
+     "source": "...",                                      # how the file came to be (a run, or the migration)
+     "carried": {"measured", "commit", "tables", "facts"}}   # parts kept from an earlier measurement, if any
+
+A benchmark calls :func:`write_section_data` at the end of its run; ``make results-page`` renders the
+page from these files alone (:mod:`benchmarks.results.page`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+#: where the committed results live
+DATA = REPO / "docs" / "data"
+FORMAT = 1
+
+
+def commit() -> str | None:
+    """The checkout's commit (``+dirty`` when tracked files differ from it), or None outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=REPO, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def machine() -> str:
+    """The machine in words: architecture, CPUs, GPU if torch (already imported) sees one, Python, torch."""
+    parts = [f"{platform.machine()}", f"{os.cpu_count()} CPUs", f"Python {platform.python_version()}"]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        parts.append(f"torch {torch.__version__}")
+        if torch.cuda.is_available():
+            parts.insert(2, torch.cuda.get_device_name(0))
+    else:  # a collector that reads a benchmark's outputs need not import torch to name it
+        try:
+            parts.append(f"torch {metadata.version('torch')}")
+        except metadata.PackageNotFoundError:
+            pass
+    return ", ".join(parts)
+
+
+def columns_for(rows: list[dict], fmts: dict[str, str] | None = None) -> list[dict]:
+    """Columns for ``rows`` in first-seen key order: header = key, numbers right-aligned, ``fmts`` per key."""
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    fmts = fmts or {}
+    out = []
+    for key in keys:
+        numeric = all(isinstance(r.get(key), (int, float)) for r in rows if r.get(key) is not None)
+        out.append({"key": key, "header": key, "fmt": fmts.get(key, "auto"), "numeric": numeric})
+    return out
+
+
+def write_section_data(
+    name: str,
+    rows: list[dict[str, Any]],
+    command: str,
+    settings: dict[str, Any] | None = None,
+    *,
+    title: str | None = None,
+    columns: list[dict] | None = None,
+    tables: dict[str, dict] | None = None,
+    facts: dict[str, Any] | None = None,
+    carried: dict[str, Any] | None = None,
+    root: Path | None = None,
+) -> Path:
+    """Write ``docs/data/<name>/results.json`` for one results section, with this run's provenance.
+
+    ``rows`` is the section's main table (``columns`` from :func:`columns_for` unless given; extra
+    tables go in ``tables``); commit, date (UTC) and machine are added here so every benchmark
+    records them the same way. ``carried`` names what was kept from an earlier measurement (its date,
+    commit, tables and facts); the page says so. Returns the path written.
+    """
+    path = (root or DATA) / name / "results.json"
+    old = load_section(name, root) if path.is_file() else {}
+    all_tables = {"main": {"columns": columns or columns_for(rows), "rows": rows}} | (tables or {})
+    doc = {
+        "format": FORMAT,
+        "section": name,
+        "title": title or old.get("title", name),
+        "command": command,
+        "commit": commit(),
+        "measured": dt.datetime.now(dt.timezone.utc).date().isoformat(),
+        "machine": machine(),
+        "settings": settings or {},
+        "tables": all_tables,
+        "facts": facts or {},
+        "source": "run",
+    }
+    if carried:
+        doc["carried"] = carried
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
+def load_section(name: str, root: Path | None = None) -> dict:
+    """The section's data file as a dict; a missing or older-format file is an error naming the path."""
+    path = (root or DATA) / name / "results.json"
+    doc = json.loads(path.read_text())
+    if doc.get("format") != FORMAT:
+        raise ValueError(f"{path}: format {doc.get('format')!r}, expected {FORMAT}")
+    return doc

@@ -1,0 +1,74 @@
+"""PNGs next to the results page drawn from docs/data alone (matplotlib; `make results-plots`).
+
+``make results-page`` does not redraw them (a bare python3 has no matplotlib, and PNG bytes vary with
+the matplotlib version); the page shows the committed files. Plots whose input is not in docs/data
+(the memory-over-steps figures need recorded traces) stay as the committed PNGs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from .stats import wilson
+
+
+def _figure(width: float = 6.4, height: float = 3.6):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def sparse_speedup(data: dict, path: Path) -> None:
+    """Decode tokens/s over dense's, per context length, for each sparse method (docs/data/sparse)."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    rows = data["tables"]["main"]["rows"]
+    for method, color in (("lychee", "#1b9e77"), ("quest", "#7570b3")):
+        mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["context"])
+        ax.plot([r["context"] for r in mine], [r["x_dense"] for r in mine], "o-", color=color, label=method)
+    ax.axhline(1.0, color="#444444", lw=0.8, ls=":", label="dense")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context tokens (SmolLM2 to 8K, random SmolLM2-shaped model above)")
+    ax.set_ylabel("decode tok/s / dense")
+    ax.legend(frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+
+
+def accuracy_intervals(data: dict, path: Path) -> None:
+    """Solve rate with its 95% Wilson interval per policy and budget, ToT BFS with legal steps."""
+    rows = [r for r in data["tables"]["main"]["rows"] if r["mode"].startswith("ToT BFS, legal")]
+    fig = _figure(6.4, 0.4 * len(rows) + 1.0)
+    ax = fig.add_subplot()
+    for i, r in enumerate(rows):
+        lo, hi = wilson(r["solved"], r["problems"])
+        rate = r["solved"] / r["problems"]
+        ax.errorbar([rate], [i], xerr=[[rate - lo], [hi - rate]], fmt="o", color="#1b9e77", capsize=3)
+    labels = ["oracle (upper bound)" if "oracle" in r["verifier"] else f"{r['policy']} {r['budget']}" for r in rows]
+    ax.set_yticks(range(len(rows)), labels)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel(f"solved (95% Wilson interval), n={rows[0]['problems']} puzzles")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+
+
+#: file next to the page -> (section whose data it draws, drawing function)
+PLOTS: dict[str, tuple[str, Callable[[dict, Path], None]]] = {
+    "sparse-speedup.png": ("sparse", sparse_speedup),
+    "accuracy-intervals.png": ("accuracy", accuracy_intervals),
+}
+
+
+def draw_all(data: dict[str, dict], folder: Path) -> list[Path]:
+    """Every plot whose section has data, into ``folder``; returns the paths written."""
+    out = []
+    for name, (section, draw) in PLOTS.items():
+        if section in data:
+            draw(data[section], folder / name)
+            out.append(folder / name)
+    return out

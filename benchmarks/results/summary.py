@@ -1,0 +1,370 @@
+"""The page's summary: where each method wins and loses, decided by rules over the section data.
+
+Each rule reads one section's table and returns a sentence (or None when its data is absent), so
+the summary changes when the data does and never quotes a figure the tables do not hold.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+from .stats import format_rate, overlap
+from .tables import cell
+
+Rule = Callable[[dict[str, dict]], str | None]
+
+
+def _share(v: float) -> str:
+    return f"{v:g}x"
+
+
+def accuracy(data: dict[str, dict]) -> str | None:
+    """Per propose mode: which policy/budget differs from full beyond the 95% intervals, and OOM."""
+    if "accuracy" not in data:
+        return None
+    rows = data["accuracy"]["tables"]["main"]["rows"]
+    full = {r["mode"]: r for r in rows if r["policy"] == "full" and "oracle" not in r["verifier"]}
+    differs, ooms = [], []
+    for r in rows:
+        ref = full.get(r["mode"])
+        if ref is None or r is ref or "oracle" in r["verifier"]:
+            continue
+        if not overlap((r["solved"], r["problems"]), (ref["solved"], ref["problems"])):
+            differs.append(f"{r['policy']} {r['budget']} in {r['mode']}")
+        if r["oom"] == r["problems"]:
+            ooms.append(f"{r['policy']} at {r['budget']}")
+    best = max(full.values(), key=lambda r: r["solved"])
+    text = (
+        f"**Accuracy (Game of 24, n={best['problems']} per cell).** Best mode under `full`: {best['mode']}, "
+        f"{format_rate(best['solved'], best['problems'])}. "
+    )
+    text += (
+        "No policy or budget differs from `full` beyond the 95% intervals"
+        if not differs
+        else "Beyond the 95% intervals, differing from `full`: " + "; ".join(differs)
+    )
+    text += " (at this n the intervals are wide: read ties, not rankings)."
+    if ooms:
+        counts = {k: ooms.count(k) for k in dict.fromkeys(ooms)}
+        listed = "; ".join(f"{k} ({v} of {len(full)} modes)" for k, v in counts.items())
+        text += f" Out of memory on every puzzle: {listed}."
+    return text
+
+
+def budgets(data: dict[str, dict]) -> str | None:
+    """Per search: the smallest share of full's peak at which each policy rebuilt full's tree exactly."""
+    if "budgets" not in data:
+        return None
+    best: dict[tuple[str, str], float] = {}
+    lost: dict[tuple[str, str], float] = {}
+    for r in data["budgets"]["tables"]["main"]["rows"]:
+        if r["policy"] == "full" or r["x_full_peak"] is None:
+            continue
+        key = (f"{r['search']} #{r['problem']}", r["policy"])
+        if r["same_tree_as_full"] == "yes":
+            best[key] = min(best.get(key, 9.0), r["x_full_peak"])
+        else:
+            lost[key] = max(lost.get(key, 0.0), r["x_full_peak"])
+    parts = []
+    for search in dict.fromkeys(s for s, _ in best | lost):
+        for policy in ("arbor", "h2o"):
+            if (search, policy) in best:
+                parts.append(f"{policy} exact down to {_share(best[search, policy])} on {search}")
+            elif (search, policy) in lost:
+                parts.append(f"{policy} never exact on {search} (tried up to {_share(lost[search, policy])})")
+    return "**Smallest exact budget (live searches).** " + "; ".join(parts) + "."
+
+
+def _lowest(rows: list[dict], group: str, policy: str, metric: str) -> dict[str, str]:
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get(metric) is not None:
+            by[cell(r[group], "text") if isinstance(r[group], str) else r[group]].append(r)
+    return {k: min(v, key=lambda r: r[metric])[policy] for k, v in by.items()}
+
+
+def _ranges(winners: dict, unit: str = "") -> str:
+    by: dict[str, list] = defaultdict(list)
+    for share, who in winners.items():
+        by[who].append(share)
+    return "; ".join(f"{who} at {', '.join(f'{s}{unit}' for s in shares)}" for who, shares in by.items())
+
+
+def kvp(data: dict[str, dict]) -> str | None:
+    """Which policy has the lowest mean KL at each kept share (oracle excluded)."""
+    if "kvp" not in data:
+        return None
+    rows = [r for r in data["kvp"]["tables"]["table2"]["rows"] if r["policy"] != "oracle"]
+    winners = _ranges(_lowest(rows, "kept", "policy", "mean_kl"), "%")
+    return f"**KVP vs heuristics (lowest mean KL per kept share).** {winners}."
+
+
+def linear(data: dict[str, dict]) -> str | None:
+    """Project policies vs their kvpress press: the KL ratio range per policy."""
+    if "linear" not in data:
+        return None
+    by: dict[str, list[float]] = defaultdict(list)
+    for r in data["linear"]["tables"]["main"]["rows"]:
+        by[r["policy"]].append(float(str(r["xpress"]).rstrip("×")))
+    parts = [f"{p} {min(v):.2f}-{max(v):.2f}x its press's KL" for p, v in by.items()]
+    return "**Linear baselines vs kvpress (same contexts).** " + "; ".join(parts) + " (1.00x = identical)."
+
+
+def sparse(data: dict[str, dict]) -> str | None:
+    """Where sparse decoding is faster or slower than dense, and its fidelity range."""
+    if "sparse" not in data:
+        return None
+    rows = [r for r in data["sparse"]["tables"]["main"]["rows"] if r["method"] != "dense"]
+    wins = sorted({(r["model"], r["context"]) for r in rows if r["x_dense"] > 1})
+    loses = sorted({(r["model"], r["context"]) for r in rows if r["x_dense"] <= 1})
+    top1 = [r[k] for r in rows for k in ("top_1_gsm8k", "top_1_math") if r.get(k) is not None]
+
+    def ctx(pairs: list) -> str:
+        return ", ".join(f"{c:,} ({m})" for m, c in pairs) or "none"
+
+    return (
+        f"**Sparse decode (lychee, quest) vs dense.** Faster end to end at {ctx(wins)}; slower at {ctx(loses)}; "
+        f"top-1 agreement with dense {min(top1):.2f}-{max(top1):.2f}."
+    )
+
+
+def concurrency(data: dict[str, dict]) -> str | None:
+    """Problems/hour at the best concurrency against concurrency 1, per policy; naive ToT beside it."""
+    if "concurrency" not in data:
+        return None
+    rows = data["concurrency"]["tables"]["main"]["rows"]
+    parts = []
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == policy]
+        one = next((r for r in mine if r["concurrency"] == 1), None)
+        top = max(mine, key=lambda r: r["problems_hour"])
+        if one and len(mine) > 1 and top is one:
+            parts.append(f"`{policy}` fastest at concurrency 1 ({one['problems_hour']:.0f} problems/hour)")
+        elif one and len(mine) > 1:
+            parts.append(
+                f"`{policy}` {top['problems_hour'] / one['problems_hour']:.2f}x its concurrency-1 rate "
+                f"at concurrency {top['concurrency']}"
+            )
+        elif one:
+            parts.append(f"`{policy}` {one['problems_hour']:.0f} problems/hour")
+    return "**Concurrency (problems/hour).** " + "; ".join(parts) + "."
+
+
+def speed(data: dict[str, dict]) -> str | None:
+    """The runtime's time against naive re-prefill on the same trees."""
+    if "speed" not in data:
+        return None
+    ratios = [r["runtime_method_time"] for r in data["speed"]["tables"]["main"]["rows"] if r["method"] == "naive"]
+    return (
+        f"**Same tree, three ways.** The runtime takes {min(ratios):.2f}-{max(ratios):.2f}x naive ToT's time "
+        "(naive re-prefills every path)."
+    )
+
+
+def stale(data: dict[str, dict]) -> str | None:
+    """Which sections are not current, from their data's own ``stale`` field."""
+    old = [d["title"].split(" (")[0] for d in data.values() if d.get("stale")]
+    if not old:
+        return None
+    return "**Not yet re-measured** (their data says why; `make results` reruns them): " + "; ".join(old) + "."
+
+
+Verdict = tuple[str, str, str]  # (method, "wins" | "loses" | "matches", what, with the section)
+
+
+def budget_verdicts(data: dict[str, dict]) -> list[Verdict]:
+    """Exact down to which share of full's peak; never exact; out of memory where another policy ran."""
+    if "budgets" not in data:
+        return []
+    rows = [r for r in data["budgets"]["tables"]["main"]["rows"] if r["policy"] != "full"]
+    out: list[Verdict] = []
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == policy]
+        exact = {}
+        for r in mine:
+            if r["same_tree_as_full"] == "yes":
+                key = f"{r['search']} #{r['problem']}"
+                exact[key] = min(exact.get(key, 9.0), r["x_full_peak"])
+        if exact:
+            where = ", ".join(f"{_share(x)} on {k}" for k, x in exact.items())
+            out.append((policy, "wins", f"rebuilds full's tree exactly down to {where} (smallest exact budget)"))
+        never = sorted({f"{r['search']} #{r['problem']}" for r in mine if r["oom"] == "no"} - set(exact))
+        if never:
+            out.append((policy, "loses", f"never rebuilds full's tree on {', '.join(never)} (smallest exact budget)"))
+        ooms = [r for r in mine if r["oom"] == "yes"]
+        if ooms:
+            where = ", ".join(sorted({f"{r['search']} #{r['problem']}" for r in ooms}))
+            floor = (
+                "below its floor (the longest path plus one thought) "
+                if all(r["x_full_peak"] < r["floor"] for r in ooms)
+                else ""
+            )
+            others = sorted({r["policy"] for r in rows if r["policy"] != policy and r["oom"] == "no"})
+            ran = f", where {', '.join(others)} kept running (inexactly)" if others else ""
+            out.append((policy, "loses", f"out of memory {floor}on {where}{ran} (smallest exact budget)"))
+    return out
+
+
+def accuracy_verdicts(data: dict[str, dict]) -> list[Verdict]:
+    """Policies that ran out of memory on every puzzle of a mode."""
+    if "accuracy" not in data:
+        return []
+    rows = data["accuracy"]["tables"]["main"]["rows"]
+    modes = {r["mode"] for r in rows}
+    ooms: dict[tuple[str, str], int] = defaultdict(int)
+    for r in rows:
+        if r["oom"] == r["problems"]:
+            ooms[r["policy"], r["budget"]] += 1
+    return [
+        (policy, "loses", f"out of memory on every puzzle at {budget} in {n} of {len(modes)} accuracy modes")
+        for (policy, budget), n in ooms.items()
+    ]
+
+
+def kvp_verdicts(data: dict[str, dict]) -> list[Verdict]:
+    """Lowest mean KL per kept share among the learned and heuristic scorers."""
+    if "kvp" not in data:
+        return []
+    rows = [r for r in data["kvp"]["tables"]["table2"]["rows"] if r["policy"] != "oracle"]
+    winners = _lowest(rows, "kept", "policy", "mean_kl")
+    out: list[Verdict] = []
+    by: dict[str, list] = defaultdict(list)
+    for share, who in winners.items():
+        by[who].append(f"{share}%")
+    for who, shares in by.items():
+        out.append((who, "wins", f"lowest mean KL at {', '.join(shares)} kept (KVP)"))
+    learned = [s for s, w in winners.items() if not w.startswith("kvp")]
+    if learned:
+        out.append(
+            ("kvp", "loses", f"h2o-style statistics beat it at {', '.join(f'{s}%' for s in learned)} kept (KVP)")
+        )
+    return out
+
+
+def linear_verdicts(data: dict[str, dict]) -> list[Verdict]:
+    """Each linear policy against its kvpress press: identical, or how far from it."""
+    if "linear" not in data:
+        return []
+    out: list[Verdict] = []
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in data["linear"]["tables"]["main"]["rows"]:
+        by[r["policy"]].append(r)
+    for policy, rows in by.items():
+        ratios = [r["xpress"] for r in rows]
+        if all(abs(x - 1) < 0.005 for x in ratios):
+            out.append((policy, "matches", "kvpress's press exactly at every share (Linear)"))
+            continue
+        worst = max(rows, key=lambda r: r["xpress"])
+        if worst["xpress"] > 1:
+            out.append(
+                (policy, "loses", f"{worst['xpress']:.2f}x its kvpress press's KL at {worst['kept']}% kept (Linear)")
+            )
+        best = min(rows, key=lambda r: r["xpress"])
+        if best["xpress"] < 1:
+            out.append(
+                (policy, "wins", f"{best['xpress']:.2f}x its kvpress press's KL at {best['kept']}% kept (Linear)")
+            )
+    return out
+
+
+def sparse_verdicts(data: dict[str, dict]) -> list[Verdict]:
+    """Contexts where each sparse method decodes faster or slower than dense."""
+    if "sparse" not in data:
+        return []
+    out: list[Verdict] = []
+    rows = data["sparse"]["tables"]["main"]["rows"]
+    for method in ("lychee", "quest"):
+        mine = [r for r in rows if r["method"] == method]
+        for kind, test in (("wins", lambda x: x > 1), ("loses", lambda x: x <= 1)):
+            hits = [r for r in mine if test(r["x_dense"])]
+            if hits:
+                where = ", ".join(f"{r['context']:,} ({r['x_dense']:.2f}x)" for r in hits)
+                word = "faster" if kind == "wins" else "slower"
+                out.append((method, kind, f"decodes {word} than dense at {where} (Sparse)"))
+    return out
+
+
+def rehydrate_verdicts(data: dict[str, dict]) -> list[Verdict]:
+    """Rehydration orders against each other at the pools where they differ."""
+    if "rehydrate" not in data:
+        return []
+    rows = data["rehydrate"]["tables"]["main"]["rows"]
+    out: list[Verdict] = []
+    for pool in dict.fromkeys(r["pool_tokens"] for r in rows if r["pool_tokens"]):
+        at = {r["configuration"]: r for r in rows if r["pool_tokens"] == pool}
+        ranked, position = at.get("ranked"), at.get("position")
+        if ranked and position and ranked["tokens_full"] is not None and position["tokens_full"] is not None:
+            kind = "wins" if ranked["tokens_full"] > position["tokens_full"] else "loses"
+            text = (
+                f"{ranked['tokens_full']} of answer tokens equal full's vs position order's {position['tokens_full']}"
+            )
+            out.append(("rehydrate=ranked", kind, f"{text} at pool {pool} (Returning to a compressed branch)"))
+        whole = at.get("whole")
+        if whole and whole["ran"].startswith("0/"):
+            out.append(("rehydrate=whole", "loses", f"cannot run at pool {pool} ({whole['ran']} trees)"))
+    return out
+
+
+def concurrency_verdicts(data: dict[str, dict]) -> list[Verdict]:
+    """Throughput gained from concurrency, per policy, and naive ToT against the runtime."""
+    if "concurrency" not in data:
+        return []
+    rows = data["concurrency"]["tables"]["main"]["rows"]
+    out: list[Verdict] = []
+    best_runtime = max((r for r in rows if r["policy"] != "naive ToT"), key=lambda r: r["problems_hour"], default=None)
+    for policy in dict.fromkeys(r["policy"] for r in rows if r["policy"] != "naive ToT"):
+        mine = [r for r in rows if r["policy"] == policy]
+        one = next((r for r in mine if r["concurrency"] == 1), None)
+        top = max(mine, key=lambda r: r["problems_hour"])
+        if one is None or len(mine) < 2:
+            continue
+        if top is one:
+            out.append((f"`{policy}`", "loses", "no more problems/hour at any concurrency than at 1 (Concurrency)"))
+        else:
+            gain = top["problems_hour"] / one["problems_hour"]
+            out.append(
+                (f"`{policy}`", "wins", f"{gain:.2f}x problems/hour at concurrency {top['concurrency']} (Concurrency)")
+            )
+    naive = next((r for r in rows if r["policy"] == "naive ToT"), None)
+    if naive and best_runtime:
+        kind = "wins" if naive["problems_hour"] > best_runtime["problems_hour"] else "loses"
+        rates = f"{naive['problems_hour']:.0f} problems/hour vs the runtime's best {best_runtime['problems_hour']:.0f}"
+        tokens = f"{naive['decode_tokens']:,} vs {best_runtime['decode_tokens']:,} decode tokens"
+        out.append(("naive ToT", kind, f"{rates} (other samples: {tokens}; Concurrency)"))
+    return out
+
+
+VERDICTS = (
+    budget_verdicts, accuracy_verdicts, kvp_verdicts, linear_verdicts, sparse_verdicts, rehydrate_verdicts,
+    concurrency_verdicts,
+)  # fmt: skip
+
+
+def by_method(data: dict[str, dict]) -> str:
+    """One bullet per method: where it wins, matches and loses, from every verdict rule."""
+    per: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for rule in VERDICTS:
+        for method, kind, text in rule(data):
+            per[method][kind].append(text)
+    lines = []
+    for method, kinds in per.items():
+        parts = [f"{kind}: " + "; ".join(kinds[kind]) for kind in ("wins", "matches", "loses") if kinds.get(kind)]
+        lines.append(f"- **{method}** " + ". ".join(parts) + ".")
+    return "\n".join(lines)
+
+
+RULES: tuple[Rule, ...] = (accuracy, budgets, kvp, linear, sparse, concurrency, speed, stale)
+
+
+def summary(data: dict[str, dict]) -> str:
+    """The ``## Summary`` section: one bullet per rule that has data."""
+    bullets = [text for rule in RULES if (text := rule(data))]
+    return (
+        "## Summary\n\nGenerated from docs/data by rules (`benchmarks/results/summary.py`); each claim names the "
+        "section it comes from.\n\n### Where each method wins and loses\n\n"
+        + by_method(data)
+        + "\n\n### By benchmark\n\n"
+        + "\n".join(f"- {b}" for b in bullets)
+        + "\n"
+    )

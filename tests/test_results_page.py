@@ -1,0 +1,213 @@
+"""The results page is generated from committed data (issue 27): rebuilding it changes nothing, every
+section says how and when it was measured, README's figures are the data's, rates carry intervals."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.results import page as results_page
+from benchmarks.results.data import load_section, write_section_data
+from benchmarks.results.sections import Section, render_section
+from benchmarks.results.stats import format_rate, overlap, wilson
+from benchmarks.results.template import render
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_rebuilding_the_page_from_docs_data_changes_nothing(tmp_path):
+    """`make results-page`'s script without site-packages (`-S`: the standard library only, no model, no
+    torch) into a temp dir equals the committed page, and copies the PNGs the page shows next to it."""
+    out = tmp_path / "results.md"
+    cmd = [sys.executable, "-S", str(REPO / "scripts" / "results_page.py"), "--out", str(out), "--readme", ""]
+    subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True)
+    assert out.read_text() == (REPO / "docs" / "results.md").read_text()
+    for name in re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", out.read_text()):
+        assert (tmp_path / name).read_bytes() == (REPO / "docs" / name).read_bytes()
+
+
+def test_every_section_names_its_command_and_when_it_was_measured():
+    text = (REPO / "docs" / "results.md").read_text()
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    assert sections[0].startswith("Summary")
+    titles = {data["title"] for data in results_page.load_all().values()}
+    assert {s.split("\n", 1)[0] for s in sections[1:]} == titles
+    for body in sections[1:]:
+        head = body.split("\n\n", 2)[1]
+        when = r"Measured \d{4}-\d\d-\d\d (at commit `\w{7,}|\(commit not recorded; rows committed in `\w{7})"
+        assert re.match(when, head), head
+        assert "```bash\n" in body.split("\n\n", 3)[2] and "\n```" in body
+
+
+def test_readme_results_block_is_the_data():
+    """A figure in README's results lines that differs from docs/data fails here."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split(results_page.BEGIN, 1)[1].split(results_page.END, 1)[0]
+    assert block.strip("\n") == results_page.headline().strip("\n")
+    rows = load_section("accuracy")["tables"]["main"]["rows"]
+    full = next(r for r in rows if r["policy"] == "full" and r["mode"].startswith("ToT BFS, legal"))
+    assert f"| full | none | {format_rate(full['solved'], full['problems'])} | {full['peak_kv_tok']:,} |" in block
+
+
+def test_accuracy_cells_show_their_wilson_interval():
+    text = (REPO / "docs" / "results.md").read_text()
+    acc = text.split("## Accuracy", 1)[1].split("\n## ", 1)[0]
+    cells = re.findall(r"\| (\d+)/(\d+) (\d+)% \[(\d+)-(\d+)%\] \|", acc)
+    assert len(cells) == len(load_section("accuracy")["tables"]["main"]["rows"]) == 29
+    for k, n, _rate, lo, hi in cells:
+        want_lo, want_hi = wilson(int(k), int(n))
+        assert (int(lo), int(hi)) == (round(100 * want_lo), round(100 * want_hi))
+
+
+def test_wilson_interval_known_values_and_bad_input():
+    lo, hi = wilson(1, 6)  # textbook: 0.0301, 0.5635
+    assert abs(lo - 0.0301) < 5e-4 and abs(hi - 0.5635) < 5e-4
+    assert wilson(0, 6)[0] == 0.0 and abs(wilson(0, 6)[1] - 0.3903) < 5e-4
+    assert wilson(6, 6)[1] == 1.0 and abs(wilson(6, 6)[0] - (1 - 0.3903)) < 5e-4
+    assert wilson(0, 0) == (0.0, 1.0)
+    assert overlap((1, 6), (2, 6)) and not overlap((0, 20), (15, 20))
+    with pytest.raises(ValueError, match="7/6"):
+        wilson(7, 6)
+
+
+def test_a_benchmark_writes_a_section_that_renders_with_its_provenance(tmp_path):
+    """write_section_data adds commit, date and machine; the template fills a figure from a row."""
+    rows = [{"policy": "full", "solved": 3}, {"policy": "arbor", "solved": 5}]
+    path = write_section_data("demo", rows, "python scripts/x.py --n 2", {"n": 2}, title="Demo", root=tmp_path)
+    doc = json.loads(path.read_text())
+    assert doc["command"] == "python scripts/x.py --n 2" and doc["settings"] == {"n": 2}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", doc["measured"]) and doc["machine"] and doc["format"] == 1
+    assert doc["commit"] is None or re.match(r"[0-9a-f]{40}", doc["commit"])
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "demo.md").write_text("arbor solved {{main[policy=arbor].solved}}.\n\n{{table main}}\n")
+    text = render_section(Section("demo"), load_section("demo", tmp_path), notes)
+    assert text.startswith("## Demo\n\nMeasured ") and "python scripts/x.py --n 2" in text
+    assert "arbor solved 5." in text and "| arbor | 5 |" in text
+
+
+def test_a_placeholder_that_matches_no_row_is_an_error():
+    table = {"columns": [{"key": "p", "header": "p"}], "rows": [{"p": "a"}]}
+    data = {"section": "s", "title": "t", "tables": {"main": table}}
+    assert render("{{main[p=a].p}}", data) == "a"
+    with pytest.raises(ValueError, match="0 rows match"):
+        render("{{main[p=b].p}}", data)
+    with pytest.raises(ValueError, match="no column 'q'"):
+        render("{{main[q=a].p}}", data)
+
+
+def test_prose_figures_come_from_the_data():
+    """No decimal in a section template outside a placeholder, code span or table line."""
+    notes = REPO / "docs" / "notes"
+    typed = set()
+    for section in results_page.SECTIONS:
+        path = notes / f"{section.name}.md"
+        if not path.is_file():
+            continue
+        text = re.sub(r"\{\{[^{}]*\}\}|`[^`]*`|^\|.*$", "", path.read_text(), flags=re.M)
+        if re.search(r"(?<![\w.])\d+\.\d+", text):
+            typed.add(section.name)
+    assert not typed, f"hand-typed decimals in docs/notes/{sorted(typed)}.md: use a placeholder (or a fact)"
+
+
+def test_a_benchmarks_jsonl_becomes_its_sections_data(tmp_path):
+    """bench_concurrency's JSONL (its keys) -> docs/data/concurrency with the committed columns -> the table."""
+    from benchmarks.results.collect import write as collect
+
+    run = tmp_path / "bench" / "game24-bfs"
+    run.mkdir(parents=True)
+    row = {"policy": "policy=full", "concurrency": 4, "problems": 8, "seconds": 37.25, "problems_per_hour": 773.2}
+    row |= {"peak_device_mb": 43.2, "decode_tokens": 619, "oom": 0, "same_results_as_concurrency_1": True}
+    (run / "concurrency.jsonl").write_text(json.dumps(row) + "\n")
+    path = collect(
+        "concurrency", tmp_path / "bench", "python scripts/bench_concurrency.py --levels 4", data_root=tmp_path
+    )
+    data = load_section("concurrency", tmp_path)
+    assert path == tmp_path / "concurrency" / "results.json" and data["source"] == "run"
+    assert data["tables"]["main"]["rows"] == [
+        {"search": "game24-bfs", "policy": "policy=full", "concurrency": 4, "problems": 8, "seconds": 37.25}
+        | {"problems_hour": 773.2, "peak_kv_mb": 43.2, "decode_tokens": 619, "oom": 0, "same_results_as_1": "yes"}
+    ]
+    text = render_section(Section("concurrency"), data)
+    assert "| game24-bfs | policy=full | 4 | 8 | 37.25 | 773.2 | 43.2 | 619 | 0 | yes |" in text
+
+
+def test_the_summary_follows_the_data():
+    """Change the data and the generated summary changes with it: a real difference beyond the intervals
+    is named, a policy out of memory everywhere loses, a faster sparse context wins."""
+    from benchmarks.results.summary import summary
+
+    def acc(policy, solved, oom=0):
+        row = {"mode": "ToT", "verifier": "llm_value", "policy": policy, "budget": "0.5x", "solved": solved}
+        return row | {"problems": 20, "oom": oom}
+
+    rows = [acc("full", 2), acc("arbor", 15), acc("h2o", 0, oom=20)]
+    data = {"accuracy": {"title": "Accuracy", "tables": {"main": {"rows": rows}}}}
+    text = summary(data)
+    assert "differing from `full`: arbor 0.5x in ToT (" in text  # 15/20 vs 2/20; h2o's 0/20 overlaps 2/20
+    assert "**h2o** loses: out of memory on every puzzle at 0.5x in 1 of 1 accuracy modes" in text
+    sparse = [{"model": "m", "context": 8192, "method": "lychee", "x_dense": 1.5, "top_1_gsm8k": 1.0}]
+    text = summary({"sparse": {"title": "Sparse", "stale": "old", "tables": {"main": {"rows": sparse}}}})
+    assert "**lychee** wins: decodes faster than dense at 8,192 (1.50x)" in text
+    assert "**Not yet re-measured** (their data says why; `make results` reruns them): Sparse." in text
+
+
+def test_the_plots_drawn_from_data_are_on_the_page(tmp_path):
+    """Every plot of benchmarks/results/plots.py draws from the committed data alone and the page shows it."""
+    from benchmarks.results.plots import PLOTS, draw_all
+
+    written = draw_all(results_page.load_all(), tmp_path)
+    assert sorted(p.name for p in written) == sorted(PLOTS)
+    page = (REPO / "docs" / "results.md").read_text()
+    for path in written:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({path.name})" in page
+        assert (REPO / "docs" / path.name).is_file()
+
+
+def test_a_rerun_keeps_what_it_did_not_remeasure_and_says_so(tmp_path):
+    """bench_sparse's JSONL replaces the sparse main table; the int8 before/after table and the prose's
+    figures are kept from the committed data, named in the provenance line, and the template renders."""
+    from benchmarks.results.collect import write as collect
+
+    committed = load_section("sparse")
+    (tmp_path / "bench").mkdir()
+    lines = []
+    for r in committed["tables"]["main"]["rows"]:  # the committed rows under bench_sparse's own keys
+        row = {"model": r["model"], "context": r["context"], "method": r["method"], "decode_tok_s": r["decode_tok_s"]}
+        row |= {"speedup": r["x_dense"] * 1.5, "attn_ms_step": r["attn_ms_step"], "attn_speedup": r["attn_x_dense"]}
+        row |= {"index_ms_step": r["index_ms"], "sparse_attn_ms_step": r["sparse_attn_ms"], "build_s": r["build_s"]}
+        row |= {"read_fraction": r["read"] / 100, "index_pct": r["index_pct_kv"], "top1_gsm8k": r["top_1_gsm8k"]}
+        row |= {"kl_gsm8k": r["kl_gsm8k"], "top1_math500": r["top_1_math"], "kl_math500": r["kl_math"]}
+        lines.append(json.dumps(row))
+    (tmp_path / "bench" / "sparse.jsonl").write_text("\n".join(lines) + "\n")
+    collect("sparse", tmp_path / "bench", "python scripts/bench_sparse.py --contexts 2048", data_root=tmp_path)
+    data = load_section("sparse", tmp_path)
+    assert data["tables"]["table2"] == committed["tables"]["table2"] and data["facts"] == committed["facts"]
+    assert data["carried"]["tables"] == ["table2"] and data["carried"]["measured"] == committed["measured"]
+    text = render_section(Section("sparse"), data)
+    assert f"Kept from the measurement of {committed['measured']}" in text and "table `table2`" in text
+    lychee_8k = next(r for r in committed["tables"]["main"]["rows"] if (r["context"], r["method"]) == (8192, "lychee"))
+    assert f"lychee decodes at **{lychee_8k['x_dense'] * 1.5:.2f}x" in text  # the prose follows the new table
+    assert "| 12.6% |" in text  # read_fraction 0.126 shown as a percentage again
+
+
+def test_a_benchmark_with_its_own_format_renders_its_own_section(tmp_path):
+    """The longctx hook: a summary in the benchmark's own format (date as ISO time, machine as a dict)
+    gets the same provenance line, and its body comes from the benchmark's renderer."""
+    from benchmarks.results.sections import load
+
+    summary = {"command": "python scripts/bench_longctx.py --lengths 1024", "commit": "ab" * 20}
+    summary |= {"date": "2026-12-01T15:38:30+00:00", "machine": {"cpu": "x86_64", "torch_threads": 1}}
+    (tmp_path / "longctx").mkdir()
+    (tmp_path / "longctx" / "ruler_summary.json").write_text(json.dumps(summary))
+    section = Section("longctx", render="json:dumps", optional=True, file="ruler_summary.json", title="Long")
+    data = load(section, tmp_path)
+    text = render_section(section, data)
+    assert text.startswith("## Long\n\nMeasured 2026-12-01 at commit `abababababab` on cpu x86_64, torch_threads 1.")
+    assert "python scripts/bench_longctx.py --lengths 1024" in text and '"torch_threads": 1' in text
+    assert load(section, tmp_path / "nothing") is None
