@@ -52,6 +52,7 @@ class LycheePolicy(SparsePolicy):
             oversample=float(self.oversample),
             flat_chunks=int(self.flat_chunks),
             dtype=torch.int8,  # + a float16 scale per node: under 2% of fp32 K+V (docs/notes/sparse.md)
+            radius_scale=float(self.bound_scale),
         )
 
     def index_builder(self):
