@@ -55,8 +55,9 @@ class SparsePolicy(Policy):
         exact: exact top-k retrieval by bound (slower; lychee only, quest's flat scan is exact).
         bound_scale: how a chunk is scored, in [0, 1]: 1 its upper bound of q.k (lychee's q.c + |q| r,
             quest's per-channel min / max), below 1 the bound's spread term scaled down (lychee
-            q.c + a |q| r, quest q.m + a sum |q_d| h_d); 0 the centroid (range middle) alone. The
-            bound over-ranks wide chunks (issue 24, docs/data/longctx/README.md).
+            q.c + a |q| r, quest q.m + a sum |q_d| h_d); 0 (the default) the centroid (range middle)
+            alone. The bound over-ranks wide chunks: at 10-25% reads the first answer token's KL to
+            dense is 1.4-2x lower with 0 (issue 24, docs/data/longctx/README.md).
         index_reserve: share of ``budget_tokens`` reserved for the index (with a budget).
         rehydrate: ``whole`` (the memory policy makes the active path whole before expanding it) or
             ``ranked`` (evicted spans of the active path come back on demand, in index order;
@@ -75,7 +76,7 @@ class SparsePolicy(Policy):
     window_tokens: int = 64
     min_block_tokens: int = 64
     exact: bool = False
-    bound_scale: float = 1.0
+    bound_scale: float = 0.0
     index_reserve: float = 0.03
     rehydrate: str = "whole"
     inner: Policy = field(init=False, repr=False)

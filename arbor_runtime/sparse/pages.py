@@ -91,6 +91,8 @@ class PageIndex:
     def bounds(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """(r, H, P) page bound for queries q (r, H, g, D): max over the g heads of a group."""
         lo, hi = self.low[layer].float(), self.high[layer].float()  # (H, P, D)
+        if self.range_scale == 0.0:  # q.m alone: one matmul
+            return (torch.matmul(q, (lo + hi).transpose(-1, -2)) * 0.5).amax(2)
         if self.range_scale < 1.0:  # q.m + a sum_d |q_d| h_d
             a = self.range_scale
             lo, hi = (lo + hi) / 2 - a * (hi - lo) / 2, (lo + hi) / 2 + a * (hi - lo) / 2
