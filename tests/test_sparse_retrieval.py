@@ -174,3 +174,20 @@ def test_both_steps_read_everything_as_dense_and_repeat_exactly(tiny, name, fast
         assert ids == d.token_ids
         assert max(abs(x - y) for x, y in zip(logp, d.logprobs, strict=True)) < 1e-4
     assert runs[1] == runs[2]  # a small budget: the same reads, the same tokens and log-probs
+
+
+@pytest.mark.parametrize("name", sorted(SPARSE))
+def test_retrieval_defaults_match_their_config_files(name):
+    """The measured scoring and chunk defaults (docs/data/longctx/README.md), the same in conf/policy/*.yaml."""
+    from pathlib import Path
+
+    import yaml
+
+    policy = SPARSE[name]()
+    conf = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "policy" / f"{name}.yaml").read_text())
+    assert policy.bound_scale == conf["bound_scale"] == 0.0
+    if name == "lychee":
+        sizes = (policy.min_chunk_tokens, policy.max_chunk_tokens)
+        assert sizes == (conf["min_chunk_tokens"], conf["max_chunk_tokens"]) == (4, 8)
+    else:
+        assert policy.page_tokens == conf["page_tokens"] == 16
