@@ -96,8 +96,10 @@ class SparsePolicy(Policy):
             or not (0.0 <= self.token_share <= 1.0)
         ):
             raise ValueError(f"token_share={self.token_share!r} must be a number in [0, 1]")
-        if isinstance(self.bound_scale, bool) or not isinstance(self.bound_scale, int | float) or not (
-            0.0 <= self.bound_scale <= 1.0
+        if (
+            isinstance(self.bound_scale, bool)
+            or not isinstance(self.bound_scale, int | float)
+            or not (0.0 <= self.bound_scale <= 1.0)
         ):
             raise ValueError(f"bound_scale={self.bound_scale!r} must be a number in [0, 1]")
         if not 0.0 <= self.index_reserve < 0.5:
