@@ -18,6 +18,9 @@ class LycheePolicy(SparsePolicy):
     """LycheeCluster sparse decode attention.
 
     Attributes:
+        token_share: as :class:`SparsePolicy`; 0.25 here: with the centroid score and 4-8-token chunks a
+            quarter of the context kept every answer of the measured slice that half of it kept under
+            the old bound (docs/data/longctx/README.md).
         min_chunk_tokens / max_chunk_tokens: chunk length bounds inside long blocks (4-8: with the
             centroid score, half the KL to dense of 8-16 at a 25% read; issue 24, docs/data/longctx/).
         drift_threshold: key drift (1 - cosine to the preceding keys) that starts a chunk; inf = off.
@@ -30,6 +33,7 @@ class LycheePolicy(SparsePolicy):
 
     name = "lychee"
 
+    token_share: float = 0.25  # with the centroid score and 4-8-token chunks (quest keeps 0.5): issue 24
     min_chunk_tokens: int = 4
     max_chunk_tokens: int = 8
     drift_threshold: float = float("inf")
