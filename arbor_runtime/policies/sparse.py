@@ -56,8 +56,8 @@ class SparsePolicy(Policy):
         bound_scale: how a chunk is scored, in [0, 1]: 1 its upper bound of q.k (lychee's q.c + |q| r,
             quest's per-channel min / max), below 1 the bound's spread term scaled down (lychee
             q.c + a |q| r, quest q.m + a sum |q_d| h_d); 0 (the default) the centroid (range middle)
-            alone. The bound over-ranks wide chunks: at 10-25% reads the first answer token's KL to
-            dense is 1.4-2x lower with 0 (issue 24, docs/data/longctx/README.md).
+            alone. The bound over-ranks wide chunks: at 10-50% reads the first answer token's KL to
+            dense is 1.1-2x lower with 0 (issue 24, docs/data/longctx/README.md).
         index_reserve: share of ``budget_tokens`` reserved for the index (with a budget).
         rehydrate: ``whole`` (the memory policy makes the active path whole before expanding it) or
             ``ranked`` (evicted spans of the active path come back on demand, in index order;
