@@ -126,6 +126,9 @@ class TreeBatch:
         r, hq, q, d = query.shape
         hkv = key.shape[1]
         qg = query.reshape(r, hkv, (hq // hkv) * q, d)
+        if not self.stats and self.sparse.owner.fast:  # own tokens in the same gather and softmax
+            out = self.sparse.attend_all(layer, qg, self.own_slots, self.own_valid, scale)
+            return out.to(query.dtype).view(r, hq, q, d).transpose(1, 2)
         own_out, own_lse, own_scores = self._attend_own(layer, qg, query, key, value, scale)
         out, lse = self.sparse.attend(layer, qg, own_out, own_lse, scale)
         if self.stats:  # the own tokens' mass under the final log-sum-exp

@@ -18,19 +18,24 @@ class LycheePolicy(SparsePolicy):
     """LycheeCluster sparse decode attention.
 
     Attributes:
-        min_chunk_tokens / max_chunk_tokens: chunk length bounds inside long blocks.
+        token_share: as :class:`SparsePolicy`; 0.25 here: with the centroid score and 4-8-token chunks a
+            quarter of the context kept every answer of the measured slice that half of it kept under
+            the old bound (docs/data/longctx/README.md).
+        min_chunk_tokens / max_chunk_tokens: chunk length bounds inside long blocks (4-8: with the
+            centroid score, half the KL to dense of 8-16 at a 25% read; issue 24, docs/data/longctx/).
         drift_threshold: key drift (1 - cosine to the preceding keys) that starts a chunk; inf = off.
         fanout: children per index node; top_nodes: most nodes at the top of a block's hierarchy.
         oversample: subtrees kept per level, as a multiple of the chunks asked for.
         flat_chunks: blocks of at most this many chunks are scanned flat (exact top-k by bound, one
-            matmul); the hierarchy is descended above. 2,048 (~25-32K tokens): on this CPU the
+            matmul); the hierarchy is descended above. 2,048 (~12-16K tokens): on this CPU the
             flat scan costs less up to about 4,096 chunks (docs/notes/sparse.md).
     """
 
     name = "lychee"
 
-    min_chunk_tokens: int = 8
-    max_chunk_tokens: int = 16
+    token_share: float = 0.25  # with the centroid score and 4-8-token chunks (quest keeps 0.5): issue 24
+    min_chunk_tokens: int = 4
+    max_chunk_tokens: int = 8
     drift_threshold: float = float("inf")
     fanout: int = 8
     top_nodes: int = 64
@@ -52,6 +57,7 @@ class LycheePolicy(SparsePolicy):
             oversample=float(self.oversample),
             flat_chunks=int(self.flat_chunks),
             dtype=torch.int8,  # + a float16 scale per node: under 2% of fp32 K+V (docs/notes/sparse.md)
+            radius_scale=float(self.bound_scale),
         )
 
     def index_builder(self):

@@ -30,9 +30,9 @@ class QuestPolicy(SparsePolicy):
             raise ValueError(f"page_tokens={self.page_tokens!r} must be a positive integer")
 
     def index_builder(self):
-        page = self.page_tokens
+        page, scale = self.page_tokens, float(self.bound_scale)
 
         def build(keys, layers, resident, ends):
-            return PageIndex.build(page, torch.float16, keys, layers, resident, int(ends.numel()))
+            return PageIndex.build(page, torch.float16, keys, layers, resident, int(ends.numel()), scale)
 
         return build, page

@@ -53,6 +53,11 @@ class SparsePolicy(Policy):
         sink_tokens / window_tokens: first and last positions always read.
         min_block_tokens: blocks shorter than this are read whole (not indexed).
         exact: exact top-k retrieval by bound (slower; lychee only, quest's flat scan is exact).
+        bound_scale: how a chunk is scored, in [0, 1]: 1 its upper bound of q.k (lychee's q.c + |q| r,
+            quest's per-channel min / max), below 1 the bound's spread term scaled down (lychee
+            q.c + a |q| r, quest q.m + a sum |q_d| h_d); 0 (the default) the centroid (range middle)
+            alone. The bound over-ranks wide chunks: at 10-50% reads the first answer token's KL to
+            dense is 1.1-2x lower with 0 (issue 24, docs/data/longctx/README.md).
         index_reserve: share of ``budget_tokens`` reserved for the index (with a budget).
         rehydrate: ``whole`` (the memory policy makes the active path whole before expanding it) or
             ``ranked`` (evicted spans of the active path come back on demand, in index order;
@@ -71,6 +76,7 @@ class SparsePolicy(Policy):
     window_tokens: int = 64
     min_block_tokens: int = 64
     exact: bool = False
+    bound_scale: float = 0.0
     index_reserve: float = 0.03
     rehydrate: str = "whole"
     inner: Policy = field(init=False, repr=False)
@@ -90,6 +96,12 @@ class SparsePolicy(Policy):
             or not (0.0 <= self.token_share <= 1.0)
         ):
             raise ValueError(f"token_share={self.token_share!r} must be a number in [0, 1]")
+        if (
+            isinstance(self.bound_scale, bool)
+            or not isinstance(self.bound_scale, int | float)
+            or not (0.0 <= self.bound_scale <= 1.0)
+        ):
+            raise ValueError(f"bound_scale={self.bound_scale!r} must be a number in [0, 1]")
         if not 0.0 <= self.index_reserve < 0.5:
             raise ValueError(f"index_reserve={self.index_reserve} must be in [0, 0.5)")
         if self.budget_tokens is not None and self.kv_budget_tokens < 1:

@@ -44,6 +44,8 @@ class BlockIndex(Protocol):
 
     def retrieve(self, layer: int, q: torch.Tensor, n: int, exact: bool = False): ...
 
+    def scores(self, layer: int, q: torch.Tensor) -> torch.Tensor | None: ...
+
 
 #: build(keys, layers, resident (T_res,), ends (T,)) -> a block's index
 IndexBuilder = Callable[..., BlockIndex]
@@ -154,6 +156,10 @@ class BlockIndexes:
         self.stats = SparseStats()
         #: the clock of the stats' seconds (benchmarks on a shared CPU use ``time.thread_time``)
         self.clock: Callable[[], float] = time.perf_counter
+        #: the fast step: one flat selection over every chunk's score when the indexes scan flat, and
+        #: the own tokens attended in the same softmax (False: candidate lists and a merged own pass,
+        #: as before issue 24; kept for the side-by-side speed check and as the on-demand path)
+        self.fast = True
 
     # ---- indexes -------------------------------------------------------------------------------
     def _entry(self, block_id: int) -> _Entry:

@@ -8,6 +8,9 @@ For a query q, no key k of a page can score more than
 ``page`` tokens inside the block (they never cross a block). Every page is scored (a flat scan,
 two matmuls per layer); the top pages are read. min / max are stored in ``dtype`` rounded
 outward, so the bound holds for what is stored.
+
+With ``range_scale`` a < 1 a page scores ``q . m + a sum_d |q_d| h_d`` (m the range's middle, h its
+half width; a = 1 is the bound above), an estimate that ranks wide pages lower.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ class PageIndex:
         covered: (T,) bool, tokens the ranges include.
     """
 
-    def __init__(self, page: int, dtype: torch.dtype) -> None:
-        self.page, self.dtype = page, dtype
+    def __init__(self, page: int, dtype: torch.dtype, range_scale: float = 1.0) -> None:
+        if not 0.0 <= range_scale <= 1.0:
+            raise ValueError(f"range_scale={range_scale} must be in [0, 1]")
+        self.page, self.dtype, self.range_scale = page, dtype, float(range_scale)
         self.starts = torch.zeros(1, dtype=torch.long)
         self.low: torch.Tensor | None = None
         self.high: torch.Tensor | None = None
@@ -36,10 +41,17 @@ class PageIndex:
 
     @classmethod
     def build(
-        cls, page: int, dtype: torch.dtype, keys: KeyReader, layers: int, resident: torch.Tensor, length: int
+        cls,
+        page: int,
+        dtype: torch.dtype,
+        keys: KeyReader,
+        layers: int,
+        resident: torch.Tensor,
+        length: int,
+        range_scale: float = 1.0,
     ) -> PageIndex:
         """Index a block's resident tokens (T_res,) sorted block-local, ``length`` tokens in all."""
-        index = cls(page, dtype)
+        index = cls(page, dtype, range_scale)
         index.update(keys, layers, resident, torch.zeros(length, dtype=torch.bool))
         return index
 
@@ -79,8 +91,17 @@ class PageIndex:
     def bounds(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """(r, H, P) page bound for queries q (r, H, g, D): max over the g heads of a group."""
         lo, hi = self.low[layer].float(), self.high[layer].float()  # (H, P, D)
+        if self.range_scale == 0.0:  # q.m alone: one matmul
+            return (torch.matmul(q, (lo + hi).transpose(-1, -2)) * 0.5).amax(2)
+        if self.range_scale < 1.0:  # q.m + a sum_d |q_d| h_d
+            a = self.range_scale
+            lo, hi = (lo + hi) / 2 - a * (hi - lo) / 2, (lo + hi) / 2 + a * (hi - lo) / 2
         pos, neg = q.clamp(min=0), q.clamp(max=0)
         return (torch.matmul(pos, hi.transpose(-1, -2)) + torch.matmul(neg, lo.transpose(-1, -2))).amax(2)
+
+    def scores(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """(r, H, P) every page's score (the flat scan)."""
+        return self.bounds(layer, q)
 
     def retrieve(self, layer: int, q: torch.Tensor, n: int, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``n`` pages with the highest bound (a flat scan is exact): ids (r, H, m), bounds (r, H, m)."""

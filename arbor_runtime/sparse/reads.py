@@ -68,6 +68,12 @@ class DenseLayers:
     def update(self, *args, **kwargs) -> bool:
         return self.index.update(*args, **kwargs)
 
+    def scores(self, layer: int, q: torch.Tensor) -> torch.Tensor | None:
+        """(r, H, C): +inf at a dense layer, else the wrapped index's scores (None: it does not scan flat)."""
+        if layer >= self.layers:
+            return self.index.scores(layer, q)
+        return torch.full((q.shape[0], q.shape[1], self.index.n_chunks), float("inf"), device=q.device)
+
     def retrieve(self, layer: int, q: torch.Tensor, n: int, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """ids (r, H, m) and bounds (r, H, m) for queries q (r, H, g, D): at a dense layer every
         chunk (m = C) with bound +inf, else the wrapped index's top ``n``."""

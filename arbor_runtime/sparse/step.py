@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from arbor_runtime.attention.merge import merge_partials
 from arbor_runtime.batch import BatchView, Group
@@ -58,6 +59,8 @@ class SparseStep:
     hosted: torch.Tensor | None = None  # (C,) bool: chunk has host-tier tokens its index covers (on demand)
     demand: torch.Tensor | None = None  # (C,) float: selections each hosted chunk would have entered
     whole_blocks: list[int] = field(default_factory=list)  # context blocks read whole (not indexed)
+    context_total: int = 0
+    base: torch.Tensor | None = None  # (R, 1, C) float: +inf forced, -inf unreadable, else 0 (None: on demand)
 
     def add_group(self, grp: Group, entry: _Entry, start_pos: int) -> None:
         """Lay out one context block's chunks (cached per block while its segments stay)."""
@@ -134,6 +137,7 @@ class SparseStep:
         usable = self.length > 0
         self.forced = forced & usable
         self.context = (visible & usable).long() @ self.length  # (R,) resident context tokens per row
+        self.context_total = int(self.context.sum())
         width = max(int(self.forced.sum(1).max()) if r else 0, 1)
         order = torch.sort(self.forced.int(), dim=1, descending=True, stable=True).indices[:, :width]
         self.forced_ids = torch.where(self.forced.gather(1, order), order, -1)
@@ -146,6 +150,10 @@ class SparseStep:
         self.slots, self.target = self.slots.to(device), self.target.to(device)
         self.length, self.forced = self.length.to(device), self.forced.to(device)
         self.forced_ids = self.forced_ids.to(device)
+        if self.owner.fast and not self.owner.on_demand:  # the flat selection (the demand needs candidate lists)
+            readable = (visible & usable).to(device)
+            base = torch.zeros(r, self.n_chunks, device=device).masked_fill_(~readable, float("-inf"))
+            self.base = base.masked_fill_(self.forced, float("inf")).unsqueeze(1)
         for plan in self.plans:
             plan.rows = None if plan.rows is None else plan.rows.to(device)
 
@@ -182,11 +190,49 @@ class SparseStep:
         owner.stats.index_seconds += mid - start
         owner.stats.attention_seconds += owner.clock() - mid
         owner.stats.read_tokens += int(valid.sum())
-        owner.stats.context_tokens += int(self.context.sum()) * h
+        owner.stats.context_tokens += self.context_total * h
         return out, lse
+
+    def attend_all(
+        self, layer: int, qg: torch.Tensor, own_slots: torch.Tensor, own_valid: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """:meth:`attend` with the rows' own tokens in the same gather and one softmax (no partials to
+        merge, no own-token pass); the attention layer uses it when no statistics are collected.
+
+        Args:
+            qg: (R, H, g, D) queries grouped by KV head (q = 1).
+            own_slots / own_valid: (R, n) pool slots of each row's own tokens (the current one included)
+                and which are real.
+        Returns:
+            (R, H, g, D) float32.
+        """
+        owner = self.owner
+        start = owner.clock()
+        chosen, take = self._select(layer, qg)  # (R, H, K)
+        mid = owner.clock()
+        slots = self.slots[chosen]  # (R, H, K, W)
+        valid = (slots >= 0) & take.unsqueeze(-1)
+        r, h, k, w = slots.shape
+        n = own_slots.shape[1]
+        read = int(valid.sum())
+        slots = torch.cat([slots.view(r, h, k * w), own_slots.view(r, 1, n).expand(r, h, n)], -1)
+        valid = torch.cat([valid.view(r, h, k * w), own_valid.view(r, 1, n).expand(r, h, n)], -1)
+        keys, values = _gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)
+        q = qg.float()
+        mask = valid.unsqueeze(2)  # (R, H, 1, S): every row reads at least its current token
+        out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale)
+        owner.stats.index_seconds += mid - start
+        owner.stats.attention_seconds += owner.clock() - mid
+        owner.stats.read_tokens += read
+        owner.stats.context_tokens += self.context_total * h
+        return out
 
     def _select(self, layer: int, qg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row and KV head, the chunks to read: (R, H, K) step chunk ids and which are taken."""
+        if self.base is not None:
+            flat = self._select_flat(layer, qg)
+            if flat is not None:
+                return flat
         sel = self.owner.select
         r, h = qg.shape[0], qg.shape[1]
         q = qg.float()
@@ -213,6 +259,32 @@ class SparseStep:
         take = torch.isfinite(scores) & (before < sel.token_budget) | (scores == float("inf"))
         if self.demand is not None and retrieved:
             self._count_demand(retrieved, scores, take, size)
+        k = max(int(take.sum(-1).max()), 1)
+        return ids[..., :k], take[..., :k]
+
+    def _select_flat(self, layer: int, qg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`_select` when every index scores all its chunks (a flat scan): one (R, H, C) score
+        table over the step's chunks, forced ones +inf and unreadable ones -inf (``base``), one sort,
+        the budget cut. The same choice as the candidate lists (they are each index's top chunks by
+        the same scores) in a fraction of the operations; None when an index does not scan flat."""
+        q = qg.float()
+        r, h = q.shape[0], q.shape[1]
+        scores = torch.zeros(r, h, self.n_chunks, device=q.device)
+        for plan in self.plans:
+            sub = q if plan.rows is None else q.index_select(0, plan.rows)
+            got = plan.index.scores(layer, sub)  # (r', H, c) or None
+            if got is None:
+                return None
+            end = plan.offset + got.shape[-1]
+            if plan.rows is None:
+                scores[:, :, plan.offset : end] = got
+            else:
+                scores[plan.rows, :, plan.offset : end] = got
+        scores = scores.add_(self.base).nan_to_num_(float("-inf"), float("inf"), float("-inf"))  # inf - inf: unread
+        scores, ids = scores.sort(dim=-1, descending=True)
+        size = self.length[ids]
+        before = size.cumsum(-1) - size
+        take = torch.isfinite(scores) & (before < self.owner.select.token_budget) | (scores == float("inf"))
         k = max(int(take.sum(-1).max()), 1)
         return ids[..., :k], take[..., :k]
 

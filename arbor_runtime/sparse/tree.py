@@ -65,6 +65,10 @@ class TreeConfig:
         rebuild_fraction: rebuild the upper levels once this share of the chunks joined lazily.
         dtype: storage of centroids: int8 (+ one float16 scale per node), float16 or float32;
             radii are float32 with float32 centroids, float16 (rounded up) otherwise.
+        radius_scale: a chunk's score is ``q.c + radius_scale |q| r``: 1 is the triangle bound,
+            below 1 an estimate (the bound over-ranks wide chunks: the |q| r term, the same for
+            any query direction, outweighs q.c at head dim 64). Upper levels keep the true
+            bound, which still covers every child's score, so ``exact`` stays exact for it.
     """
 
     min_len: int = 8
@@ -77,8 +81,11 @@ class TreeConfig:
     flat_chunks: int = 0
     rebuild_fraction: float = 0.25
     dtype: torch.dtype = torch.int8
+    radius_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.radius_scale <= 1.0:
+            raise ValueError(f"radius_scale={self.radius_scale} must be in [0, 1]")
         if self.dtype not in CENTROID_DTYPES:
             raise ValueError(f"dtype={self.dtype} must be one of {', '.join(map(str, CENTROID_DTYPES))}")
         if not 1 <= self.min_len <= self.max_len:
@@ -314,7 +321,11 @@ class ChunkTree:
 
     def leaf_bounds(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """(r, H, C) bound of every chunk for queries q (r, H, g, D): max over the g heads of a group."""
-        return bound(self.levels[0], layer, q, None)
+        return bound(self.levels[0], layer, q, None, self.config.radius_scale)
+
+    def scores(self, layer: int, q: torch.Tensor) -> torch.Tensor | None:
+        """(r, H, C) every chunk's score when the block scans flat (``flat_chunks``), else None."""
+        return self.leaf_bounds(layer, q) if self.n_chunks <= self.config.flat_chunks else None
 
     def retrieve(self, layer: int, q: torch.Tensor, n: int, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """About the ``n`` chunks with the highest bound, per query row and KV head.
@@ -328,7 +339,7 @@ class ChunkTree:
             entries with bound -inf are padding.
         """
         if self.n_chunks <= self.config.flat_chunks:  # one level: the descent would cost more
-            scores = bound(self.levels[0], layer, q, None)
+            scores = bound(self.levels[0], layer, q, None, self.config.radius_scale)
             best, pick = scores.topk(min(n, scores.shape[-1]), dim=-1)
             return pick, best
         ids, scores = self._descend(layer, q, n, None)
@@ -359,7 +370,8 @@ class ChunkTree:
             kids = _children(lvl, layer, nodes)  # (r, H, b * M)
             valid = (kids >= 0) & alive.repeat_interleave(lvl.children.shape[-1], dim=-1)
             ids = kids.clamp(min=0)
-            scores = bound(self.levels[depth - 1], layer, q, ids).masked_fill(~valid, float("-inf"))
+            scale = self.config.radius_scale if depth == 1 else 1.0  # the chunks' score; nodes keep the bound
+            scores = bound(self.levels[depth - 1], layer, q, ids, scale).masked_fill(~valid, float("-inf"))
         return ids, scores
 
     @property
@@ -374,8 +386,9 @@ class ChunkTree:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def bound(level: Level, layer: int, q: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
-    """Upper bound of q . k over each node's keys: max over the g query heads of q.c + |q| r.
+def bound(level: Level, layer: int, q: torch.Tensor, ids: torch.Tensor | None, scale: float = 1.0) -> torch.Tensor:
+    """Upper bound of q . k over each node's keys: max over the g query heads of q.c + |q| r
+    (``scale`` < 1: q.c + scale |q| r, an estimate, see ``TreeConfig.radius_scale``).
 
     Args:
         q: (r, H, g, D) float32; ids: (r, H, m) node ids, or None for every node of the level.
@@ -383,7 +396,7 @@ def bound(level: Level, layer: int, q: torch.Tensor, ids: torch.Tensor | None) -
         (r, H, m) float32 (m = the level's size when ids is None).
     """
     rad = level.radii[layer]  # (H, N)
-    norm = q.norm(dim=-1, keepdim=True)  # (r, H, g, 1)
+    norm = q.norm(dim=-1, keepdim=True) * scale  # (r, H, g, 1)
     if ids is None:
         dots = torch.matmul(q, level.centers(layer).transpose(-1, -2))  # (r, H, g, N)
         return (dots + norm * rad.float().unsqueeze(1)).amax(2)

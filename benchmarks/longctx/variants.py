@@ -7,9 +7,9 @@ SPEC is JSON: ``{"items": [[task, length, [index, ...]], ...], "variants": [name
 ``records_issue`` is the issue's records question as rebuilt for docs/data/longctx/ (240 records,
 question on record 39, seed "issue24"), other tasks are the generator's. A variant is
 ``lychee:b=1024,s=0.5`` or ``quest:b=1024,d=2`` (b = token_budget, s = token_share, d = dense_layers,
-w = window_tokens, k = sink_tokens). One JSON line per item x variant is appended to OUT: the answer,
-agreement with dense (answer and first token), the first answer token's KL to dense, tokens/s and
-the share of the context read.
+w = window_tokens, k = sink_tokens, a = bound_scale, p = page_tokens / lychee's max_chunk_tokens).
+One JSON line per item x variant is appended to OUT: the answer, agreement with dense (answer and
+first token), the first answer token's KL to dense, tokens/s and the share of the context read.
 """
 
 from __future__ import annotations
@@ -28,7 +28,15 @@ from benchmarks.longctx.run import answer, answer_text, first_logprobs, fork, le
 from benchmarks.sparse import attach
 
 MAX_NEW = 8
-KNOBS = {"b": "token_budget", "s": "token_share", "d": "dense_layers", "w": "window_tokens", "k": "sink_tokens"}
+KNOBS = {
+    "b": "token_budget",
+    "s": "token_share",
+    "d": "dense_layers",
+    "w": "window_tokens",
+    "k": "sink_tokens",
+    "a": "bound_scale",
+    "p": "page_tokens",  # quest; lychee: max_chunk_tokens
+}
 
 
 def issue_item(tokenizer) -> Item:
@@ -50,7 +58,10 @@ def variant_policy(name: str):
         key, value = part.split("=")
         if key not in KNOBS:
             raise ValueError(f"variant {name!r}: unknown knob {key!r}; valid: {', '.join(KNOBS)}")
-        settings[KNOBS[key]] = float(value) if key == "s" else int(value)
+        settings[KNOBS[key]] = float(value) if key in ("s", "a") else int(value)
+    if kind == "lychee" and "page_tokens" in settings:
+        size = settings.pop("page_tokens")
+        settings |= {"max_chunk_tokens": size, "min_chunk_tokens": max(1, size // 2)}
     return (LycheePolicy if kind == "lychee" else QuestPolicy)(**settings)
 
 

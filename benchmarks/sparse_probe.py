@@ -1,0 +1,222 @@
+"""First-answer-token fidelity of sparse read rules, fast: one dense prefill per item, then the
+question's last token is decoded once per rule with that rule's selection at every layer.
+
+This is the step that decides the first answer token in ``benchmarks.longctx`` (the context and
+the question are prefilled dense; the question's last token is the first sparse decode step), run
+outside the runtime on the plain transformers model, with the runtime's own indexes
+(:class:`~arbor_runtime.sparse.tree.ChunkTree`, :class:`~arbor_runtime.sparse.pages.PageIndex`)
+and the same selection: sinks, the window and the question block always read, then chunks by
+the index's score until the read budget. Only the first token (no compounding over the answer);
+``benchmarks.longctx.variants`` checks whole answers through the runtime.
+
+    python -m benchmarks.sparse_probe SPEC OUT.jsonl
+
+SPEC is JSON: ``{"items": [[task, length, [index, ...]], ...], "rules": [rule, ...]}`` with tasks of
+``benchmarks.longctx.generator`` (``records_issue``: the issue's records question); a rule is
+``lychee:s=0.1`` / ``quest:s=0.25,p=8`` with knobs s (read share), b (floor tokens), p (chunk or page
+tokens), a (radius / range scale: 1 the bound, 0 the centroid / range middle), m (query window:
+the last m queries of the question also rank chunks). One JSON line per item x rule: first-token
+agreement with dense, KL(dense || sparse), the share read, and the dense attention mass the
+selection kept (mean over layers and heads).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from dataclasses import dataclass, replace
+
+import torch
+from transformers import AttentionInterface, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from arbor_runtime import load_model
+from arbor_runtime.sparse import ChunkTree, PageIndex, TreeConfig
+from arbor_runtime.sparse.chunking import BoundaryTable
+from arbor_runtime.sparse.reads import read_budget
+
+KNOBS = {"s": float, "b": int, "p": int, "a": float, "m": int}
+SINKS, WINDOW = 16, 64
+
+
+@dataclass(slots=True)
+class Rule:
+    """One sparse read rule (see module docstring)."""
+
+    name: str
+    kind: str
+    share: float = 0.5
+    floor: int = 1
+    chunk: int = 16
+    radius: float = 1.0
+    window: int = 0
+
+    @classmethod
+    def parse(cls, name: str) -> Rule:
+        kind, _, args = name.partition(":")
+        if kind not in ("lychee", "quest", "dense"):
+            raise ValueError(f"rule {name!r}: kind must be lychee, quest or dense")
+        rule = cls(name, kind)
+        fields = {"s": "share", "b": "floor", "p": "chunk", "a": "radius", "m": "window"}
+        for part in filter(None, args.split(",")):
+            key, value = part.split("=")
+            if key not in KNOBS:
+                raise ValueError(f"rule {name!r}: unknown knob {key!r}; valid: {', '.join(KNOBS)}")
+            setattr(rule, fields[key], KNOBS[key](value))
+        return rule
+
+
+class Probe:
+    """The attention function that records queries (prefill) and applies a selection (1-token decode)."""
+
+    def __init__(self) -> None:
+        self.select = None  # layer, q (1, Hq, 1, D), keys (1, H, T, D) -> (H, T) bool, or None: dense
+        self.recent: dict[int, torch.Tensor] = {}  # layer -> (Hq, m, D) the last queries of the prefill
+        self.keep = 0
+        self.mass: list[float] = []
+
+    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        layer = module.layer_idx
+        if query.shape[2] > 1 or self.select is None:
+            if self.keep and query.shape[2] > 1:
+                self.recent[layer] = query[0, :, -self.keep :].detach().clone()
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        g = query.shape[1] // key.shape[1]
+        chosen = self.select(layer, query, key)  # (H, T) bool
+        k = key[0].repeat_interleave(g, 0)  # (Hq, T, D)
+        v = value[0].repeat_interleave(g, 0)
+        s = torch.matmul(query[0], k.transpose(-1, -2)) * scaling  # (Hq, 1, T)
+        dense = torch.softmax(s, -1)
+        mask = chosen.repeat_interleave(g, 0).unsqueeze(1)
+        self.mass.append(float((dense * mask).sum(-1).mean()))
+        p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)
+        out = torch.matmul(p, v)  # (Hq, 1, D)
+        return out.unsqueeze(0).transpose(1, 2).contiguous(), None
+
+
+def build_index(rule: Rule, keys: list[torch.Tensor], ends: torch.Tensor):
+    """The rule's index over the context's keys (L x (H, T, D))."""
+    t = int(ends.numel())
+
+    def read(layer: int, tokens: torch.Tensor) -> torch.Tensor:
+        return keys[layer][:, tokens]
+
+    resident = torch.arange(t)
+    if rule.kind == "quest":
+        return PageIndex.build(rule.chunk, torch.float16, read, len(keys), resident, t, rule.radius)
+    cfg = TreeConfig(min_len=max(1, rule.chunk // 2), max_len=rule.chunk, top_nodes=1 << 30, flat_chunks=1 << 30)
+    return ChunkTree.build(cfg, read, len(keys), resident, ends)  # the chunks only: scanned flat
+
+
+def scaled(index, scale: float):
+    """A shallow copy of ``index`` scoring with ``scale`` (the statistics are shared)."""
+    out = copy.copy(index)
+    if isinstance(index, PageIndex):
+        out.range_scale = scale
+    else:
+        out.config = replace(index.config, radius_scale=scale)
+    return out
+
+
+def selector(rule: Rule, index, n_ctx: int, n_total: int, probe: Probe):
+    """layer, q, keys -> (H, n_total) bool: sinks, window, the question block, then top chunks to budget."""
+    budget = read_budget(n_total, rule.floor, rule.share)
+    starts = index.starts
+    size = (starts[1:] - starts[:-1]).float()
+    lo, hi = starts[:-1], starts[1:]
+    forced = (lo < SINKS) | (hi > n_total - WINDOW)
+
+    def select(layer: int, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        h, g = key.shape[1], query.shape[1] // key.shape[1]
+        q = query[0, :, 0].float().view(1, h, g, -1)  # (1, H, g, D)
+        if rule.window and layer in probe.recent:
+            past = probe.recent[layer].float()  # (Hq, m, D)
+            q = torch.cat([q, past.reshape(h, g * past.shape[1], -1).unsqueeze(0)], dim=2)
+        scores = index.bounds(layer, q) if rule.kind == "quest" else index.leaf_bounds(layer, q)
+        scores = scores[0].masked_fill(forced.view(1, -1), float("inf"))  # (H, C)
+        order = scores.argsort(-1, descending=True)
+        sz = size[order]
+        before = sz.cumsum(-1) - sz
+        room = budget - (n_total - n_ctx)  # the question block is read whole
+        take_sorted = before < room
+        take = torch.zeros_like(take_sorted).scatter_(1, order, take_sorted)  # (H, C)
+        chunk_of = torch.searchsorted(starts, torch.arange(n_ctx), right=True) - 1
+        chosen = torch.ones(h, key.shape[2], dtype=torch.bool)  # the question block and the own token too
+        chosen[:, :n_ctx] = take[:, chunk_of]
+        return chosen
+
+    return select, budget
+
+
+def run_item(loaded, probe: Probe, item, rules: list[Rule], out) -> None:
+    from benchmarks.longctx.generator import encode
+
+    tok, model = loaded.tokenizer, loaded.model
+    ctx, question = encode(tok, item.context, item.question)
+    ids = torch.tensor([ctx + question])
+    n_total = len(ctx) + len(question) - 1
+    probe.select, probe.keep = None, max([r.window for r in rules] + [0])
+    probe.recent = {}
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[:, :-1], cache=cache, use_cache=True, logits_to_keep=1)
+    keys = [layer.keys[0, :, : len(ctx)].contiguous() for layer in cache.layers]
+    kv = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    ends = BoundaryTable(lambda t: tok.decode(t)).ends(ctx)
+
+    def last_logprobs(select) -> torch.Tensor:
+        c = DynamicCache(ddp_cache_data=[(k.clone(), v.clone()) for k, v in kv], config=model.config)
+        probe.select, probe.mass = select, []
+        with torch.no_grad():
+            logits = model(ids[:, -1:], cache=c, position_ids=torch.tensor([[n_total]])).logits[0, -1]
+        return torch.log_softmax(logits.float(), -1)
+
+    ref = last_logprobs(None)
+    indexes = {}
+    for rule in rules:
+        key = (rule.kind == "quest", rule.chunk)
+        if key not in indexes:
+            indexes[key] = build_index(rule, keys, ends)
+        select, budget = selector(rule, scaled(indexes[key], rule.radius), len(ctx), n_total, probe)
+        logp = last_logprobs(select)
+        row = {
+            "task": item.task, "length": item.length, "index": item.index, "tokens": n_total, "rule": rule.name,
+            "budget": budget, "read_share": min(budget, n_total) / n_total,
+            "first_agree": bool(ref.argmax() == logp.argmax()), "dense_first": tok.decode([int(ref.argmax())]),
+            "first": tok.decode([int(logp.argmax())]),
+            "kl": float((ref.exp() * (ref - logp)).sum().clamp_min(0.0)),
+            "mass": sum(probe.mass) / max(len(probe.mass), 1),
+        }  # fmt: skip
+        print(f"  {rule.name:34s} agree={row['first_agree']!s:5} kl={row['kl']:.5f} mass={row['mass']:.3f}", flush=True)
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.longctx.generator import make_item
+    from benchmarks.longctx.variants import issue_item
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m benchmarks.sparse_probe SPEC_JSON OUT.jsonl", file=sys.stderr)
+        return 2
+    spec = json.loads(argv[0])
+    rules = [Rule.parse(r) for r in spec["rules"]]
+    torch.set_num_threads(1)
+    loaded = load_model("smollm2", device="cpu")
+    probe = Probe()
+    AttentionInterface.register("sparse_probe", probe)
+    loaded.model.config._attn_implementation = "sparse_probe"
+    with open(argv[1], "a") as out:
+        for task, length, indexes in spec["items"]:
+            for i in indexes:
+                tok = loaded.tokenizer
+                item = issue_item(tok) if task == "records_issue" else make_item(task, length, i, tok)
+                print(f"{item.task} {item.length} #{item.index}", flush=True)
+                run_item(loaded, probe, item, rules, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
