@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -37,10 +37,12 @@ from arbor_runtime.errors import NotYet
 from arbor_runtime.tree import PROMPT, Node
 
 if TYPE_CHECKING:
+    from arbor_runtime.accounts import Accounts
+    from arbor_runtime.engine.prefill import Prefiller
     from arbor_runtime.kv import KVStore
+    from arbor_runtime.memory import MemoryManager
     from arbor_runtime.nodes import NodeTable
     from arbor_runtime.policies import Policy
-    from arbor_runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +198,18 @@ class PrefixIndex:
         return node
 
 
+class SharingHost(Protocol):
+    """What a shared root's prefill needs of the runtime (the :class:`~arbor_runtime.Runtime` is one;
+    a protocol, so this module does not import the runtime that imports it)."""
+
+    memory: MemoryManager
+    prefixes: PrefixIndex
+    prefiller: Prefiller
+    table: NodeTable
+    store: KVStore
+    accounts: Accounts
+
+
 @dataclass(eq=False, slots=True)
 class SharedRootJob:
     """``new_tree``'s work with sharing on (driver thread): attach below the longest stored prefix,
@@ -207,7 +221,7 @@ class SharedRootJob:
     device KV not stored a second time).
     """
 
-    rt: Runtime
+    rt: SharingHost
     ids: list[int]
     text: str
     seed: int
