@@ -173,6 +173,18 @@ def write_summary(path: Path, rows: Sequence[dict], meta: dict, planned: int | N
     return out
 
 
+def rows_settings(rows: Sequence[dict]) -> dict:
+    """The settings a rows file holds: model, max_new, seed, and the tasks, lengths and methods it has rows of."""
+
+    def seen(key: str) -> list:
+        return list(dict.fromkeys(r.get(key) for r in rows))
+
+    return {
+        "model": seen("model"), "max_new": seen("max_new"), "seed": seen("seed"), "tasks": seen("task"),
+        "lengths": sorted(set(seen("length"))), "methods": seen("method"), "commits": seen("commit"),
+    }  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
     args = parse_args(argv)
     console = console or Console()
@@ -203,8 +215,20 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
         return 2
     settings = {k: v for k, v in cfg.items() if k != "plan"} | {"methods": [m.label for m in cfg["plan"]]}
     meta = provenance(argv) | {"settings": settings, "rows_file": rows_path.name}
+    runs = []  # every run that wrote to this rows file: its command, commit and date (from the summary before)
+    if out.exists() and old:
+        try:
+            runs = json.loads(out.read_text()).get("runs", [])
+        except json.JSONDecodeError:
+            runs = []
+    if not args.summary_only:
+        meta["runs"] = runs + [{k: meta[k] for k in ("command", "commit", "dirty", "date")}]
     out.parent.mkdir(parents=True, exist_ok=True)
-    if args.summary_only:
+    if args.summary_only:  # what the rows hold, not the (unused) run arguments; earlier runs' commands kept
+        meta["settings"] = rows_settings(old)
+        if out.exists():
+            previous = json.loads(out.read_text())
+            meta["runs"] = previous.get("runs", [])
         data = write_summary(out, old, meta, None)
         console.print(fit_table(data["summary"], COLUMNS, "long-context fidelity (from rows)", console.width))
         console.print(f"wrote {out} from {len(old)} rows of {rows_path}")
@@ -249,7 +273,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
 
     def done(new):  # after every item: a long run leaves what it measured, and resumes from it
         for r in new:
-            r["model"] = cfg["model"]
+            r["model"], r["commit"] = cfg["model"], meta["commit"]
         write_rows(rows_path, new)
         rows.extend(new)
         write_summary(out, rows, meta, planned)
