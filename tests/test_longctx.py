@@ -12,7 +12,16 @@ import pytest
 from arbor_runtime.policies import LycheePolicy, QuestPolicy
 from arbor_runtime.sparse.reads import read_budget
 from benchmarks.longctx.cli import main
-from benchmarks.longctx.generator import NEEDLE, TASKS, contains, encode, make_item, records_example, score
+from benchmarks.longctx.generator import (
+    NEEDLE,
+    TASKS,
+    answer_prefix,
+    contains,
+    encode,
+    make_item,
+    records_example,
+    score,
+)
 from benchmarks.longctx.report import per_task, render
 from benchmarks.longctx.run import Method, methods, parse_budget, wilson
 
@@ -79,6 +88,27 @@ def test_items_are_answerable(tok, task):
         if len(item.answers) > 1:
             assert item.score(item.answers[0]) == pytest.approx(1 / len(item.answers))
             assert not item.correct(item.answers[0])
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_answer_prefix_follows_the_question(tok, task):
+    plain, prefixed = make_item(task, 512, 2, tok), make_item(task, 512, 2, tok, prefix=True)
+    assert prefixed.tokens <= 512 and (prefixed.answers == plain.answers or task == "records")  # records: the
+    # asked record depends on how many fit
+    mark = "? Answer:" if "?" in prefixed.question else ". Answer:"
+    head, tail = prefixed.question.split(mark + " ")
+    assert tail == answer_prefix(task, head + mark, prefixed.answers).strip()
+    assert not any(contains(tail, g) for g in prefixed.answers)  # the prefix never gives the answer away
+    _answer_in_place(prefixed)
+
+
+def test_answer_prefixes_name_what_is_asked(tok):
+    q = make_item("niah_multivalue", 512, 0, tok, prefix=True).question
+    tail = r"for (\S+) mentioned in the provided text\? Answer: The special magic words for \1 mentioned in the"
+    assert re.search(tail + r" provided text are$", q)
+    q = make_item("variable_tracking", 512, 0, tok, prefix=True).question
+    assert q.endswith("3 variables are assigned the value " + re.search(r"value (\d+)", q).group(1) + ", they are:")
+    assert make_item("records", 512, 0, tok, prefix=True).question.endswith(" holds")
 
 
 def test_checker_matches_whole_words_only():
@@ -213,7 +243,9 @@ def test_resume_skips_done_items_and_redo_remeasures(tmp_path, one_torch_thread,
 def test_resume_refuses_rows_of_other_settings(tmp_path, capsys):
     (tmp_path / "ruler_rows.jsonl").write_text(json.dumps({"model": "tiny-random", "max_new": 8, "seed": 0}) + "\n")
     assert _bench(tmp_path, "--lengths", "256", "--items", "1")[0] == 2
-    assert "holds rows of model=tiny-random max_new=8 seed=0, not tiny-random / 16 / 0" in capsys.readouterr().err
+    assert "holds rows of model=tiny-random max_new=8 seed=0 prefix=False, not tiny-random / 16 / 0 / False" in (
+        capsys.readouterr().err
+    )
 
 
 def test_dense_prefill_reuse_gives_the_same_rows(tiny, one_torch_thread):

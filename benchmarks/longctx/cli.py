@@ -55,6 +55,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--redo", default="", help="comma-separated policies whose rows in --rows are dropped first and measured "
         f"again (e.g. lychee,quest after a retrieval change); of {', '.join(POLICIES)}"
     )  # fmt: skip
+    ap.add_argument(
+        "--answer-prefix", action="store_true", help="questions end in RULER's answer prefix after 'Answer:' "
+        "(' The special magic number for K mentioned in the provided text is'); use its own --rows"
+    )  # fmt: skip
     ap.add_argument("--summary-only", action="store_true", help="rebuild --out from --rows; no model, nothing runs")
     ap.add_argument("--no-reuse-prefill", action="store_true", help="kvp/streaming prefill anew (same rows, slower)")
     ap.add_argument("--model", default="smollm2", help=f"one of {', '.join(MODELS)}")
@@ -89,6 +93,7 @@ def validate(args: argparse.Namespace) -> dict:
         "example": bool(args.example),
         "redo": _names(args.redo, "redo", POLICIES) if args.redo.strip() else [],
         "reuse_prefill": not args.no_reuse_prefill,
+        "prefix": bool(args.answer_prefix),
     }
 
 
@@ -180,7 +185,8 @@ def rows_settings(rows: Sequence[dict]) -> dict:
         return list(dict.fromkeys(r.get(key) for r in rows))
 
     return {
-        "model": seen("model"), "max_new": seen("max_new"), "seed": seen("seed"), "tasks": seen("task"),
+        "model": seen("model"), "max_new": seen("max_new"), "seed": seen("seed"), "prefix": seen("prefix"),
+        "tasks": seen("task"),
         "lengths": sorted(set(seen("length"))), "methods": seen("method"), "commits": seen("commit"),
     }  # fmt: skip
 
@@ -203,13 +209,14 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    mismatch = [r for r in old if (r.get("model"), r.get("max_new"), r.get("seed")) !=
-                (cfg["model"], cfg["max_new"], cfg["seed"])]  # fmt: skip
+    mismatch = [r for r in old if (r.get("model"), r.get("max_new"), r.get("seed"), r.get("prefix", False)) !=
+                (cfg["model"], cfg["max_new"], cfg["seed"], cfg["prefix"])]  # fmt: skip
     if mismatch and not args.summary_only:
         r = mismatch[0]
         print(
             f"{PROG}: error: --rows {rows_path} holds rows of model={r.get('model')} max_new={r.get('max_new')} "
-            f"seed={r.get('seed')}, not {cfg['model']} / {cfg['max_new']} / {cfg['seed']}: use another --rows",
+            f"seed={r.get('seed')} prefix={r.get('prefix', False)}, not {cfg['model']} / {cfg['max_new']} / "
+            f"{cfg['seed']} / {cfg['prefix']}: use another --rows",
             file=sys.stderr,
         )
         return 2
@@ -250,7 +257,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     if cfg["example"]:
         items = [records_example(loaded.tokenizer, seed=cfg["seed"])]
     else:
-        items = make_suite(cfg["tasks"], cfg["lengths"], cfg["items"], loaded.tokenizer, cfg["seed"])
+        items = make_suite(cfg["tasks"], cfg["lengths"], cfg["items"], loaded.tokenizer, cfg["seed"], cfg["prefix"])
         # item-major: an interrupted run has about as many items of every task and length
         items.sort(key=lambda it: (it.index, cfg["lengths"].index(it.length), cfg["tasks"].index(it.task)))
     console.print(f"{len(items)} items generated in {time.perf_counter() - start:.1f} s")
@@ -273,7 +280,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
 
     def done(new):  # after every item: a long run leaves what it measured, and resumes from it
         for r in new:
-            r["model"], r["commit"] = cfg["model"], meta["commit"]
+            r["model"], r["commit"], r["prefix"] = cfg["model"], meta["commit"], cfg["prefix"]
         write_rows(rows_path, new)
         rows.extend(new)
         write_summary(out, rows, meta, planned)
