@@ -232,11 +232,16 @@ def test_resume_skips_done_items_and_redo_remeasures(tmp_path, one_torch_thread,
                                                                 for c in calls)  # fmt: skip
     assert sorted(r["method"] for r in rows) == sorted(["dense", "streaming@25%", "quest@25%"] * 2)
     calls.clear()
-    assert _bench(tmp_path, *argv, "--items", "2")[0] == 0 and calls == []  # all done: nothing runs
+    assert _bench(tmp_path, *argv, "--items", "1", "--redo", "quest")[0] == 0 and [c[0] for c in calls] == [0]
+    assert len(_bench(tmp_path, "--summary-only")[2]) == 6  # item 1's quest row stays: not in that run's items
+    calls.clear()
+    code, data, rows = _bench(tmp_path, *argv, "--items", "2")
+    assert code == 0 and calls == [] and data["complete"]  # all done: nothing runs
     code, again, _ = _bench(tmp_path, "--summary-only")
     assert code == 0 and again["summary"] == data["summary"] and again["complete"] is None
     assert again["settings"]["tasks"] == ["records"] and again["settings"]["methods"] == data["settings"]["methods"]
-    assert [r["command"].split("--items ")[-1] for r in again["runs"]] == ["1", "2", "2 --redo quest", "2"]
+    assert [r["command"].split("--items ")[-1] for r in again["runs"]] == ["1", "2", "2 --redo quest", "1 --redo quest",
+                                                                           "2"]  # fmt: skip
     assert {r["commit"] for r in rows} == {data["commit"]}
 
 

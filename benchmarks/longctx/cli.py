@@ -52,8 +52,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(default: ruler_rows.jsonl beside --out)"
     )  # fmt: skip
     ap.add_argument(
-        "--redo", default="", help="comma-separated policies whose rows in --rows are dropped first and measured "
-        f"again (e.g. lychee,quest after a retrieval change); of {', '.join(POLICIES)}"
+        "--redo", default="", help="comma-separated policies whose rows of this run's items are dropped first and "
+        f"measured again (e.g. lychee,quest after a retrieval change); of {', '.join(POLICIES)}"
     )  # fmt: skip
     ap.add_argument(
         "--answer-prefix", action="store_true", help="questions end in RULER's answer prefix after 'Answer:' "
@@ -233,20 +233,16 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.summary_only:  # what the rows hold, not the (unused) run arguments; earlier runs' commands kept
         meta["settings"] = rows_settings(old)
-        if out.exists():
+        if out.exists():  # the runs that made the rows, and the machine they ran on (not this one)
             previous = json.loads(out.read_text())
             meta["runs"] = previous.get("runs", [])
+            meta["machine"] = previous.get("machine", meta["machine"])
         data = write_summary(out, old, meta, None)
         console.print(fit_table(data["summary"], COLUMNS, "long-context fidelity (from rows)", console.width))
         console.print(f"wrote {out} from {len(old)} rows of {rows_path}")
         return 0
     if rows_path.exists() and sum(1 for ln in rows_path.read_text().splitlines() if ln.strip()) != len(old):
         write_rows(rows_path, old, "w")  # a torn last line goes before rows are appended after it
-    if cfg["redo"]:
-        kept = [r for r in old if r["policy"] not in cfg["redo"]]
-        write_rows(rows_path, kept, "w")
-        console.print(f"--redo {','.join(cfg['redo'])}: dropped {len(old) - len(kept)} rows of {rows_path}")
-        old = kept
     from arbor_runtime import load_model  # after validation: a bad argument never waits for the model
 
     if cfg["threads"] is not None:
@@ -261,6 +257,12 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
         # item-major: an interrupted run has about as many items of every task and length
         items.sort(key=lambda it: (it.index, cfg["lengths"].index(it.length), cfg["tasks"].index(it.task)))
     console.print(f"{len(items)} items generated in {time.perf_counter() - start:.1f} s")
+    if cfg["redo"]:  # only rows of this run's items: other lengths / tasks keep theirs
+        keys = {item_key(it) for it in items}
+        kept = [r for r in old if r["policy"] not in cfg["redo"] or item_key(r) not in keys]
+        write_rows(rows_path, kept, "w")
+        console.print(f"--redo {','.join(cfg['redo'])}: dropped {len(old) - len(kept)} rows of {rows_path}")
+        old = kept
     have: dict[tuple, set[str]] = defaultdict(set)
     for r in old:
         have[item_key(r)].add(r["method"])

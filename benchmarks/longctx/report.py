@@ -75,12 +75,19 @@ def per_task(data: dict[str, Any], metric: str = "accuracy", methods: Sequence[s
     return "\n".join(lines)
 
 
+def _one(value: Any) -> str:
+    """A setting as text: a list (a summary rebuilt from rows lists what they hold) joined by commas."""
+    return ", ".join(str(v) for v in value) if isinstance(value, list) else str(value)
+
+
 def render(data: dict[str, Any]) -> str:
     """The whole report: provenance, the overview, and the per-task accuracy and agreement tables."""
     settings = data.get("settings", {})
     machine = data.get("machine", {})
+    prefix = settings.get("prefix", False)
+    prompt = "; questions end in RULER's answer prefix" if prefix is True or prefix == [True] else ""
     head = (
-        f"Model {settings.get('model', '?')}, greedy {settings.get('max_new', '?')} answer tokens, "
+        f"Model {_one(settings.get('model', '?'))}, greedy {_one(settings.get('max_new', '?'))} answer tokens{prompt}, "
         f"commit {str(data.get('commit', '?'))[:10]}{' (dirty)' if data.get('dirty') else ''}, "
         f"{data.get('date', '?')}, "
         f"{machine.get('cpu', '?')}, {machine.get('torch_threads', '?')} thread(s); "
