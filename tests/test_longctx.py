@@ -185,7 +185,7 @@ def test_bench_runs_end_to_end(tmp_path, one_torch_thread):
     assert len(data["commit"]) == 40 and data["date"] and data["machine"]["torch_threads"] == 1
     assert data["command"].startswith("python scripts/bench_longctx.py --model tiny-random")
     fields = {"accuracy", "accuracy_ci", "agree", "agree_ci", "first_agree", "first_agree_ci", "kl_first",
-              "decode_tok_s", "items", "score"}  # fmt: skip
+              "decode_tok_s", "items", "score", "prefix_agree", "prefix_agree_ci"}  # fmt: skip
     assert all(fields <= set(s) for s in data["summary"])
     assert {s["items"] for s in data["summary"] if s["task"] == "all"} == {2}
     for s in data["summary"]:
@@ -266,6 +266,13 @@ def test_dense_prefill_reuse_gives_the_same_rows(tiny, one_torch_thread):
     assert all(r["kl_first"] > 1e-3 for r in reused if r["share"] == 0.25)  # compression happened
 
 
+def test_prefix_agreement_forgives_an_answer_that_ran_on():
+    from benchmarks.longctx.run import prefix_agree
+
+    assert prefix_agree(": tiger.", ": tiger. The special magic word") and prefix_agree("A 39", "a  39")
+    assert not prefix_agree(": tiger.", ": carpet.") and not prefix_agree("", "39") and prefix_agree("", "")
+
+
 def test_wilson_interval():
     assert wilson(0, 10)[0] == 0.0 and wilson(0, 10)[1] == pytest.approx(0.2775, abs=1e-4)
     assert wilson(10, 10)[0] == pytest.approx(0.7225, abs=1e-4) and wilson(10, 10)[1] == 1.0
@@ -283,7 +290,9 @@ def test_renderer_is_a_pure_function_of_the_summary():
             "summary": [entry, other]}  # fmt: skip
     text = render(data)
     assert text == render(data)
-    assert "| 2,048 | dense | 20 | 0.50 [0.30, 0.70] | 1.00 [0.84, 1.00] | 1.00 | 0.000 | 9.5 |" in text
+    assert "| 2,048 | dense | 20 | 0.50 [0.30, 0.70] | 1.00 [0.84, 1.00] |  | 1.00 | 0.000 | 9.5 |" in text
+    data["summary"][0] |= {"prefix_agree": 1.0}
+    assert "| 1.00 [0.84, 1.00] | 1.00 | 1.00 | 0.000 | 9.5 |" in render(data)
     assert "| records | 2,048 | 20 | 0.50 | 0.25 (n=19) |" in per_task(data, "accuracy")
     assert "(run not complete)" in text
     with pytest.raises(ValueError, match="metric 'x'"):

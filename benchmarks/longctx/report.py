@@ -13,6 +13,7 @@ from typing import Any
 METRICS = {
     "accuracy": "accuracy (all golds in the answer)",
     "agree": "answer agreement with dense",
+    "prefix_agree": "answer prefix agreement with dense (the shorter answer begins the longer)",
     "first_agree": "first-token agreement with dense",
     "kl_first": "mean KL(dense || method) of the first answer token",
 }
@@ -33,21 +34,23 @@ def _ordered(values) -> list:
 
 def overview(data: dict[str, Any]) -> str:
     """Per length and method, over every task (task "all"; the task itself when there is one): n,
-    accuracy and agreement with dense with their 95% Wilson intervals, first-token agreement, mean
-    KL of the first answer token, median decode tokens/s."""
+    accuracy and agreement with dense with their 95% Wilson intervals, prefix agreement,
+    first-token agreement, mean KL of the first answer token, median decode tokens/s."""
     summary = data["summary"]
     tasks = _ordered(s["task"] for s in summary)
     task = "all" if "all" in tasks else tasks[0]
     lines = [
-        "| length | method | n | accuracy [95% CI] | agree with dense [95% CI] | 1st-token agree | KL 1st | tok/s |",
-        "|---:|---|---:|---|---|---:|---:|---:|",
+        "| length | method | n | accuracy [95% CI] | agree with dense [95% CI] | prefix agree | 1st-token agree "
+        "| KL 1st | tok/s |",
+        "|---:|---|---:|---|---|---:|---:|---:|---:|",
     ]
     for s in summary:
         if s["task"] != task:
             continue
         lines.append(
             f"| {s['length']:,} | {s['method']} | {s['items']} | {_ci(s, 'accuracy')} | {_ci(s, 'agree')} | "
-            f"{s['first_agree']:.2f} | {s['kl_first']:.3f} | {_num(s['decode_tok_s'], '{:.1f}')} |"
+            f"{_num(s.get('prefix_agree'), '{:.2f}')} | {s['first_agree']:.2f} | {s['kl_first']:.3f} | "
+            f"{_num(s['decode_tok_s'], '{:.1f}')} |"
         )
     return "\n".join(lines)
 

@@ -347,12 +347,27 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def prefix_agree(answer: str, dense: str) -> bool:
+    """The shorter of two answers (normalised, by words) begins the longer: ": tiger." and ": tiger.
+    The special magic word" agree (one answer stopped, the other ran on to the token limit); the
+    strict ``agree`` of a row asks for the same first line."""
+    a, b = normalise(answer).split(), normalise(dense).split()
+    n = min(len(a), len(b))
+    return a[:n] == b[:n] and (n > 0 or len(a) == len(b))
+
+
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (task, length, method): items, accuracy, mean score, agreement with dense, first-token
-    agreement (each proportion with its 95% Wilson interval, ``<name>_ci`` = [lo, hi]), mean KL of
-    the first answer token, median decode tokens/s, mean prefill seconds; with several tasks, also
-    per (length, method) over all of them (task "all"). Sorted by task (as first seen, "all"
-    last), length, then method as first seen."""
+    """Per (task, length, method): items, accuracy, mean score, agreement with dense (the same
+    first line), prefix agreement with dense (:func:`prefix_agree`, from the dense row of the same
+    item), first-token agreement (each proportion with its 95% Wilson interval, ``<name>_ci`` =
+    [lo, hi]), mean KL of the first answer token, median decode tokens/s, mean prefill seconds;
+    with several tasks, also per (length, method) over all of them (task "all"). Sorted by task
+    (as first seen, "all" last), length, then method as first seen."""
+    dense = {(r["task"], r["length"], r["index"], r["seed"]): r["answer"] for r in rows if r["method"] == "dense"}
+    rows = [
+        r | {"prefix_agree": prefix_agree(r["answer"], dense.get((r["task"], r["length"], r["index"], r["seed"]), ""))}
+        for r in rows
+    ]
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["task"], r["length"], r["method"])].append(r)
@@ -373,7 +388,8 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "decode_tok_s": statistics.median(speeds) if speeds else None,
             "prefill_s": statistics.mean(r["prefill_s"] for r in rs),
         }  # fmt: skip
-        for name, field in (("accuracy", "correct"), ("agree", "agree"), ("first_agree", "first_agree")):
+        pairs = (("accuracy", "correct"), ("agree", "agree"), ("prefix_agree", "prefix_agree"), ("first_agree",) * 2)
+        for name, field in pairs:
             hits = sum(bool(r[field]) for r in rs)
             entry[name], entry[f"{name}_ci"] = hits / len(rs), list(wilson(hits, len(rs)))
         out.append(entry)
