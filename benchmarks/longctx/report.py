@@ -94,7 +94,7 @@ def render(data: dict[str, Any]) -> str:
         f"commit {str(data.get('commit', '?'))[:10]}{' (dirty)' if data.get('dirty') else ''}, "
         f"{data.get('date', '?')}, "
         f"{machine.get('cpu', '?')}, {machine.get('torch_threads', '?')} thread(s); "
-        f"{data.get('rows', '?')} rows{'' if data.get('complete') else ' (run not complete)'}."
+        f"{data.get('rows', '?')} rows{' (run not complete)' if data.get('complete') is False else ''}."
     )
     parts = [head, "", "Over all tasks:", "", overview(data)]
     for metric in ("accuracy", "agree"):
