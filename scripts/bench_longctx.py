@@ -1,11 +1,16 @@
 """Long-context fidelity on a RULER-style synthetic suite: dense vs lychee / quest (read budgets) and
 kvp / h2o / snapkv / streaming (kept shares), per task and length.
 
-    OMP_WAIT_POLICY=PASSIVE python scripts/bench_longctx.py --threads 1 --lengths 2048,4096,8192 \
-        --items 20 --shares 0.5,0.25,0.1 --out bench/longctx/longctx.json
+    OMP_NUM_THREADS=1 python scripts/bench_longctx.py --threads 1 --lengths 2048,4096,8160 \
+        --items 20 --shares 0.5,0.25,0.1 --out bench/longctx/ruler_summary.json --rows bench/longctx/ruler_rows.jsonl
 
-Per task, length and method: accuracy, answer agreement with dense, first-token agreement, KL of
-the first answer token, decode tokens/s. The protocol is in benchmarks/longctx/run.py.
+(8160, not 8192: the prompt plus 16 answer tokens must fit SmolLM2's 8,192 positions.) Per task,
+length and method: accuracy, answer agreement with dense, first-token agreement (each with a 95%
+Wilson interval), KL of the first answer token, decode tokens/s. Rows are appended to --rows after
+every item and a run resumes from them (items whose rows are all there are skipped); --redo
+lychee,quest drops those policies' rows first and measures them again; --summary-only rebuilds
+--out from --rows. benchmarks/longctx/report.py renders the summary as markdown. The protocol is
+in benchmarks/longctx/run.py.
 """
 
 import sys

@@ -12,8 +12,18 @@ import pytest
 from arbor_runtime.policies import LycheePolicy, QuestPolicy
 from arbor_runtime.sparse.reads import read_budget
 from benchmarks.longctx.cli import main
-from benchmarks.longctx.generator import NEEDLE, TASKS, contains, encode, make_item, records_example, score
-from benchmarks.longctx.run import Method, methods, parse_budget
+from benchmarks.longctx.generator import (
+    NEEDLE,
+    TASKS,
+    answer_prefix,
+    contains,
+    encode,
+    make_item,
+    records_example,
+    score,
+)
+from benchmarks.longctx.report import per_task, render
+from benchmarks.longctx.run import Method, methods, parse_budget, wilson
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,6 +90,27 @@ def test_items_are_answerable(tok, task):
             assert not item.correct(item.answers[0])
 
 
+@pytest.mark.parametrize("task", TASKS)
+def test_answer_prefix_follows_the_question(tok, task):
+    plain, prefixed = make_item(task, 512, 2, tok), make_item(task, 512, 2, tok, prefix=True)
+    assert prefixed.tokens <= 512 and (prefixed.answers == plain.answers or task == "records")  # records: the
+    # asked record depends on how many fit
+    mark = "? Answer:" if "?" in prefixed.question else ". Answer:"
+    head, tail = prefixed.question.split(mark + " ")
+    assert tail == answer_prefix(task, head + mark, prefixed.answers).strip()
+    assert not any(contains(tail, g) for g in prefixed.answers)  # the prefix never gives the answer away
+    _answer_in_place(prefixed)
+
+
+def test_answer_prefixes_name_what_is_asked(tok):
+    q = make_item("niah_multivalue", 512, 0, tok, prefix=True).question
+    tail = r"for (\S+) mentioned in the provided text\? Answer: The special magic words for \1 mentioned in the"
+    assert re.search(tail + r" provided text are$", q)
+    q = make_item("variable_tracking", 512, 0, tok, prefix=True).question
+    assert q.endswith("3 variables are assigned the value " + re.search(r"value (\d+)", q).group(1) + ", they are:")
+    assert make_item("records", 512, 0, tok, prefix=True).question.endswith(" holds")
+
+
 def test_checker_matches_whole_words_only():
     assert score(" 812 crates", ["812"]) == 1.0
     assert score(" 8120", ["812"]) == 0.0 and score("a812", ["812"]) == 0.0
@@ -135,30 +166,137 @@ def test_benchmarks_stay_out_of_the_wheel():
 
 
 # ---- the bench, end to end ---------------------------------------------------------------------------
+def _bench(tmp_path, *extra: str) -> tuple[int, dict, list[dict]]:
+    out, rows = tmp_path / "ruler_summary.json", tmp_path / "ruler_rows.jsonl"
+    code = main(["--model", "tiny-random", "--out", str(out), *extra])
+    data = json.loads(out.read_text()) if out.exists() else {}
+    return code, data, [json.loads(line) for line in rows.read_text().splitlines()] if rows.exists() else []
+
+
 def test_bench_runs_end_to_end(tmp_path, one_torch_thread):
-    out = tmp_path / "longctx.json"
-    argv = ["--model", "tiny-random", "--lengths", "256", "--items", "2", "--tasks", "records,niah_single_word",
-            "--policies", "lychee,h2o", "--shares", "0.25,1024", "--out", str(out)]  # fmt: skip
-    assert main(argv) == 0
-    data = json.loads(out.read_text())
-    assert data["settings"]["methods"] == ["dense", "lychee@25%", "lychee@1024", "h2o@25%", "h2o@1024"]
-    rows = data["rows"]
-    assert len(rows) == 2 * 2 * 5 and len(data["items"]) == 4 and len(data["summary"]) == (2 + 1) * 5  # + all tasks
-    fields = {"accuracy", "score", "agree", "first_agree", "kl_first", "decode_tok_s", "items"}
+    argv = ["--lengths", "256", "--items", "1", "--tasks", "records,niah_single_word",
+            "--policies", "lychee,h2o,kvp", "--shares", "0.25,1024"]  # fmt: skip
+    code, data, rows = _bench(tmp_path, *argv)
+    assert code == 0
+    assert data["settings"]["methods"] == [
+        "dense", "lychee@25%", "lychee@1024", "h2o@25%", "h2o@1024", "kvp@25%", "kvp@1024"
+    ]  # fmt: skip
+    assert data["complete"] and data["rows"] == len(rows) == 2 * 7 and len(data["summary"]) == (2 + 1) * 7
+    assert len(data["commit"]) == 40 and data["date"] and data["machine"]["torch_threads"] == 1
+    assert data["command"].startswith("python scripts/bench_longctx.py --model tiny-random")
+    fields = {"accuracy", "accuracy_ci", "agree", "agree_ci", "first_agree", "first_agree_ci", "kl_first",
+              "decode_tok_s", "items", "score", "prefix_agree", "prefix_agree_ci"}  # fmt: skip
     assert all(fields <= set(s) for s in data["summary"])
-    assert {s["items"] for s in data["summary"] if s["task"] == "all"} == {4}
+    assert {s["items"] for s in data["summary"] if s["task"] == "all"} == {2}
+    for s in data["summary"]:
+        for name in ("accuracy", "agree", "first_agree"):
+            lo, hi = s[f"{name}_ci"]
+            assert 0.0 <= lo <= s[name] <= hi <= 1.0 and hi - lo > 0.5  # n <= 2: wide intervals
     for r in rows:
-        assert 1 <= r["answer_tokens"] <= 16 and r["decode_tok_s"] > 0
+        assert 1 <= r["answer_tokens"] <= 16 and r["decode_tok_s"] > 0 and r["model"] == "tiny-random"
         if r["method"] == "dense":
             assert r["agree"] and r["first_agree"] and r["kl_first"] == 0.0 and r["budget_tokens"] is None
         elif r["method"].endswith("@1024"):  # the budget covers the context: dense again, to float tolerance
             assert r["agree"] and r["first_agree"] and r["kl_first"] < 1e-4
         else:  # a quarter of the context read / kept: the first answer token's distribution moves
             assert r["kl_first"] > 1e-3
-    h2o = [r for r in rows if r["method"] == "h2o@25%"]
+    for name in ("h2o", "kvp"):
+        assert all(r["kept_tokens"] == r["budget_tokens"] for r in rows if r["method"] == f"{name}@25%")
     lychee = [r for r in rows if r["method"] == "lychee@25%"]
-    assert all(r["kept_tokens"] == r["budget_tokens"] for r in h2o)
     assert all(r["budget_tokens"] == int(0.25 * r["kept_tokens"]) for r in lychee)  # sparse keeps all, reads 25%
+    # the renderer reads the summary as written
+    text = render(data)
+    assert "| 256 | h2o@25% | 2 |" in text and "| records | 256 | 1 |" in text
+    assert text.count("| niah_single_word | 256 | 1 |") == 2  # the accuracy and the agreement tables
+
+
+def test_resume_skips_done_items_and_redo_remeasures(tmp_path, one_torch_thread, monkeypatch):
+    import benchmarks.longctx.run as bench
+
+    calls = []
+    real = bench.run_item
+    monkeypatch.setattr(bench, "run_item", lambda loaded, item, plan, *a: calls.append((item.index, a[1])) or real(
+        loaded, item, plan, *a))  # fmt: skip
+    argv = ["--lengths", "160", "--tasks", "records", "--policies", "streaming,quest", "--shares", "0.25"]
+    assert _bench(tmp_path, *argv, "--items", "1")[0] == 0
+    first = (tmp_path / "ruler_rows.jsonl").read_text()
+    with (tmp_path / "ruler_rows.jsonl").open("a") as f:
+        f.write('{"task": "records", "len')  # a run killed mid-write leaves a torn last line
+    calls.clear()
+    code, data, rows = _bench(tmp_path, *argv, "--items", "2")  # resume: item 0 is done
+    assert code == 0 and [c[0] for c in calls] == [1] and data["complete"] and len(rows) == 2 * 3
+    assert (tmp_path / "ruler_rows.jsonl").read_text().startswith(first)  # done rows kept as they were
+    calls.clear()
+    code, data, rows = _bench(tmp_path, *argv, "--items", "2", "--redo", "quest")
+    assert code == 0 and [c[0] for c in calls] == [0, 1] and all(c[1] == frozenset({"dense", "streaming@25%"})
+                                                                for c in calls)  # fmt: skip
+    assert sorted(r["method"] for r in rows) == sorted(["dense", "streaming@25%", "quest@25%"] * 2)
+    calls.clear()
+    assert _bench(tmp_path, *argv, "--items", "1", "--redo", "quest")[0] == 0 and [c[0] for c in calls] == [0]
+    assert len(_bench(tmp_path, "--summary-only")[2]) == 6  # item 1's quest row stays: not in that run's items
+    calls.clear()
+    code, data, rows = _bench(tmp_path, *argv, "--items", "2")
+    assert code == 0 and calls == [] and data["complete"]  # all done: nothing runs
+    code, again, _ = _bench(tmp_path, "--summary-only")
+    assert code == 0 and again["summary"] == data["summary"] and again["complete"] is None
+    assert again["settings"]["tasks"] == ["records"] and again["settings"]["methods"] == data["settings"]["methods"]
+    assert [r["command"].split("--items ")[-1] for r in again["runs"]] == ["1", "2", "2 --redo quest", "1 --redo quest",
+                                                                           "2"]  # fmt: skip
+    assert {r["commit"] for r in rows} == {data["commit"]}
+
+
+def test_resume_refuses_rows_of_other_settings(tmp_path, capsys):
+    (tmp_path / "ruler_rows.jsonl").write_text(json.dumps({"model": "tiny-random", "max_new": 8, "seed": 0}) + "\n")
+    assert _bench(tmp_path, "--lengths", "256", "--items", "1")[0] == 2
+    assert "holds rows of model=tiny-random max_new=8 seed=0 prefix=False, not tiny-random / 16 / 0 / False" in (
+        capsys.readouterr().err
+    )
+
+
+def test_dense_prefill_reuse_gives_the_same_rows(tiny, one_torch_thread):
+    from benchmarks.longctx.run import run_item
+
+    item = make_item("niah_single_number", 160, 0, tiny.tokenizer)
+    plan = methods(["kvp", "streaming", "h2o"], ["0.25"])  # with h2o: dense and all copy h2o's prefill
+    timing = {"prefill_s", "decode_tok_s"}
+    reused, fresh = (run_item(tiny, item, plan, 8, reuse_prefill=flag) for flag in (True, False))
+    assert [{k: v for k, v in r.items() if k not in timing} for r in reused] == [
+        {k: v for k, v in r.items() if k not in timing} for r in fresh
+    ]
+    assert all(r["kl_first"] > 1e-3 for r in reused if r["share"] == 0.25)  # compression happened
+
+
+def test_prefix_agreement_forgives_an_answer_that_ran_on():
+    from benchmarks.longctx.run import prefix_agree
+
+    assert prefix_agree(": tiger.", ": tiger. The special magic word") and prefix_agree("A 39", "a  39")
+    assert not prefix_agree(": tiger.", ": carpet.") and not prefix_agree("", "39") and prefix_agree("", "")
+
+
+def test_wilson_interval():
+    assert wilson(0, 10)[0] == 0.0 and wilson(0, 10)[1] == pytest.approx(0.2775, abs=1e-4)
+    assert wilson(10, 10)[0] == pytest.approx(0.7225, abs=1e-4) and wilson(10, 10)[1] == 1.0
+    lo, hi = wilson(5, 20)
+    assert lo == pytest.approx(0.1119, abs=1e-4) and hi == pytest.approx(0.4687, abs=1e-4)
+    assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_renderer_is_a_pure_function_of_the_summary():
+    entry = {"task": "records", "length": 2048, "method": "dense", "policy": "dense", "share": None, "items": 20,
+             "accuracy": 0.5, "accuracy_ci": [0.3, 0.7], "agree": 1.0, "agree_ci": [0.84, 1.0], "first_agree": 1.0,
+             "first_agree_ci": [0.84, 1.0], "kl_first": 0.0, "decode_tok_s": 9.5, "score": 0.5}  # fmt: skip
+    other = entry | {"method": "h2o@10%", "policy": "h2o", "share": 0.1, "items": 19, "accuracy": 0.25, "agree": 0.4}
+    data = {"settings": {"model": "smollm2", "max_new": 16}, "commit": "abc", "rows": 39, "complete": False,
+            "summary": [entry, other]}  # fmt: skip
+    text = render(data)
+    assert text == render(data)
+    assert "| 2,048 | dense | 20 | 0.50 [0.30, 0.70] | 1.00 [0.84, 1.00] |  | 1.00 | 0.000 | 9.5 |" in text
+    data["summary"][0] |= {"prefix_agree": 1.0}
+    assert "| 1.00 [0.84, 1.00] | 1.00 | 1.00 | 0.000 | 9.5 |" in render(data)
+    assert "| records | 2,048 | 20 | 0.50 | 0.25 (n=19) |" in per_task(data, "accuracy")
+    assert "(run not complete)" in text
+    with pytest.raises(ValueError, match="metric 'x'"):
+        per_task(data, "x")
 
 
 def test_bad_arguments_are_errors_before_the_model_loads(capsys):
@@ -172,6 +310,8 @@ def test_bad_arguments_are_errors_before_the_model_loads(capsys):
     assert "--lengths '2048,x' must be comma-separated integers" in capsys.readouterr().err
     assert main(["--model", "gpt5"]) == 2
     assert "--model 'gpt5' is not one of smollm2, tiny-random" in capsys.readouterr().err
+    assert main(["--redo", "lychee,dense"]) == 2
+    assert "--redo: unknown 'dense'; valid: lychee" in capsys.readouterr().err
 
 
 def test_variant_names_parse_into_policies_and_bad_ones_are_refused():
@@ -185,3 +325,18 @@ def test_variant_names_parse_into_policies_and_bad_ones_are_refused():
         variant_policy("lychee:x=1")
     with pytest.raises(ValueError, match="lychee or quest"):
         variant_policy("h2o:b=1")
+
+
+def test_first_line_stop_keeps_the_answer(tiny, one_torch_thread):
+    from arbor_runtime import Runtime
+    from benchmarks.longctx.run import answer, answer_text, fork
+
+    item = make_item("records", 160, 1, tiny.tokenizer)
+    ctx, question = encode(tiny.tokenizer, item.context, item.question)
+    base = Runtime(tiny, "full")
+    root = base.new_tree_ids(ctx)
+    whole, short = (answer(*fork(base, root), question, 16, first_line=flag) for flag in (False, True))
+    assert len(whole.ids) == 16 and short.ids == whole.ids[: len(short.ids)]
+    assert answer_text(tiny.tokenizer, short.ids) == answer_text(tiny.tokenizer, whole.ids)
+    text = tiny.tokenizer.decode(short.ids)
+    assert len(short.ids) == 16 or (text.endswith("\n") and text.strip())  # stopped at the first line's end

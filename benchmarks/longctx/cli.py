@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
+import subprocess
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,7 +20,7 @@ from rich.console import Console
 from arbor_cli.report import fit_table
 from arbor_cli.results import Column
 from benchmarks.longctx.generator import TASKS, make_suite, records_example
-from benchmarks.longctx.run import POLICIES, methods, run, summarise
+from benchmarks.longctx.run import POLICIES, item_key, methods, run, summarise
 
 PROG = "bench_longctx.py"
 MODELS = ("smollm2", "tiny-random")
@@ -41,7 +46,21 @@ def _names(text: str, what: str, valid: Sequence[str]) -> list[str]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__)
-    ap.add_argument("--out", default="bench/longctx/longctx.json", help="the JSON file to write")
+    ap.add_argument("--out", default="bench/longctx/ruler_summary.json", help="the summary JSON to write")
+    ap.add_argument(
+        "--rows", default=None, help="the rows JSONL, appended after every item; a run resumes from it "
+        "(default: ruler_rows.jsonl beside --out)"
+    )  # fmt: skip
+    ap.add_argument(
+        "--redo", default="", help="comma-separated policies whose rows of this run's items are dropped first and "
+        f"measured again (e.g. lychee,quest after a retrieval change); of {', '.join(POLICIES)}"
+    )  # fmt: skip
+    ap.add_argument(
+        "--answer-prefix", action="store_true", help="questions end in RULER's answer prefix after 'Answer:' "
+        "(' The special magic number for K mentioned in the provided text is'); use its own --rows"
+    )  # fmt: skip
+    ap.add_argument("--summary-only", action="store_true", help="rebuild --out from --rows; no model, nothing runs")
+    ap.add_argument("--no-reuse-prefill", action="store_true", help="kvp/streaming prefill anew (same rows, slower)")
     ap.add_argument("--model", default="smollm2", help=f"one of {', '.join(MODELS)}")
     ap.add_argument("--lengths", default="2048,4096,8192", help="target prompt lengths in tokens")
     ap.add_argument("--items", default="20", help="items per task and length")
@@ -72,6 +91,9 @@ def validate(args: argparse.Namespace) -> dict:
         "seed": _ints(args.seed, "seed", 0)[0],
         "threads": None if args.threads is None else _ints(args.threads, "threads")[0],
         "example": bool(args.example),
+        "redo": _names(args.redo, "redo", POLICIES) if args.redo.strip() else [],
+        "reuse_prefill": not args.no_reuse_prefill,
+        "prefix": bool(args.answer_prefix),
     }
 
 
@@ -88,6 +110,87 @@ COLUMNS = (
 )
 
 
+def provenance(argv: Sequence[str] | None) -> dict:
+    """Where and how the data was made: the command, the commit, the date, the machine."""
+    repo = Path(__file__).resolve().parents[2]
+
+    def git(*cmd: str) -> str:
+        try:
+            return subprocess.run(["git", *cmd], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    cpu = ""
+    try:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    import transformers
+
+    return {
+        "command": f"python scripts/{PROG} " + " ".join(sys.argv[1:] if argv is None else argv),
+        "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "cpu": cpu or platform.processor(), "cores": os.cpu_count(), "system": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "torch_threads": torch.get_num_threads(),
+        },
+    }  # fmt: skip
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a rows JSONL (none when it does not exist); a torn last line (a killed run) is dropped."""
+    if not path.exists():
+        return []
+    rows = []
+    lines = path.read_text().splitlines()
+    for n, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n != len(lines) - 1:
+                raise ValueError(f"{path}: line {n + 1} is not JSON") from None
+    return rows
+
+
+def write_rows(path: Path, rows: Sequence[dict], mode: str = "a") -> None:
+    with path.open(mode) as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_summary(path: Path, rows: Sequence[dict], meta: dict, planned: int | None) -> dict:
+    """The summary JSON of ``rows`` (all of the rows file) with ``meta``; ``complete`` when the plan's
+    ``planned`` rows are all there (None: unknown, a summary rebuilt from rows alone)."""
+    out = meta | {
+        "rows": len(rows), "planned": planned,
+        "complete": None if planned is None else len(rows) >= planned,
+        "summary": summarise(rows),
+    }  # fmt: skip
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    tmp.replace(path)
+    return out
+
+
+def rows_settings(rows: Sequence[dict]) -> dict:
+    """The settings a rows file holds: model, max_new, seed, and the tasks, lengths and methods it has rows of."""
+
+    def seen(key: str) -> list:
+        return list(dict.fromkeys(r.get(key) for r in rows))
+
+    return {
+        "model": seen("model"), "max_new": seen("max_new"), "seed": seen("seed"), "prefix": seen("prefix"),
+        "tasks": seen("task"),
+        "lengths": sorted(set(seen("length"))), "methods": seen("method"), "commits": seen("commit"),
+    }  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
     args = parse_args(argv)
     console = console or Console()
@@ -96,41 +199,100 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    out = Path(args.out)
+    rows_path = Path(args.rows) if args.rows else out.with_name("ruler_rows.jsonl")
+    if rows_path.resolve() == out.resolve():
+        print(f"{PROG}: error: --rows {rows_path} is the summary file --out", file=sys.stderr)
+        return 2
+    try:
+        old = read_rows(rows_path)
+    except ValueError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    mismatch = [r for r in old if (r.get("model"), r.get("max_new"), r.get("seed"), r.get("prefix", False)) !=
+                (cfg["model"], cfg["max_new"], cfg["seed"], cfg["prefix"])]  # fmt: skip
+    if mismatch and not args.summary_only:
+        r = mismatch[0]
+        print(
+            f"{PROG}: error: --rows {rows_path} holds rows of model={r.get('model')} max_new={r.get('max_new')} "
+            f"seed={r.get('seed')} prefix={r.get('prefix', False)}, not {cfg['model']} / {cfg['max_new']} / "
+            f"{cfg['seed']} / {cfg['prefix']}: use another --rows",
+            file=sys.stderr,
+        )
+        return 2
+    settings = {k: v for k, v in cfg.items() if k != "plan"} | {"methods": [m.label for m in cfg["plan"]]}
+    meta = provenance(argv) | {"settings": settings, "rows_file": rows_path.name}
+    runs = []  # every run that wrote to this rows file: its command, commit and date (from the summary before)
+    if out.exists() and old:
+        try:
+            runs = json.loads(out.read_text()).get("runs", [])
+        except json.JSONDecodeError:
+            runs = []
+    if not args.summary_only:
+        meta["runs"] = runs + [{k: meta[k] for k in ("command", "commit", "dirty", "date")}]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.summary_only:  # what the rows hold, not the (unused) run arguments; earlier runs' commands kept
+        meta["settings"] = rows_settings(old)
+        if out.exists():  # the runs that made the rows, and the machine they ran on (not this one)
+            previous = json.loads(out.read_text())
+            meta["runs"] = previous.get("runs", [])
+            meta["machine"] = previous.get("machine", meta["machine"])
+        data = write_summary(out, old, meta, None)
+        console.print(fit_table(data["summary"], COLUMNS, "long-context fidelity (from rows)", console.width))
+        console.print(f"wrote {out} from {len(old)} rows of {rows_path}")
+        return 0
+    if rows_path.exists() and sum(1 for ln in rows_path.read_text().splitlines() if ln.strip()) != len(old):
+        write_rows(rows_path, old, "w")  # a torn last line goes before rows are appended after it
     from arbor_runtime import load_model  # after validation: a bad argument never waits for the model
 
     if cfg["threads"] is not None:
         torch.set_num_threads(cfg["threads"])
+    meta["machine"]["torch_threads"] = torch.get_num_threads()
     loaded = load_model(cfg["model"], device="cpu")
     start = time.perf_counter()
     if cfg["example"]:
         items = [records_example(loaded.tokenizer, seed=cfg["seed"])]
     else:
-        items = make_suite(cfg["tasks"], cfg["lengths"], cfg["items"], loaded.tokenizer, cfg["seed"])
+        items = make_suite(cfg["tasks"], cfg["lengths"], cfg["items"], loaded.tokenizer, cfg["seed"], cfg["prefix"])
+        # item-major: an interrupted run has about as many items of every task and length
+        items.sort(key=lambda it: (it.index, cfg["lengths"].index(it.length), cfg["tasks"].index(it.task)))
     console.print(f"{len(items)} items generated in {time.perf_counter() - start:.1f} s")
+    if cfg["redo"]:  # only rows of this run's items: other lengths / tasks keep theirs
+        keys = {item_key(it) for it in items}
+        kept = [r for r in old if r["policy"] not in cfg["redo"] or item_key(r) not in keys]
+        write_rows(rows_path, kept, "w")
+        console.print(f"--redo {','.join(cfg['redo'])}: dropped {len(old) - len(kept)} rows of {rows_path}")
+        old = kept
+    have: dict[tuple, set[str]] = defaultdict(set)
+    for r in old:
+        have[item_key(r)].add(r["method"])
+    labels = {m.label for m in cfg["plan"]}
+    planned = sum(1 for r in old if item_key(r) not in {item_key(it) for it in items} or r["method"] not in labels)
+    planned += len(items) * len(labels)
+    rows = list(old)
+    started = time.perf_counter()
 
-    def progress(i, item):
-        console.print(f"[{i + 1}/{len(items)}] {item.task} {item.length} #{item.index} ({item.tokens} tokens)")
+    def progress(i, item, todo):
+        if not todo:
+            return
+        console.print(
+            f"[{i + 1}/{len(items)}] {item.task} {item.length} #{item.index} ({item.tokens} tokens): "
+            f"{len(todo)} methods, {time.perf_counter() - started:.0f} s"
+        )
 
-    command = f"python scripts/{PROG} " + " ".join(sys.argv[1:] if argv is None else argv)
-    settings = {k: v for k, v in cfg.items() if k != "plan"} | {"methods": [m.label for m in cfg["plan"]]}
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(rows, complete: bool = False):  # after every item: a long run leaves what it measured
-        out = {
-            "command": command, "settings": settings, "threads": torch.get_num_threads(), "complete": complete,
-            "items": [{k: v for k, v in it.to_dict().items() if k != "context"} for it in items],
-            "rows": rows, "summary": summarise(rows),
-        }  # fmt: skip
-        path.write_text(json.dumps(out, indent=1) + "\n")
-        return out
+    def done(new):  # after every item: a long run leaves what it measured, and resumes from it
+        for r in new:
+            r["model"], r["commit"], r["prefix"] = cfg["model"], meta["commit"], cfg["prefix"]
+        write_rows(rows_path, new)
+        rows.extend(new)
+        write_summary(out, rows, meta, planned)
 
     try:
-        rows = run(loaded, items, cfg["plan"], cfg["max_new"], progress, write)
+        run(loaded, items, cfg["plan"], cfg["max_new"], progress, done, have, cfg["reuse_prefill"])
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    summary = write(rows, complete=True)["summary"]
-    console.print(fit_table(summary, COLUMNS, f"long-context fidelity · {cfg['model']}", console.width))
-    console.print(f"wrote {path}")
+    data = write_summary(out, rows, meta, planned)
+    console.print(fit_table(data["summary"], COLUMNS, f"long-context fidelity · {cfg['model']}", console.width))
+    console.print(f"wrote {out} and {rows_path} ({len(rows)} rows, {time.perf_counter() - started:.0f} s)")
     return 0

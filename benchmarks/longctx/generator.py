@@ -75,7 +75,8 @@ class Item:
         index: the item's number within its task and length.
         seed: the suite seed it was drawn with.
         context: the text before the question (tokenized with the BOS token).
-        question: the question, ending in "Answer:" (tokenized without special tokens, appended).
+        question: the question, ending in "Answer:" or, with ``prefix``, in the task's answer prefix after it
+            (tokenized without special tokens, appended).
         answers: the gold answers; all must occur in a correct prediction.
         tokens: len(context ids) + len(question ids) with the tokenizer it was built for.
     """
@@ -278,6 +279,33 @@ TASKS: dict[str, Callable[[random.Random, int], Built]] = {
 }
 
 
+# ---- answer prefixes (RULER's) -------------------------------------------------------------------------
+def answer_prefix(task: str, question: str, answers: Sequence[str]) -> str:
+    """The text RULER puts after a question so that the model's next tokens are the answer itself
+    (RULER's answer prefixes; ours for records): " The special magic number for K mentioned in the
+    provided text is", "... 3 variables are assigned the value V, they are:", ... Read off the
+    question (its key, value, count) and the number of gold answers. A small model asked "...?
+    Answer:" often restates the question or stops at once (SmolLM2-135M: EOS first on multi-value,
+    variable tracking and common words); after the prefix it answers."""
+    if task.startswith("niah"):
+        found = re.search(r"What (is|are all) the special magic (\w+) for (\S+) mentioned", question)
+        verb = "are" if found.group(1) == "are all" else "is"
+        return f" The special magic {found.group(2)} for {found.group(3)} mentioned in the provided text {verb}"
+    if task == "variable_tracking":
+        value = re.search(r"assigned the value (\d+)", question).group(1)
+        return (
+            " According to the chain(s) of variable assignment in the text above, "
+            f"{len(answers)} variables are assigned the value {value}, they are:"
+        )
+    if task == "common_words":
+        top = re.search(r"What are the (\d+) most common", question).group(1)
+        return f" The top {top} words that appear most often in the list are:"
+    if task.startswith("records"):
+        sector, record = re.search(r"sector (\d+) hold in record (\d+)\?", question).groups()
+        return f" Record {record}: the warehouse in sector {sector} holds"
+    raise ValueError(f"no answer prefix for task {task!r}")
+
+
 # ---- length fitting ----------------------------------------------------------------------------------
 def encode(tokenizer, context: str, question: str) -> tuple[list[int], list[int]]:
     """(context ids with the BOS token, question ids without special tokens): the prompt is their concatenation."""
@@ -285,11 +313,13 @@ def encode(tokenizer, context: str, question: str) -> tuple[list[int], list[int]
     return list(ctx), list(tokenizer(question, add_special_tokens=False)["input_ids"])
 
 
-def make_item(task: str, length: int, index: int, tokenizer, seed: int = 0) -> Item:
+def make_item(task: str, length: int, index: int, tokenizer, seed: int = 0, prefix: bool = False) -> Item:
     """Item ``index`` of ``task`` at ``length`` tokens: the most filler units whose prompt fits ``length``.
 
     Deterministic: the item's random stream is seeded by (seed, task, length, index), and every
-    probe of the search rebuilds the item from that seed.
+    probe of the search rebuilds the item from that seed. ``prefix``: the question ends in the
+    task's :func:`answer_prefix` after "Answer:" (the same context and gold, maybe fewer filler
+    units: the prefix counts in the length).
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASKS)}")
@@ -297,6 +327,8 @@ def make_item(task: str, length: int, index: int, tokenizer, seed: int = 0) -> I
 
     def tokens(n: int) -> tuple[int, Built]:
         built = build(random.Random(f"{seed}/{task}/{length}/{index}"), n)
+        if prefix:
+            built = (built[0], built[1] + answer_prefix(task, built[1], built[2]), built[2])
         ctx, q = encode(tokenizer, built[0], built[1])
         return len(ctx) + len(q), built
 
@@ -312,9 +344,11 @@ def make_item(task: str, length: int, index: int, tokenizer, seed: int = 0) -> I
     return Item(task, length, index, seed, context, question, answers, count)
 
 
-def make_suite(tasks: Sequence[str], lengths: Sequence[int], items: int, tokenizer, seed: int = 0) -> list[Item]:
+def make_suite(
+    tasks: Sequence[str], lengths: Sequence[int], items: int, tokenizer, seed: int = 0, prefix: bool = False
+) -> list[Item]:
     """``items`` items of every task at every length (task-major, then length, then index)."""
-    return [make_item(t, n, i, tokenizer, seed) for t in tasks for n in lengths for i in range(items)]
+    return [make_item(t, n, i, tokenizer, seed, prefix) for t in tasks for n in lengths for i in range(items)]
 
 
 def records_example(tokenizer, records: int = 240, asked: int = 39, seed: int = 0) -> Item:

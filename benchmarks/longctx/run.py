@@ -14,7 +14,17 @@ Protocol, per item (its context ids C, question ids Q ending in "Answer:"):
 - compressing (kvp, h2o, snapkv, streaming): ``Runtime(policy=P)`` (no budget) prefills C whole,
   collecting its statistics; a copy per share runs ``rt.compress(share * len(C))`` (the kept share
   is of the context; the question comes after compression, query-agnostic, as kvpress evaluates
-  RULER); then the same Q and decode over the kept tokens.
+  RULER); then the same Q and decode over the kept tokens. A policy that records no attention
+  statistics (kvp, streaming: ``needs_attention`` False) prefills exactly as ``full`` does, so its
+  copies are made from the dense prefill with the policy swapped in (:func:`fork`'s ``policy``):
+  the same K/V and records, one prefill fewer each. When h2o is in the plan, that one prefill is
+  h2o's (its all-query attention record is computed after each layer's output, so the K/V are
+  those of a plain prefill) and dense, lychee, quest, kvp, streaming copy it with their policy
+  swapped in; snapkv prefills under its own policy (its record is of the last window of queries).
+  ``reuse_prefill=False`` prefills each compressing policy anew and dense under ``full``;
+  tests/test_longctx.py checks both give the same rows.
+- answers: greedy decode stops once the first non-empty line is complete (:func:`answer`); the
+  answer is that line either way, so ``answer_tokens`` counts the tokens up to its newline.
 
 Measured per item and method: the answer (the first line of the greedy text), its score against
 the gold (generator.score), agreement with dense's answer, and at the first answer token that is
@@ -36,11 +46,12 @@ from typing import Any
 
 import torch
 
-from benchmarks.sparse import attach
 from arbor_runtime import LoadedModel, Node, Runtime, SamplingParams, build_policy
-from arbor_runtime.policies import LycheePolicy, QuestPolicy
+from arbor_runtime.policies import LycheePolicy, Policy, QuestPolicy
+from arbor_runtime.runtime import bind_policy
 from arbor_runtime.sparse.reads import read_budget
 from benchmarks.longctx.generator import Item, encode, normalise
+from benchmarks.sparse import attach
 
 SPARSE = {"lychee": LycheePolicy, "quest": QuestPolicy}
 COMPRESSING = ("kvp", "h2o", "snapkv", "streaming")
@@ -121,9 +132,24 @@ def force(rt: Runtime, node: Node, ids: Sequence[int]) -> Node:
     return child
 
 
-def fork(rt: Runtime, root: Node) -> tuple[Runtime, Node]:
-    """A copy of ``rt``'s whole state sharing its model and tokenizer; the copy's ``root``."""
-    clone = copy.deepcopy(rt, {id(rt.model): rt.model, id(rt.tokenizer): rt.tokenizer})
+def fork(rt: Runtime, root: Node, policy: Policy | None = None) -> tuple[Runtime, Node]:
+    """A copy of ``rt``'s whole state sharing its model and tokenizer; the copy's ``root``.
+
+    ``policy``: the copy runs under this (bound) policy instead of a copy of ``rt``'s: every part
+    of the runtime that holds the policy (memory manager, planner, runner, prefiller, engine)
+    gets it. Only for a policy with the same KV budget that reads no attention record, or reads
+    the one ``rt``'s prefill recorded (the same observation window); the K/V of a prefill are the
+    same with or without the record (the statistics are computed after each layer's output)."""
+    memo: dict[int, Any] = {id(rt.model): rt.model, id(rt.tokenizer): rt.tokenizer}
+    if policy is not None:
+        src = rt.policy
+        same_record = not policy.needs_attention or (
+            src.needs_attention and src.observation_window == policy.observation_window
+        )
+        if policy.kv_budget_tokens != src.kv_budget_tokens or not same_record:
+            raise ValueError(f"fork: policy {policy.name} does not prefill as {src.name} does")
+        memo[id(rt.policy)] = policy
+    clone = copy.deepcopy(rt, memo)
     return clone, clone.nodes[root.id]
 
 
@@ -137,12 +163,29 @@ class Answer:
     seconds: float
 
 
-def answer(rt: Runtime, root: Node, question: Sequence[int], max_new: int) -> Answer:
-    """Append the question (its last token as a decode step) below ``root`` and decode greedily."""
+def answer(rt: Runtime, root: Node, question: Sequence[int], max_new: int, first_line: bool = True) -> Answer:
+    """Append the question (its last token as a decode step) below ``root`` and decode greedily.
+
+    ``first_line``: the decode stops once the answer's first non-empty line is complete (a newline
+    after it) rather than always running ``max_new`` tokens: the answer (:func:`answer_text`) is
+    the same, the decode is shorter. It decodes in pieces that stop at each newline (a piece that
+    ends before the first line has content is continued from its node, greedily, up to ``max_new``
+    tokens in all)."""
     last = force(rt, rt.append_ids(root, list(question[:-1])), question[-1:])
     start = time.perf_counter()
-    child = rt.expand(last, 1, greedy(max_new))[0]
-    return Answer(list(child.token_ids), last, time.perf_counter() - start)
+    ids: list[int] = []
+    node = last
+    while True:
+        params = SamplingParams(
+            max_new_tokens=max_new - len(ids), temperature=0.0, stop_at_eos=True, stop=["\n"] if first_line else []
+        )
+        child = rt.expand(node, 1, params)[0]
+        ids += child.token_ids
+        text = rt.tokenizer.decode(ids, skip_special_tokens=True)
+        if child.stop_reason != "stop" or len(ids) >= max_new or "\n" not in text or text[: text.rfind("\n")].strip():
+            break
+        node = child
+    return Answer(ids, last, time.perf_counter() - start)
 
 
 def leading_space(tokenizer, ids: Sequence[int]) -> int:
@@ -166,15 +209,33 @@ def answer_text(tokenizer, ids: Sequence[int]) -> str:
 
 
 # ---- one item ---------------------------------------------------------------------------------------
-def run_item(loaded: LoadedModel, item: Item, plan: Sequence[Method], max_new: int = 16) -> list[dict[str, Any]]:
-    """Every method of ``plan`` (dense first) on ``item``: one row each (see the module docstring)."""
+def run_item(
+    loaded: LoadedModel,
+    item: Item,
+    plan: Sequence[Method],
+    max_new: int = 16,
+    skip: frozenset[str] = frozenset(),
+    reuse_prefill: bool = True,
+) -> list[dict[str, Any]]:
+    """Every method of ``plan`` (dense first) on ``item``: one row each (see the module docstring).
+
+    ``skip``: method labels not to run (rows a resumed run has already); dense always runs (it is
+    the reference) but gets no row when skipped. ``reuse_prefill`` (see the module docstring):
+    one prefill serves every method but snapkv (True) or each compressing policy prefills anew
+    (False); the rows are the same but for the timings."""
     tok = loaded.tokenizer
     ctx, question = encode(tok, item.context, item.question)
     start = time.perf_counter()
-    base = Runtime(loaded, "full")
+    # the shared prefill: with h2o's all-query attention record when h2o is in the plan (one prefill fewer)
+    shared = reuse_prefill and any(m.policy == "h2o" for m in plan)
+    base = Runtime(loaded, build_policy("h2o") if shared else "full")
     base_root = base.new_tree_ids(ctx)
     dense_prefill = time.perf_counter() - start
-    rt, root = fork(base, base_root)
+
+    def full() -> Policy | None:  # the copy's policy for dense reads (None: the base is full already)
+        return build_policy("full") if shared else None
+
+    rt, root = fork(base, base_root, full())
     dense = answer(rt, root, question, max_new)
     prefix = dense.ids[: leading_space(tok, dense.ids)]
     ref = first_logprobs(rt, dense, prefix)
@@ -182,23 +243,35 @@ def run_item(loaded: LoadedModel, item: Item, plan: Sequence[Method], max_new: i
     del rt, root
     rows = []
     prefilled: dict[str, tuple[Runtime, Node, float]] = {}
+    bound: dict[str, Policy] = {}
     for method in plan:
+        if method.label in skip:
+            continue
         prefill_s = dense_prefill
         if method.policy == "dense":
             ans, logp, kept = dense, ref, len(ctx)
         else:
             budget = method.budget(len(ctx))
             if method.policy in SPARSE:
-                rt, root = fork(base, base_root)
+                rt, root = fork(base, base_root, full())
                 attach(rt, method.build(len(ctx)))
                 kept = len(ctx)
             else:
-                if method.policy not in prefilled:
-                    start = time.perf_counter()
-                    prt = Runtime(loaded, build_policy(method.policy))
-                    prefilled[method.policy] = (prt, prt.new_tree_ids(ctx), time.perf_counter() - start)
-                prt, proot, prefill_s = prefilled[method.policy]
-                rt, root = fork(prt, proot)
+                policy = build_policy(method.policy)
+                if shared and method.policy == "h2o":  # the shared prefill is h2o's own
+                    rt, root = fork(base, base_root)
+                elif reuse_prefill and not policy.needs_attention:  # prefills as full does: the dense one
+                    if method.policy not in bound:  # bound once (kvp loads its weights), copied per share
+                        bind_policy(policy, loaded.model)
+                        bound[method.policy] = policy
+                    rt, root = fork(base, base_root, copy.deepcopy(bound[method.policy]))
+                else:
+                    if method.policy not in prefilled:
+                        start = time.perf_counter()
+                        prt = Runtime(loaded, policy)
+                        prefilled[method.policy] = (prt, prt.new_tree_ids(ctx), time.perf_counter() - start)
+                    prt, proot, prefill_s = prefilled[method.policy]
+                    rt, root = fork(prt, proot)
                 kept = rt.compress(min(budget, len(ctx)))
             ans = answer(rt, root, question, max_new)
             logp = first_logprobs(rt, ans, prefix)
@@ -206,7 +279,8 @@ def run_item(loaded: LoadedModel, item: Item, plan: Sequence[Method], max_new: i
         text = answer_text(tok, ans.ids)
         kl = float((ref.exp() * (ref - logp)).sum().clamp_min(0.0))
         rows.append({
-            "task": item.task, "length": item.length, "index": item.index, "tokens": item.tokens,
+            "task": item.task, "length": item.length, "index": item.index, "seed": item.seed,
+            "tokens": item.tokens, "max_new": max_new,
             "method": method.label, "policy": method.policy, "share": method.share,
             "budget_tokens": None if method.policy == "dense" else budget,
             "kept_tokens": kept, "answer": text, "answers": list(item.answers),
@@ -220,43 +294,103 @@ def run_item(loaded: LoadedModel, item: Item, plan: Sequence[Method], max_new: i
 
 
 # ---- the whole run ----------------------------------------------------------------------------------
-def run(loaded: LoadedModel, items: Sequence[Item], plan: Sequence[Method], max_new: int = 16, progress=None,
-        done=None):  # fmt: skip
-    """Rows of every item (``progress(i, item)`` is called before each, ``done(rows so far)`` after each)."""
+def item_key(row_or_item) -> tuple:
+    """(task, length, index, seed) of an item or of one of its rows: what a resumed run matches on."""
+    get = row_or_item.get if isinstance(row_or_item, dict) else lambda k: getattr(row_or_item, k)
+    return get("task"), get("length"), get("index"), get("seed")
+
+
+def run(
+    loaded: LoadedModel,
+    items: Sequence[Item],
+    plan: Sequence[Method],
+    max_new: int = 16,
+    progress=None,
+    done=None,
+    have: dict[tuple, set[str]] | None = None,
+    reuse_prefill: bool = True,
+) -> list[dict[str, Any]]:
+    """Rows of every item (``progress(i, item, todo)`` is called before each with the labels it will
+    run, ``done(item rows)`` after each item that ran). ``have``: per :func:`item_key`, the method
+    labels that already have rows (a resumed run); those are not run again, and an item with all of
+    the plan's labels is skipped whole (no prefill)."""
     limit = getattr(loaded.model.config, "max_position_embeddings", None)
     longest = max(it.tokens for it in items) + max_new + 8
     if limit is not None and longest > limit:
-        raise ValueError(f"items of {longest - max_new - 8} tokens do not fit the model's {limit} positions")
+        raise ValueError(
+            f"items of {longest - max_new - 8} tokens do not fit the model's {limit} positions with "
+            f"{max_new} answer tokens: use lengths <= {limit - max_new - 8}"
+        )
+    have = have or {}
     rows = []
     for i, item in enumerate(items):
+        skip = frozenset(have.get(item_key(item), ()))
+        todo = [m.label for m in plan if m.label not in skip]
         if progress is not None:
-            progress(i, item)
-        rows += run_item(loaded, item, plan, max_new)
+            progress(i, item, todo)
+        if not todo:
+            continue
+        new = run_item(loaded, item, plan, max_new, skip, reuse_prefill)
+        rows += new
         if done is not None:
-            done(rows)
+            done(new)
     return rows
 
 
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95% at z = 1.96) of a proportion ``successes / n``; (0, 1) for n = 0."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def prefix_agree(answer: str, dense: str) -> bool:
+    """The shorter of two answers (normalised, by words) begins the longer: ": tiger." and ": tiger.
+    The special magic word" agree (one answer stopped, the other ran on to the token limit); the
+    strict ``agree`` of a row asks for the same first line."""
+    a, b = normalise(answer).split(), normalise(dense).split()
+    n = min(len(a), len(b))
+    return a[:n] == b[:n] and (n > 0 or len(a) == len(b))
+
+
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (task, length, method): items, accuracy, mean score, agreement with dense, first-token
-    agreement, mean KL of the first answer token, median decode tokens/s; with several tasks, also
-    per (length, method) over all of them (task "all")."""
+    """Per (task, length, method): items, accuracy, mean score, agreement with dense (the same
+    first line), prefix agreement with dense (:func:`prefix_agree`, from the dense row of the same
+    item), first-token agreement (each proportion with its 95% Wilson interval, ``<name>_ci`` =
+    [lo, hi]), mean KL of the first answer token, median decode tokens/s, mean prefill seconds;
+    with several tasks, also per (length, method) over all of them (task "all"). Sorted by task
+    (as first seen, "all" last), length, then method as first seen."""
+    dense = {(r["task"], r["length"], r["index"], r["seed"]): r["answer"] for r in rows if r["method"] == "dense"}
+    rows = [
+        r | {"prefix_agree": prefix_agree(r["answer"], dense.get((r["task"], r["length"], r["index"], r["seed"]), ""))}
+        for r in rows
+    ]
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["task"], r["length"], r["method"])].append(r)
     if len({r["task"] for r in rows}) > 1:
         for r in rows:
             groups[("all", r["length"], r["method"])].append(r)
+    tasks = list(dict.fromkeys(r["task"] for r in rows)) + ["all"]
+    order = list(dict.fromkeys(r["method"] for r in rows))
     out = []
-    for (task, length, method), rs in groups.items():
+    for task, length, method in sorted(groups, key=lambda k: (tasks.index(k[0]), k[1], order.index(k[2]))):
+        rs = groups[(task, length, method)]
         speeds = [r["decode_tok_s"] for r in rs if r["decode_tok_s"] is not None]
-        out.append({
-            "task": task, "length": length, "method": method, "items": len(rs),
-            "accuracy": statistics.mean(float(r["correct"]) for r in rs),
+        entry = {
+            "task": task, "length": length, "method": method, "policy": rs[0]["policy"], "share": rs[0]["share"],
+            "items": len(rs), "tokens": statistics.mean(r["tokens"] for r in rs),
             "score": statistics.mean(r["score"] for r in rs),
-            "agree": statistics.mean(float(r["agree"]) for r in rs),
-            "first_agree": statistics.mean(float(r["first_agree"]) for r in rs),
             "kl_first": statistics.mean(r["kl_first"] for r in rs),
             "decode_tok_s": statistics.median(speeds) if speeds else None,
-        })  # fmt: skip
+            "prefill_s": statistics.mean(r["prefill_s"] for r in rs),
+        }  # fmt: skip
+        pairs = (("accuracy", "correct"), ("agree", "agree"), ("prefix_agree", "prefix_agree"), ("first_agree",) * 2)
+        for name, field in pairs:
+            hits = sum(bool(r[field]) for r in rs)
+            entry[name], entry[f"{name}_ci"] = hits / len(rs), list(wilson(hits, len(rs)))
+        out.append(entry)
     return out

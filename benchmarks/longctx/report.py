@@ -1,0 +1,102 @@
+"""Markdown tables of a long-context summary (``ruler_summary.json``, written by ``scripts/bench_longctx.py``).
+
+Pure functions of the loaded JSON: nothing here reads files, runs a model or looks at the clock,
+so a results page can call :func:`render` on committed data and get the same text every time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+#: the per-task tables' metrics: summary field -> what the table calls it
+METRICS = {
+    "accuracy": "accuracy (all golds in the answer)",
+    "agree": "answer agreement with dense",
+    "prefix_agree": "answer prefix agreement with dense (the shorter answer begins the longer)",
+    "first_agree": "first-token agreement with dense",
+    "kl_first": "mean KL(dense || method) of the first answer token",
+}
+
+
+def _ci(entry: dict[str, Any], name: str) -> str:
+    lo, hi = entry[f"{name}_ci"]
+    return f"{entry[name]:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "" if value is None else fmt.format(value)
+
+
+def _ordered(values) -> list:
+    return list(dict.fromkeys(values))
+
+
+def overview(data: dict[str, Any]) -> str:
+    """Per length and method, over every task (task "all"; the task itself when there is one): n,
+    accuracy and agreement with dense with their 95% Wilson intervals, prefix agreement,
+    first-token agreement, mean KL of the first answer token, median decode tokens/s."""
+    summary = data["summary"]
+    tasks = _ordered(s["task"] for s in summary)
+    task = "all" if "all" in tasks else tasks[0]
+    lines = [
+        "| length | method | n | accuracy [95% CI] | agree with dense [95% CI] | prefix agree | 1st-token agree "
+        "| KL 1st | tok/s |",
+        "|---:|---|---:|---|---|---:|---:|---:|---:|",
+    ]
+    for s in summary:
+        if s["task"] != task:
+            continue
+        lines.append(
+            f"| {s['length']:,} | {s['method']} | {s['items']} | {_ci(s, 'accuracy')} | {_ci(s, 'agree')} | "
+            f"{_num(s.get('prefix_agree'), '{:.2f}')} | {s['first_agree']:.2f} | {s['kl_first']:.3f} | "
+            f"{_num(s['decode_tok_s'], '{:.1f}')} |"
+        )
+    return "\n".join(lines)
+
+
+def per_task(data: dict[str, Any], metric: str = "accuracy", methods: Sequence[str] | None = None) -> str:
+    """One row per task and length, one column per method: ``metric`` (a key of :data:`METRICS`);
+    n is the dense row's item count (a cell whose n differs shows it: "0.40 (n=5)")."""
+    if metric not in METRICS:
+        raise ValueError(f"metric {metric!r}; valid: {', '.join(METRICS)}")
+    summary = data["summary"]
+    cols = list(methods) if methods is not None else _ordered(s["method"] for s in summary)
+    cells = {(s["task"], s["length"], s["method"]): s for s in summary}
+    fmt = "{:.3f}" if metric == "kl_first" else "{:.2f}"
+    lines = ["| task | length | n | " + " | ".join(cols) + " |", "|---|---:|---:|" + "---:|" * len(cols)]
+    for task, length in _ordered((s["task"], s["length"]) for s in summary):
+        row = [cells.get((task, length, m)) for m in cols]
+        n = next((c["items"] for c in row if c is not None), 0)
+        out = []
+        for c in row:
+            if c is None:
+                out.append("")
+            else:
+                out.append(fmt.format(c[metric]) + ("" if c["items"] == n else f" (n={c['items']})"))
+        lines.append(f"| {task} | {length:,} | {n} | " + " | ".join(out) + " |")
+    return "\n".join(lines)
+
+
+def _one(value: Any) -> str:
+    """A setting as text: a list (a summary rebuilt from rows lists what they hold) joined by commas."""
+    return ", ".join(str(v) for v in value) if isinstance(value, list) else str(value)
+
+
+def render(data: dict[str, Any]) -> str:
+    """The whole report: provenance, the overview, and the per-task accuracy and agreement tables."""
+    settings = data.get("settings", {})
+    machine = data.get("machine", {})
+    prefix = settings.get("prefix", False)
+    prompt = "; questions end in RULER's answer prefix" if prefix is True or prefix == [True] else ""
+    head = (
+        f"Model {_one(settings.get('model', '?'))}, greedy {_one(settings.get('max_new', '?'))} answer tokens{prompt}, "
+        f"commit {str(data.get('commit', '?'))[:10]}{' (dirty)' if data.get('dirty') else ''}, "
+        f"{data.get('date', '?')}, "
+        f"{machine.get('cpu', '?')}, {machine.get('torch_threads', '?')} thread(s); "
+        f"{data.get('rows', '?')} rows{' (run not complete)' if data.get('complete') is False else ''}."
+    )
+    parts = [head, "", "Over all tasks:", "", overview(data)]
+    for metric in ("accuracy", "agree"):
+        parts += ["", f"Per task, {METRICS[metric]}:", "", per_task(data, metric)]
+    return "\n".join(parts) + "\n"
