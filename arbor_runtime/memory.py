@@ -62,6 +62,9 @@ class MemoryManager:
         #: seconds spent, running totals: the policy computing plans, their evictions carried out,
         #: restores from the host tier (metrics.MEMORY_SECONDS maps them to metrics fields)
         self.seconds = {"plan": 0.0, "evict": 0.0, "restore": 0.0}
+        #: blocks of searches waiting for their turn (engine/turns.py): when room is short they go
+        #: to the host tier in one go, before the policy is asked to evict the running searches' blocks
+        self.parked: frozenset[int] = frozenset()
 
     @property
     def budget(self) -> int | None:
@@ -228,10 +231,23 @@ class MemoryManager:
         """Ask the policy for room (one MemoryThreshold plan) when ``need`` slots are not free."""
         if self.planner.has_free(need):
             return True
+        if self.parked and self.policy.offload:
+            self._park()
+            if self.planner.has_free(need):
+                return True
         if self.policy.frees_memory:
             target = self.planner.room_target(need, ahead)
             self.emit(MemoryThreshold(self.store.resident_tokens, self.budget, need - self.free), target)
         return self.planner.has_free(need)
+
+    def _park(self) -> None:
+        """Offload every resident token of the parked blocks (the waiting searches' trees) at once."""
+        start, empty = time.perf_counter(), torch.zeros(0, dtype=torch.long)
+        for block_id in self.parked - self.active:
+            if block_id in self.store and self.store.get(block_id).kept_tokens:
+                self.store.apply(block_id, empty, offload=True)
+        self.parked = frozenset()
+        self.seconds["evict"] += time.perf_counter() - start
 
     def _make_whole(self, ends: Sequence[Node]) -> list[Node]:
         """Restore the paths to ``ends`` from the host tier, top-down; returns blocks still missing

@@ -190,7 +190,7 @@ class Engine:
 
     # ---- one cycle (driver only) ---------------------------------------------------------
     def _cycle(self) -> None:
-        start, self._progress = time.perf_counter(), False
+        start, self._progress, new = time.perf_counter(), False, []
         try:
             with self._cv:
                 new, self._pending, seen = self._pending, [], self._submitted
@@ -204,6 +204,8 @@ class Engine:
                 self._step()
             self._charge_turn_wait(demand, time.perf_counter() - start)
         except BaseException as exc:  # a bug or an interrupt: every caller hears of it, none waits forever
+            with self._cv:  # taken this cycle, not started yet: they fail too
+                self._pending[:0] = [w for w in new if not w.done and w not in self._in_flight]
             self._abort(exc)
             self._progress = True
         with self._cv:
@@ -233,7 +235,9 @@ class Engine:
                 add(work.account, [(n, first_page_of(stop)) for (n, k), stop in requests for _ in range(k)])
             elif hasattr(work.run, "demand"):
                 add(work.account, [work.run.demand()])
-        self.scheduler.turns.update(demand, self.rt.policy.kv_budget_tokens)
+        turns = self.scheduler.turns
+        turns.update(demand, self.rt.policy.kv_budget_tokens)
+        self.rt.memory.parked = turns.parked(self.rt.memory.nodes, self.rt.store.block_ids())
         return demand
 
     def _charge_turn_wait(self, demand: dict[int, tuple[Account, Demand]], seconds: float) -> None:

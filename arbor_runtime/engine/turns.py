@@ -7,8 +7,9 @@ are searches. :class:`Turns` decides, once per engine cycle, which searches may 
 
 - the searches, in the order they first brought work (first come, first served), each with its
   *demand*: the paths its work in the engine reads (queued or decoding rows, a prefill, a choose
-  pass) and the slots that work starts with; a search with no work in the engine right now (its
-  thread is between operations) keeps the demand of its last operation, so its path stays counted;
+  pass) and the slots that work starts with; per tree it touched (its own, a value prompt's), a
+  search keeps the demand of its last operation there, so the paths it returns to stay counted
+  while its thread is between operations or works in another tree;
 - when every open search's demand fits the budget at once, every search is admitted (all rows batch
   together, as without this rule);
 - else the longest run of searches from the front of that order whose demands fit together
@@ -53,7 +54,8 @@ class Turns:
     order: list[object] = field(default_factory=list)
     admitted: set[int] = field(default_factory=set)
     contended: bool = False
-    _last: dict[int, list[tuple[Node | None, int]]] = field(default_factory=dict)
+    #: per account, per tree its work touched (None: a root not prefilled yet): its last demand there
+    _last: dict[int, dict[int | None, list[tuple[Node | None, int]]]] = field(default_factory=dict)
     _idle_since: float | None = None
 
     def admits(self, account: object | None) -> bool:
@@ -70,7 +72,10 @@ class Turns:
             if key not in known and not getattr(account, "closed", False):
                 self.order.append(account)
                 known.add(key)
-            self._last[key] = list(entries)
+            mine = self._last.setdefault(key, {})
+            mine.pop(None, None)  # a root being prefilled is a tree now, or its prefill is in ``entries``
+            for tree in {None if n is None else n.tree_id for n, _ in entries}:
+                mine[tree] = [e for e in entries if (None if e[0] is None else e[0].tree_id) == tree]
         for key in [k for k in self._last if k not in known]:
             del self._last[key]
         self.contended = budget is not None and need(self._entries(self.order)) > budget
@@ -85,12 +90,24 @@ class Turns:
             prefix.append(account)
         self.admitted = {id(a) for a in prefix}
 
+    def parked(self, nodes: Mapping[int, Node], block_ids: Iterable[int]) -> frozenset[int]:
+        """Blocks (of ``block_ids``) of the trees of open searches that are not admitted, except
+        those on an admitted search's paths or in its trees: what may leave for the host tier."""
+        if not self.contended:
+            return frozenset()
+        mine = {t for key in self.admitted for t in self._last.get(key, ())}
+        theirs = {t for a in self.order if id(a) not in self.admitted for t in self._last.get(id(a), ())} - mine
+        if not theirs:
+            return frozenset()
+        keep = {n.id for e, _ in self._entries(a for a in self.order if id(a) in self.admitted) if e for n in e.path()}
+        return frozenset(i for i in block_ids if i in nodes and nodes[i].tree_id in theirs and i not in keep)
+
     def waiting(self, demand: Mapping[int, tuple[object, Demand]]) -> list[object]:
         """Accounts with work in the engine that are not admitted (their work waits for a turn)."""
         return [acc for key, (acc, _) in demand.items() if self.contended and key not in self.admitted]
 
     def _entries(self, accounts: Iterable[object]) -> list[tuple[Node | None, int]]:
-        return [e for a in accounts for e in self._last.get(id(a), ())]
+        return [e for a in accounts for entries in self._last.get(id(a), {}).values() for e in entries]
 
     def _rotate_idle(self, demand: Mapping[int, tuple[object, Demand]], now: float) -> None:
         """The first search goes to the back when it brought no work for ``idle_seconds`` while
