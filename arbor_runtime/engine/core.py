@@ -222,6 +222,7 @@ class Engine:
         """Each search's demand now (its queued and running rows, prefills and choose passes) and
         the searches that may start work this cycle (the scheduler's turns)."""
         demand: dict[int, tuple[Account, list]] = {}
+        fresh = {(id(w.account), n.tree_id) for w in new if isinstance(w, ExpandJob) for n, _ in w.requests}
 
         def add(account: Account | None, entries: Demand) -> None:
             if account is not None:
@@ -236,7 +237,7 @@ class Engine:
             elif hasattr(work.run, "demand"):
                 add(work.account, [work.run.demand()])
         turns = self.scheduler.turns
-        turns.update(demand, self.rt.policy.kv_budget_tokens)
+        turns.update(demand, self.rt.policy.kv_budget_tokens, fresh)
         self.rt.memory.parked = turns.parked(self.rt.memory.nodes, self.rt.store.block_ids())
         return demand
 

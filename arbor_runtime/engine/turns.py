@@ -8,8 +8,9 @@ are searches. :class:`Turns` decides, once per engine cycle, which searches may 
 - the searches, in the order they first brought work (first come, first served), each with its
   *demand*: the paths its work in the engine reads (queued or decoding rows, a prefill, a choose
   pass) and the slots that work starts with; per tree it touched (its own, a value prompt's), a
-  search keeps the demand of its last operation there, so the paths it returns to stay counted
-  while its thread is between operations or works in another tree;
+  search keeps what its operations there asked for since its last expansion in that tree began
+  (the frontier it expands, the children it appends to and scores), so the paths it returns to
+  stay counted while its thread is between operations or works in another tree;
 - when every open search's demand fits the budget at once, every search is admitted (all rows batch
   together, as without this rule);
 - else the longest run of searches from the front of that order whose demands fit together
@@ -54,28 +55,41 @@ class Turns:
     order: list[object] = field(default_factory=list)
     admitted: set[int] = field(default_factory=set)
     contended: bool = False
-    #: per account, per tree its work touched (None: a root not prefilled yet): its last demand there
-    _last: dict[int, dict[int | None, list[tuple[Node | None, int]]]] = field(default_factory=dict)
+    #: per account, per tree its work touched (None: a root not prefilled yet): (path end id -> entry)
+    #: since its last expansion there began
+    _last: dict[int, dict[int | None, dict[int | None, tuple[Node | None, int]]]] = field(default_factory=dict)
     _idle_since: float | None = None
 
     def admits(self, account: object | None) -> bool:
         """May work of ``account`` start now? (Work outside accounts always may.)"""
         return account is None or not self.contended or id(account) in self.admitted
 
-    def update(self, demand: Mapping[int, tuple[object, Demand]], budget: int | None, now: float | None = None) -> None:
+    def update(
+        self,
+        demand: Mapping[int, tuple[object, Demand]],
+        budget: int | None,
+        fresh: Iterable[tuple[int, int]] = (),
+        now: float | None = None,
+    ) -> None:
         """Recompute the admitted searches from each account's demand now (``id(account)`` ->
-        (account, demand); accounts with no work in the engine are absent) and the budget."""
+        (account, demand); accounts with no work in the engine are absent) and the budget.
+        ``fresh``: (``id(account)``, tree id) where an expansion started this cycle (what the
+        search asked for there before is forgotten)."""
         now = time.perf_counter() if now is None else now
         self.order = [a for a in self.order if not getattr(a, "closed", False)]
         known = {id(a) for a in self.order}
-        for key, (account, entries) in demand.items():
+        for key, (account, _) in demand.items():
             if key not in known and not getattr(account, "closed", False):
                 self.order.append(account)
                 known.add(key)
+            self._last.setdefault(key, {}).pop(None, None)  # a root being prefilled is a tree now
+        for key, tree in fresh:
+            self._last.get(key, {}).pop(tree, None)
+        for key, (_, entries) in demand.items():
             mine = self._last.setdefault(key, {})
-            mine.pop(None, None)  # a root being prefilled is a tree now, or its prefill is in ``entries``
-            for tree in {None if n is None else n.tree_id for n, _ in entries}:
-                mine[tree] = [e for e in entries if (None if e[0] is None else e[0].tree_id) == tree]
+            for node, slots in entries:
+                tree = None if node is None else node.tree_id
+                mine.setdefault(tree, {})[None if node is None else node.id] = (node, slots)
         for key in [k for k in self._last if k not in known]:
             del self._last[key]
         self.contended = budget is not None and need(self._entries(self.order)) > budget
@@ -107,7 +121,7 @@ class Turns:
         return [acc for key, (acc, _) in demand.items() if self.contended and key not in self.admitted]
 
     def _entries(self, accounts: Iterable[object]) -> list[tuple[Node | None, int]]:
-        return [e for a in accounts for entries in self._last.get(id(a), {}).values() for e in entries]
+        return [e for a in accounts for tree in self._last.get(id(a), {}).values() for e in tree.values()]
 
     def _rotate_idle(self, demand: Mapping[int, tuple[object, Demand]], now: float) -> None:
         """The first search goes to the back when it brought no work for ``idle_seconds`` while
