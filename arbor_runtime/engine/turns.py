@@ -102,7 +102,7 @@ class Turns:
             if need(self._entries([*prefix, account])) > budget:
                 break
             prefix.append(account)
-        self.admitted = {id(a) for a in prefix}
+        self.admitted = {id(a) for a in prefix} | (demand.keys() - known)  # closed accounts' last work
 
     def parked(self, nodes: Mapping[int, Node], block_ids: Iterable[int]) -> frozenset[int]:
         """Blocks (of ``block_ids``) of the trees of open searches that are not admitted, except
