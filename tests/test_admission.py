@@ -127,6 +127,25 @@ def test_turns_admit_searches_in_arrival_order_while_their_demands_fit(tiny):
     assert not turns.contended and all(turns.admits(x) for x in (a, b, c))
 
 
+def test_a_shared_prompt_prefix_counts_once_in_what_searches_need_together(tiny):
+    """Searches whose prompts share a stored prefix need it once: at a budget that holds the union of
+    their paths (but not every prompt whole) every search is admitted (no turns are taken)."""
+    few_shot = " ".join(f"step {i} of the worked example;" for i in range(40)) + "\n"
+    rt = Runtime(tiny)
+    roots = [rt.new_tree(few_shot + f"Input: {i} {i + 1} {i + 2} {i + 3}\n", seed=i) for i in range(4)]
+    assert roots[1].kv is not None  # the later prompts attached below the first one's prefix
+    accounts = [type("Acc", (), {"closed": False})() for _ in roots]
+    demand = {id(a): (a, [(r, 8)]) for a, r in zip(accounts, roots, strict=True)}
+    union = need([(r, 8) for r in roots])
+    whole = sum(r.length + 8 for r in roots)
+    assert union < whole - 2 * len(rt.tokenizer(few_shot)["input_ids"]) // 2
+    turns = Turns(idle_seconds=1.0)
+    turns.update(demand, budget=union, now=0.0)
+    assert not turns.contended and all(turns.admits(a) for a in accounts)
+    turns.update(demand, budget=union - 1, now=0.0)
+    assert turns.contended and not turns.admits(accounts[-1])
+
+
 def test_cli_concurrency_4_under_a_budget_for_one_search_gives_the_results_of_concurrency_1(
     data_dir, tmp_path, monkeypatch, capfd
 ):

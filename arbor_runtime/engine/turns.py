@@ -113,7 +113,8 @@ class Turns:
         theirs = {t for a in self.order if id(a) not in self.admitted for t in self._last.get(id(a), ())} - mine
         if not theirs:
             return frozenset()
-        keep = {n.id for e, _ in self._entries(a for a in self.order if id(a) in self.admitted) if e for n in e.path()}
+        admitted = self._entries(a for a in self.order if id(a) in self.admitted)
+        keep = {n.id for e, _ in admitted if e for n in e.kv_path()}
         return frozenset(i for i in block_ids if i in nodes and nodes[i].tree_id in theirs and i not in keep)
 
     def waiting(self, demand: Mapping[int, tuple[object, Demand]]) -> list[object]:
@@ -139,13 +140,15 @@ class Turns:
 
 
 def need(entries: Iterable[tuple[Node | None, int]]) -> int:
-    """Device slots the work needs together: every block on the union of their paths (counted once,
-    whole: a policy that keeps the active path whole holds all of it) plus each entry's own slots."""
+    """Device slots the work needs together: every block on the union of their KV paths (counted
+    once, whole: a policy that keeps the active path whole holds all of it; a prompt prefix that
+    several trees share is one block of the shared length, ``Node.kv_path``) plus each entry's own
+    slots."""
     seen: dict[int, int] = {}
     slots = 0
     for end, n in entries:
         slots += n
         if end is not None and not end.released:
-            for node in end.path():
+            for node in end.kv_path():
                 seen[node.id] = node.length
     return sum(seen.values()) + slots
