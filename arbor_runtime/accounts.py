@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from arbor_runtime.engine import Account, Work
-from arbor_runtime.metrics import RuntimeMetrics, TracePoint, store_totals
+from arbor_runtime.metrics import MEMORY_SECONDS, RuntimeMetrics, TracePoint, store_totals
 
 if TYPE_CHECKING:
     from arbor_runtime.backend import ModelBackend
@@ -74,11 +74,12 @@ class Accounts:
         """Count this thread's calls in ``account`` (a new one by default) while inside."""
         account = account or Account()
         previous = getattr(self._local, "account", None)
-        self._local.account = account
+        self._local.account, account.closed = account, False
         try:
             yield account
         finally:
             self._local.account = previous
+            account.closed = True  # its search is over: the engine's turns let the next one in
 
     def targets(self, work: Work | None = None) -> list[RuntimeMetrics]:
         """The metrics a work's counts go to: the runtime's, and its account's when it has one."""
@@ -90,6 +91,7 @@ class Accounts:
     def accounting(self, work: Work) -> Iterator[None]:
         """Attribute what happens inside (store movements, events, counts) to ``work``."""
         before, previous = store_totals(self.store), self.work
+        seconds = dict(self.memory.seconds)
         self.work, self.memory.account = work, work.account
         try:
             yield
@@ -97,6 +99,9 @@ class Accounts:
             self.work, self.memory.account = previous, previous.account if previous is not None else None
             if work.account is not None:
                 work.account.metrics.add_store_delta(before, store_totals(self.store))
+                for key, name in MEMORY_SECONDS.items():
+                    m = work.account.metrics
+                    setattr(m, name, getattr(m, name) + self.memory.seconds[key] - seconds[key])
 
     def end(self, work: Work) -> None:
         """A work is over: its time, the pool peak while it ran, a trace point (runtime and account)."""
@@ -114,6 +119,8 @@ class Accounts:
         m.pool_bytes = pool.nbytes
         m.forward_calls, m.model_seconds = self.backend.forward_calls, self.backend.model_seconds
         m.sync_store(self.store, self.memory.events)
+        for key, name in MEMORY_SECONDS.items():
+            setattr(m, name, self.memory.seconds[key])
         if self.backend.sparse is not None:
             m.sync_sparse(self.backend.sparse.stats)
         if work.account is not None:

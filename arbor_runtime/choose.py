@@ -151,6 +151,10 @@ class ChooseWork:
     texts: list[str]
     begun: bool = False
 
+    def demand(self) -> tuple[Node, int]:
+        """(path end, slots) this pass needs: the node's path and the kept choices' tokens."""
+        return self.node, sum(len(self.ids[i]) for i in self.write)
+
     def __call__(self) -> tuple[dict[int, list[float]], list[Node]]:
         rt, node = self.rt, self.node
         rt.table.check_live(node)

@@ -9,6 +9,7 @@ KV is complete and the distribution after it is kept for its future children.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,8 @@ class Row:
     job: Any = None
     stop: StopChecker | None = None
     matcher: Matcher | None = None
+    #: when it last joined the scheduler's waiting rows (metrics: wait_seconds)
+    queued_at: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
         self.generator.manual_seed(self.seed)

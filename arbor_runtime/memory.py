@@ -18,6 +18,7 @@ logs them. The manager never calls back into the runtime.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -58,6 +59,12 @@ class MemoryManager:
         self._leaves: dict[int, set[int]] = {}  # per tree: the frontier (last expansion's targets and new blocks)
         self._sampled: dict[int, set[int]] = {}  # per tree: the children its last expansion sampled
         self.step = 0
+        #: seconds spent, running totals: the policy computing plans, their evictions carried out,
+        #: restores from the host tier (metrics.MEMORY_SECONDS maps them to metrics fields)
+        self.seconds = {"plan": 0.0, "evict": 0.0, "restore": 0.0}
+        #: blocks of searches waiting for their turn (engine/turns.py): when room is short they go
+        #: to the host tier in one go, before the policy is asked to evict the running searches' blocks
+        self.parked: frozenset[int] = frozenset()
 
     @property
     def budget(self) -> int | None:
@@ -109,6 +116,7 @@ class MemoryManager:
         that does not fit then is skipped for the next ones. ``wants``: (block id, block-local tokens on the host tier).
         Returns the tokens restored (the copies start before the next forward)."""
         wants = [(b, idx) for b, idx in wants if idx.numel() and b in self.store]
+        start = time.perf_counter()
         if self.budget is not None:  # one plan for the room all of them could take
             room = self.planner.ranked_room(sum(int(idx.numel()) for _, idx in wants), set(self.active), reserve)
             if room:
@@ -123,6 +131,7 @@ class MemoryManager:
             restored += n
         if restored:
             self.store.prefetch()
+        self.seconds["restore"] += time.perf_counter() - start
         return restored
 
     def compress(self, target: int) -> None:
@@ -176,9 +185,13 @@ class MemoryManager:
     # ---- policy interaction --------------------------------------------------------------
     def emit(self, event: Event, target: int) -> None:
         """Deliver an event to the policy, carry out its plan, log the result."""
+        start = time.perf_counter()
         plan = self.policy.on_event(event, self.view(target))
+        planned = time.perf_counter()
+        self.seconds["plan"] += planned - start
         if plan:
             self.execute(plan)
+            self.seconds["evict"] += time.perf_counter() - planned
         logs = [self.events] if self.account is None else [self.events, self.account.events]
         for log in logs:
             log.add(
@@ -220,17 +233,30 @@ class MemoryManager:
         """Ask the policy for room (one MemoryThreshold plan) when ``need`` slots are not free."""
         if self.planner.has_free(need):
             return True
+        if self.parked and self.policy.offload:
+            self._park()
+            if self.planner.has_free(need):
+                return True
         if self.policy.frees_memory:
             target = self.planner.room_target(need, ahead)
             self.emit(MemoryThreshold(self.store.resident_tokens, self.budget, need - self.free), target)
         return self.planner.has_free(need)
+
+    def _park(self) -> None:
+        """Offload every resident token of the parked blocks (the waiting searches' trees) at once."""
+        start, empty = time.perf_counter(), torch.zeros(0, dtype=torch.long)
+        for block_id in self.parked - self.active:
+            if block_id in self.store and self.store.get(block_id).kept_tokens:
+                self.store.apply(block_id, empty, offload=True)
+        self.parked = frozenset()
+        self.seconds["evict"] += time.perf_counter() - start
 
     def _make_whole(self, ends: Sequence[Node]) -> list[Node]:
         """Restore the paths to ``ends`` from the host tier, top-down; returns blocks still missing
         tokens (dropped from every tier), parents first, for the runtime to recompute."""
         if not self.policy.keep_active_whole:
             return []
-        recompute = []
+        recompute, start = [], time.perf_counter()
         for node in _ordered_path_nodes(ends, self.active):
             blk = self.store.get(node.id)
             if blk.whole:
@@ -239,6 +265,7 @@ class MemoryManager:
                 self.store.apply(node.id, torch.arange(blk.length), offload=self.policy.offload)
             if not self.store.get(node.id).whole:
                 recompute.append(node)
+        self.seconds["restore"] += time.perf_counter() - start
         return recompute
 
     def _threshold_target(self) -> int:

@@ -86,12 +86,35 @@ class RuntimeMetrics:
     prefix_trees: int = 0
     prefix_prefill_saved_tokens: int = 0
     prefix_resident_saved_tokens: int = 0
+    #: where waiting goes (issue 23): ``wait_seconds`` sums, over rows and over prefills / choose
+    #: passes, the seconds from queued (or preempted) to started; ``turn_wait_seconds`` the seconds a
+    #: search had work queued while other searches had the turn (search-level admission);
+    #: ``preempted_tokens`` decode tokens thrown away by preemptions (the rows restart);
+    #: ``restore_seconds`` making paths whole from the host tier (and ranked restores),
+    #: ``evict_seconds`` carrying out the policy's evictions / offloads, ``plan_seconds`` the policy
+    #: computing its plans, ``recompute_seconds`` rebuilding blocks dropped from every tier;
+    #: ``decode_steps`` / ``decode_step_rows``: decode forwards and the rows in them (``rows_per_step``
+    #: in :meth:`to_dict` is their ratio, the average batch)
+    wait_seconds: float = 0.0
+    turn_wait_seconds: float = 0.0
+    preempted_tokens: int = 0
+    restore_seconds: float = 0.0
+    evict_seconds: float = 0.0
+    plan_seconds: float = 0.0
+    recompute_seconds: float = 0.0
+    decode_steps: int = 0
+    decode_step_rows: int = 0
     trace: list[TracePoint] = field(default_factory=list)
 
     @property
     def overhead_seconds(self) -> float:
         """Time inside runtime calls but outside model forwards."""
         return max(0.0, self.runtime_seconds - self.model_seconds)
+
+    @property
+    def rows_per_step(self) -> float:
+        """Average rows per decode forward (0 when nothing decoded)."""
+        return self.decode_step_rows / self.decode_steps if self.decode_steps else 0.0
 
     def note_peak(self, tokens: int, bytes_per_token: int) -> None:
         if tokens > self.peak_device_tokens:
@@ -137,6 +160,7 @@ class RuntimeMetrics:
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "trace"}
         out["overhead_seconds"] = self.overhead_seconds
+        out["rows_per_step"] = round(self.rows_per_step, 3)
         return out
 
 
@@ -145,6 +169,10 @@ STORE_FIELDS = (
     "evicted_tokens", "dropped_tokens", "rehydrations", "rehydrated_tokens", "recomputed_tokens",
     "bytes_to_host", "bytes_to_device", "transfer_seconds",
 )  # fmt: skip
+
+
+#: memory manager timings (``MemoryManager.seconds`` keys) and the metrics fields they go to
+MEMORY_SECONDS = {"plan": "plan_seconds", "evict": "evict_seconds", "restore": "restore_seconds"}
 
 
 def store_totals(store) -> dict[str, float]:

@@ -98,7 +98,15 @@ def _summary(policy: str, level: int, rows: list[dict[str, Any]], seconds: float
         "peak_device_mb": round(max((r.get("peak_device_bytes") or 0) for r in rows) / 2**20, 1),
         "decode_tokens": sum(r.get("decode_tokens") or 0 for r in rows),
         "same_results_as_concurrency_1": same,
+        **{k: round(sum(r.get(k) or 0 for r in rows), 2) for k in BREAKDOWN},
     }
+
+
+#: per-problem metrics summed over a setting's problems: where its time went (issue 23)
+BREAKDOWN = (
+    "rehydrations", "evicted_tokens", "recomputed_tokens", "preemptions", "preempted_tokens", "turn_wait_seconds",
+    "wait_seconds", "restore_seconds", "evict_seconds", "plan_seconds", "recompute_seconds", "model_seconds",
+)  # fmt: skip
 
 
 def concurrency_main(argv: Sequence[str] | None = None) -> int:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from arbor_runtime.engine.scheduler import PAGE, Scheduler, StepPlan, first_page
+from arbor_runtime.engine.turns import Demand
 from arbor_runtime.errors import NotYet
 from arbor_runtime.events import EventLog
 from arbor_runtime.generation import Row, StopChecker, add_own_attention, decode_batch, postprocess, sample_into
@@ -51,10 +52,13 @@ __all__ = ["PAGE", "Account", "Engine", "EngineHost", "ExpandJob", "Work"]
 
 @dataclass(slots=True)
 class Account:
-    """Where one caller's work is counted (a problem's search, in a run with many at once)."""
+    """Where one caller's work is counted (a problem's search, in a run with many at once); also
+    what tells searches apart for search-level admission (:mod:`~arbor_runtime.engine.turns`).
+    ``closed``: the account's ``rt.account()`` block has ended (its search is over)."""
 
     metrics: RuntimeMetrics = field(default_factory=RuntimeMetrics)
     events: EventLog = field(default_factory=EventLog)
+    closed: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -69,6 +73,7 @@ class Work:
     done: bool = False
     started: float = 0.0
     peak: int = 0  # most pool slots in use while this work was in flight
+    waiting_since: float | None = None  # when it first had to wait for room or for its search's turn
 
 
 @dataclass(eq=False, slots=True)
@@ -135,12 +140,14 @@ class Engine:
     def __init__(self, rt: EngineHost) -> None:
         self.rt = rt
         #: decides what runs: holds the waiting and running rows, admits every work's memory
-        self.scheduler = Scheduler(rt.memory, rt.policy, rt.accounts.accounting, self._fail)
+        self.scheduler = Scheduler(rt.memory, rt.policy, rt.accounts.accounting, self._fail, self._current_account)
         self.jobs: list[ExpandJob] = []
         self._pending: list[Work] = []
         self._in_flight: list[Work] = []  # started, not done (their memory peaks are tracked)
         self._cv = threading.Condition()
         self._driving = False
+        self._submitted = 0  # works submitted so far (an idle driver waits for the next)
+        self._progress = False  # whether the cycle in hand did anything (else the driver waits)
 
     @property
     def waiting(self) -> list[Row]:
@@ -163,6 +170,8 @@ class Engine:
         work.started = time.perf_counter()
         with self._cv:
             self._pending.append(work)
+            self._submitted += 1
+            self._cv.notify_all()  # a driver idle while searches wait for their turn looks again
             while not work.done and self._driving:
                 self._cv.wait()
             if not work.done:
@@ -181,9 +190,11 @@ class Engine:
 
     # ---- one cycle (driver only) ---------------------------------------------------------
     def _cycle(self) -> None:
+        start, self._progress, new = time.perf_counter(), False, []
         try:
             with self._cv:
-                new, self._pending = self._pending, []
+                new, self._pending, seen = self._pending, [], self._submitted
+            demand = self._take_turns(new)
             for work in new:
                 if isinstance(work, ExpandJob):
                     self._start(work)
@@ -191,10 +202,50 @@ class Engine:
                     self._run_now(work)
             if self.waiting or self.running:
                 self._step()
+            self._charge_turn_wait(demand, time.perf_counter() - start)
         except BaseException as exc:  # a bug or an interrupt: every caller hears of it, none waits forever
+            with self._cv:  # taken this cycle, not started yet: they fail too
+                self._pending[:0] = [w for w in new if not w.done and w not in self._in_flight]
             self._abort(exc)
+            self._progress = True
         with self._cv:
             self._cv.notify_all()
+            if not self._progress:  # only searches without the turn have work: wait for news
+                self._cv.wait_for(lambda: self._submitted != seen, timeout=IDLE_POLL)
+
+    # ---- search-level admission ----------------------------------------------------------
+    def _current_account(self) -> Account | None:
+        work = self.rt.accounts.work
+        return None if work is None else work.account
+
+    def _take_turns(self, new: Sequence[Work]) -> dict[int, tuple[Account, Demand]]:
+        """Each search's demand now (its queued and running rows, prefills and choose passes) and
+        the searches that may start work this cycle (the scheduler's turns)."""
+        demand: dict[int, tuple[Account, list]] = {}
+        fresh = {(id(w.account), n.tree_id) for w in new if isinstance(w, ExpandJob) for n, _ in w.requests}
+
+        def add(account: Account | None, entries: Demand) -> None:
+            if account is not None:
+                demand.setdefault(id(account), (account, []))[1].extend(entries)
+
+        for job in self.jobs:
+            add(job.account, [(r.owner, max(r.capacity, first_page(r))) for r in job.rows if not r.stop_reason])
+        for work in new:
+            if isinstance(work, ExpandJob):
+                requests = zip(work.requests, work.stops, strict=True)
+                add(work.account, [(n, first_page_of(stop)) for (n, k), stop in requests for _ in range(k)])
+            elif hasattr(work.run, "demand"):
+                add(work.account, [work.run.demand()])
+        turns = self.scheduler.turns
+        turns.update(demand, self.rt.policy.kv_budget_tokens, fresh)
+        self.rt.memory.parked = turns.parked(self.rt.memory.nodes, self.rt.store.block_ids())
+        return demand
+
+    def _charge_turn_wait(self, demand: dict[int, tuple[Account, Demand]], seconds: float) -> None:
+        """A cycle's seconds to each search that had work but not the turn."""
+        for account in self.scheduler.turns.waiting(demand):
+            account.metrics.turn_wait_seconds += seconds
+            self.rt.metrics.turn_wait_seconds += seconds
 
     def _abort(self, error: BaseException) -> None:
         """Fail every expansion in flight and every queued work with ``error``."""
@@ -226,11 +277,17 @@ class Engine:
             with self.rt.accounts.accounting(work):
                 work.result = work.run()
         except NotYet:
+            if work.waiting_since is None:
+                work.waiting_since = time.perf_counter()
             with self._cv:
                 self._pending.insert(0, work)
             return
         except BaseException as exc:  # the caller's thread re-raises it
             work.error = exc
+        if work.waiting_since is not None:
+            for metrics in self.rt.accounts.targets(work):
+                metrics.wait_seconds += time.perf_counter() - work.waiting_since
+        self._progress = True
         self._end(work)
 
     # ---- expansions ----------------------------------------------------------------------
@@ -251,7 +308,8 @@ class Engine:
                     job.rows.append(row)
                 node.spawned += n
         self.jobs.append(job)
-        self.waiting.extend(job.rows)
+        self.scheduler.enqueue(job.rows)
+        self._progress = True
 
     def _step(self) -> None:
         """schedule -> run -> postprocess, for every row in flight: the scheduler's plan is made in
@@ -273,6 +331,7 @@ class Engine:
             batch, ids, pos = decode_batch(rt.store, self.running, stats, rt.backend.kernel)
             logits = rt.backend.forward(batch, ids, pos)[:, -1]
         self._charge_step(time.perf_counter() - start)
+        self._progress = True
         rt.runner.take_attention(batch)
         add_own_attention(self.running, batch)
         finished = []
@@ -288,6 +347,10 @@ class Engine:
         rt = self.rt
         if not plan.admitted:
             return
+        self._progress = True
+        for row, seconds in plan.waited:
+            for metrics in rt.accounts.targets(row.job):
+                metrics.wait_seconds += seconds
         with rt.accounts.accounting(plan.job):
             rt.prefiller.recompute_all(plan.recompute)
         for row in plan.admitted:
@@ -301,9 +364,10 @@ class Engine:
     def _grow(self, plan: StepPlan) -> None:
         """Rows the scheduler grew get their pages; the rows it preempted are counted."""
         rt = self.rt
-        for row in plan.preempted:
+        for row, thrown in zip(plan.preempted, plan.thrown, strict=True):
             for metrics in rt.accounts.targets(row.job):
                 metrics.preemptions += 1
+                metrics.preempted_tokens += thrown
         if not plan.grown:
             return
         for row, page in plan.grown:
@@ -392,6 +456,19 @@ class Engine:
             if job.account is not None:
                 job.account.metrics.forward_calls += 1
                 job.account.metrics.model_seconds += seconds * n / len(self.running)
+        accounts = {id(job.account): job.account for job, _ in rows.values() if job.account is not None}
+        for metrics in [self.rt.metrics] + [a.metrics for a in accounts.values()]:
+            metrics.decode_steps += 1
+            metrics.decode_step_rows += len(self.running)
+
+
+#: seconds an idle driver (only searches without the turn have work) waits for new work before it looks again
+IDLE_POLL = 0.02
+
+
+def first_page_of(stop: StopChecker) -> int:
+    """Slots a row sampled under ``stop`` starts with."""
+    return min(PAGE, stop.params.max_new_tokens)
 
 
 def _rows_by_stop(rows: Sequence[Row]) -> dict[StopChecker, list[int]]:

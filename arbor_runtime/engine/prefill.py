@@ -12,6 +12,7 @@ accounts, policy, engine) rather than the runtime.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -52,6 +53,10 @@ class PrefillJob:
     @property
     def start_pos(self) -> int:
         return 0 if self.parent is None else self.parent.end_pos
+
+    def demand(self) -> tuple[Node | None, int]:
+        """(path end, slots) this prefill still needs: its parent's path and the tokens left."""
+        return self.parent, len(self.ids) - self.done
 
     def __call__(self) -> Node:
         if self.parent is not None:
@@ -119,8 +124,13 @@ class Prefiller:
 
     def recompute_all(self, nodes: Sequence[Node]) -> None:
         """Rebuild, in order (parents first), the tokens these blocks lost from every tier."""
+        if not nodes:
+            return
+        start = time.perf_counter()
         for node in nodes:
             self._recompute(node)
+        for m in self.accounts.targets():
+            m.recompute_seconds += time.perf_counter() - start
 
     def new_node(
         self, parent: Node | None, ids: list[int], text: str, kind: str, start_pos: int, node_id: int | None = None

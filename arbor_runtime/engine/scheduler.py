@@ -15,15 +15,21 @@ which rows fit):
 
     schedule() -> StepPlan.admitted, .recompute   (engine: recompute, first pages, first tokens)
     grow(plan) -> StepPlan.grown, .preempted      (engine: the pages)
+
+Above rows, whole searches take turns when the budget cannot hold every search's active path
+(:class:`~arbor_runtime.engine.turns.Turns`, updated by the engine once a cycle): only admitted
+searches' rows start and their prefills and choose passes are admitted; the others wait.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from arbor_runtime.engine.turns import Turns
 from arbor_runtime.errors import KVBudgetExceeded, NotYet
 
 if TYPE_CHECKING:
@@ -84,6 +90,8 @@ class StepPlan:
         recompute: blocks to rebuild before they run; job: whose account the admission counts to.
         grown: (row, slots) for rows that filled their slots.
         preempted: rows sent back to waiting to make that room (they restart from their first token).
+        waited: (row, seconds it waited) for the admitted rows; thrown: decode tokens each
+            preempted row threw away (in ``preempted`` order).
     """
 
     admitted: list[Row] = field(default_factory=list)
@@ -91,6 +99,8 @@ class StepPlan:
     job: object = None
     grown: list[tuple[Row, int]] = field(default_factory=list)
     preempted: list[Row] = field(default_factory=list)
+    waited: list[tuple[Row, float]] = field(default_factory=list)
+    thrown: list[int] = field(default_factory=list)
 
 
 class Scheduler:
@@ -101,6 +111,8 @@ class Scheduler:
         policy: the retention policy (its capabilities, budget and prefill chunk).
         accounting: ``accounting(work)`` -> a context attributing store movements and events to it.
         fail: ``fail(job, error)`` ends an expansion that cannot run (the engine's, carried out at once).
+        current: ``current()`` -> the account of the work being carried out (its search's turn
+            decides whether a prefill or choose pass is admitted).
     """
 
     def __init__(
@@ -109,11 +121,21 @@ class Scheduler:
         policy: Policy,
         accounting: Callable[[object], AbstractContextManager[None]],
         fail: Callable[[object, BaseException], None],
+        current: Callable[[], object] = lambda: None,
     ) -> None:
         self.memory, self.planner, self.policy = memory, memory.planner, policy
-        self.accounting, self.fail = accounting, fail
+        self.accounting, self.fail, self.current = accounting, fail, current
         self.waiting: list[Row] = []
         self.running: list[Row] = []
+        #: which searches may start work (the engine updates it every cycle)
+        self.turns = Turns()
+
+    def enqueue(self, rows: Sequence[Row]) -> None:
+        """New rows wait for admission, after those already waiting."""
+        now = time.perf_counter()
+        for row in rows:
+            row.queued_at = now
+        self.waiting.extend(rows)
 
     def owners(self) -> list[Node]:
         """The nodes whose rows are decoding now (their paths are active)."""
@@ -133,9 +155,12 @@ class Scheduler:
         path), each able to grow to ``finish`` slots. ``prefill`` / ``choose``: one entry, first
         with its path kept as it is; under a policy that may shrink the active path, then as a lone
         entry, a prefill cut to the policy's chunk. Nothing fits: wait while rows are running, else
-        fail naming what was needed.
+        fail naming what was needed. A prefill or choose pass of a search that does not have the
+        turn waits (its rows were held back in :meth:`schedule`).
         """
         head, slots = queue[0]
+        if kind != "expand" and not self.turns.admits(self.current()):
+            return Admitted(head.id, slots=slots)
         if kind == "expand":
             plan = self.planner.admission(queue, running, finish=finish)
         else:
@@ -155,28 +180,35 @@ class Scheduler:
 
     # ---- the decode step -----------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        """Start as many waiting rows as fit (moved to ``running``); the head of an idle engine that
-        cannot start at all fails its expansion (a single row does not fit) and the next is tried."""
-        plan, got = StepPlan(), None
-        while self.waiting and got is None:
-            head = self.waiting[0].job
-            queue = [(r.owner, first_page(r)) for r in self.waiting]
-            finish = [r.stop.params.max_new_tokens for r in self.waiting]
+        """Start as many waiting rows of the searches that have the turn as fit (moved to
+        ``running``); the head of an idle engine that cannot start at all fails its expansion (a
+        single row does not fit) and the next is tried."""
+        plan, got, eligible = StepPlan(), None, []
+        while got is None:
+            eligible = [r for r in self.waiting if self.turns.admits(_account(r))]
+            if not eligible:
+                break
+            head = eligible[0].job
+            queue = [(r.owner, first_page(r)) for r in eligible]
+            finish = [r.stop.params.max_new_tokens for r in eligible]
             with self.accounting(head):
                 got = self.admit(queue, self.owners(), "expand", finish=finish)
             if got.error is not None:
                 self.fail(head, got.error)
                 got = None
         if got is not None and got.rows:
-            plan.admitted, plan.recompute, plan.job = self.waiting[: got.rows], got.recompute, head
-            del self.waiting[: got.rows]
+            plan.admitted, plan.recompute, plan.job = eligible[: got.rows], got.recompute, head
+            started = {id(r) for r in plan.admitted}
+            self.waiting[:] = [r for r in self.waiting if id(r) not in started]
             self.running.extend(plan.admitted)  # before anything can fail: a failed job frees its running rows' slots
+            now = time.perf_counter()
+            plan.waited = [(r, now - r.queued_at) for r in plan.admitted]
         return plan
 
     def grow(self, plan: StepPlan) -> StepPlan:
-        """Room for PAGE more slots for every row that has filled its slots; preempt the youngest
-        rows when even the policy cannot make room (they restart later, sampling the same tokens).
-        A lone row that cannot grow fails its expansion."""
+        """Room for PAGE more slots for every row that has filled its slots; preempt the row that
+        loses least (see :meth:`victim`) when even the policy cannot make room (it restarts later,
+        sampling the same tokens). A lone row that cannot grow fails its expansion."""
         while True:
             needy = [r for r in self.running if r.capacity <= r.fed]
             if not needy:
@@ -190,9 +222,18 @@ class Scheduler:
                 need_alone = sum(n.length for n in row.owner.path()) + row.stop.params.max_new_tokens
                 self.fail(row.job, KVBudgetExceeded(need_alone, self.policy.budget_tokens))
                 continue
-            plan.preempted.append(self.preempt(self.running[-1]))
+            victim = self.victim()
+            plan.thrown.append(victim.fed)
+            plan.preempted.append(self.preempt(victim))
         plan.grown = [(r, page(r)) for r in needy]
         return plan
+
+    def victim(self) -> Row:
+        """The running row a preemption costs least: one of a search without the turn first, then
+        the fewest decode tokens computed (thrown away by its restart), then the youngest."""
+        last = len(self.running) - 1
+        ranked = [(self.turns.admits(_account(r)), r.fed, last - i) for i, r in enumerate(self.running)]
+        return self.running[min(range(len(ranked)), key=ranked.__getitem__)]
 
     def preempt(self, row: Row) -> Row:
         """``row`` gives up its slots and waits again, in its place by (job start, request order)."""
@@ -200,6 +241,7 @@ class Scheduler:
         for ext in row.restart():
             self.memory.store.pool.free(ext)
         order = (row.job.started, row.order)
+        row.queued_at = time.perf_counter()
         self.waiting.insert(sum((r.job.started, r.order) < order for r in self.waiting), row)
         return row
 
@@ -210,6 +252,11 @@ class Scheduler:
         with self.accounting(self.running[0].job):
             ahead = sum(max(r.stop.params.max_new_tokens - r.capacity, 0) for r in self.running)
             return self.memory.restore_ranked(wants, reserve=ahead)
+
+
+def _account(row: Row) -> object | None:
+    """The account (search) a row's expansion belongs to (None: outside any)."""
+    return getattr(row.job, "account", None)
 
 
 def page(row: Row) -> int:
