@@ -95,7 +95,9 @@ def _summary(policy: str, level: int, rows: list[dict[str, Any]], seconds: float
         "solved": sum(bool(r.get("solved")) for r in rows),
         "oom": sum(bool(r.get("oom")) for r in rows),
         "peak_device_tokens": max(peaks) if peaks else 0,
-        "peak_device_tokens_sum": sum(peaks),  # the summed per-problem peaks: what budgets are fractions of
+        # the summed per-problem peaks (what budgets are fractions of): meaningful at concurrency 1 only;
+        # at N > 1 each problem reports its shared runtime's peak
+        "peak_device_tokens_sum": sum(peaks),
         "peak_device_mb": round(max((r.get("peak_device_bytes") or 0) for r in rows) / 2**20, 1),
         "decode_tokens": sum(r.get("decode_tokens") or 0 for r in rows),
         "same_results_as_concurrency_1": same,
