@@ -95,6 +95,9 @@ def _summary(policy: str, level: int, rows: list[dict[str, Any]], seconds: float
         "solved": sum(bool(r.get("solved")) for r in rows),
         "oom": sum(bool(r.get("oom")) for r in rows),
         "peak_device_tokens": max(peaks) if peaks else 0,
+        # the summed per-problem peaks (what budgets are fractions of): meaningful at concurrency 1 only;
+        # at N > 1 each problem reports its shared runtime's peak
+        "peak_device_tokens_sum": sum(peaks),
         "peak_device_mb": round(max((r.get("peak_device_bytes") or 0) for r in rows) / 2**20, 1),
         "decode_tokens": sum(r.get("decode_tokens") or 0 for r in rows),
         "same_results_as_concurrency_1": same,
@@ -106,6 +109,7 @@ def _summary(policy: str, level: int, rows: list[dict[str, Any]], seconds: float
 BREAKDOWN = (
     "rehydrations", "evicted_tokens", "recomputed_tokens", "preemptions", "preempted_tokens", "turn_wait_seconds",
     "wait_seconds", "restore_seconds", "evict_seconds", "plan_seconds", "recompute_seconds", "model_seconds",
+    "prefix_prefill_saved_tokens", "prefix_resident_saved_tokens",
 )  # fmt: skip
 
 

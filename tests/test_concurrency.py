@@ -288,6 +288,8 @@ def test_bench_concurrency_runs_every_level_and_naive_tot_on_the_same_problems(d
     assert [(r["policy"], r["concurrency"]) for r in rows] == [("policy=full", 1), ("policy=full", 2), ("naive ToT", 1)]
     assert all(r["problems"] == 2 and r["problems_per_hour"] > 0 for r in rows)
     assert rows[1]["same_results_as_concurrency_1"] is True
+    assert rows[0]["peak_device_tokens_sum"] >= rows[0]["peak_device_tokens"] > 0  # 2 problems, each its own peak
+    assert rows[0]["prefix_prefill_saved_tokens"] == 0 < rows[1]["prefix_prefill_saved_tokens"]  # shared at 2 only
     assert rows[2]["decode_tokens"] > 0 and not (tmp_path / "concurrency.partial.jsonl").exists()
     assert concurrency_main(["--levels", "0", "--out", str(tmp_path), *over]) == 2
     assert "--levels '0'" in capsys.readouterr().err
