@@ -82,8 +82,13 @@ def test_six_problems_on_two_actors_are_each_recorded_once(local_ray, data_dir, 
     assert run(cfg(data_dir, tmp_path / "ray3", *SIX, *on_ray("concurrency=3")), Console(width=150)) == 0
     assert sorted(indices(tmp_path / "ray3")) == list(range(900, 906))
     shared = rows(tmp_path / "ray3")
-    for key in ("answer", "solved", "prefill_tokens", "decode_tokens", "best_path"):
+    for key in ("answer", "solved", "decode_tokens", "best_path"):
         assert {i: r[key] for i, r in shared.items()} == {i: r[key] for i, r in local.items()}, key
+    # a later search in an actor's runtime attaches below the task prompt another one stores: it
+    # prefills exactly the shared tokens fewer (prefix sharing), and at least one search did
+    prompt = {i: r["prefill_tokens"] + r["prefix_prefill_saved_tokens"] for i, r in shared.items()}
+    assert prompt == {i: r["prefill_tokens"] + r["prefix_prefill_saved_tokens"] for i, r in local.items()}
+    assert any(r["prefix_prefill_saved_tokens"] > 0 for r in shared.values())
 
 
 @needs_ray
