@@ -132,9 +132,10 @@ def test_a_benchmarks_jsonl_becomes_its_sections_data(tmp_path):
     assert data["tables"]["main"]["rows"] == [
         {"search": "game24-bfs", "policy": "policy=full", "concurrency": 4, "problems": 8, "seconds": 37.25}
         | {"problems_hour": 773.2, "peak_kv_mb": 43.2, "decode_tokens": 619, "oom": 0, "same_results_as_1": "yes"}
+        | {"prefill_saved": None}
     ]
     text = render_section(Section("concurrency"), data)
-    assert "| game24-bfs | policy=full | 4 | 8 | 37.25 | 773.2 | 43.2 | 619 | 0 | yes |" in text
+    assert "| game24-bfs | policy=full | 4 | 8 | 37.25 | 773.2 | 43.2 | - | 619 | 0 | yes |" in text
 
 
 def test_the_summary_follows_the_data():
