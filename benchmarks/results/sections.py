@@ -100,7 +100,8 @@ def provenance(data: dict) -> str:
         kept = ", ".join(
             [f"table `{t}`" for t in c["tables"]] + (["the figures its prose quotes"] if c["facts"] else [])
         )
-        lines += ["", f"Kept from the measurement of {c['measured']} (`{c['commit']}`), not rerun: {kept}."]
+        if kept:  # only settings were carried over: nothing measured is older than the header says
+            lines += ["", f"Kept from the measurement of {c['measured']} (`{c['commit']}`), not rerun: {kept}."]
     if data.get("stale"):
         lines += ["", f"**Not current:** {data['stale']}; `make results` reruns it."]
     if data.get("images") and data.get("source", "").startswith("migrated"):
