@@ -128,6 +128,8 @@ class EngineHost(Protocol):
     accounts: EngineAccounts
     runner: EngineRunner
     prefiller: EnginePrefiller
+    #: the runtime's own counts (per-cause waits and batch sizes go there as well as to each account)
+    metrics: RuntimeMetrics
 
     def child_from_row(self, row: Row) -> Node: ...
 
