@@ -229,6 +229,13 @@ class SharedRootJob:
     job: Callable[[], Node] | None = None
     resident: int = 0
 
+    def demand(self) -> tuple[Node | None, int]:
+        """(path end, slots) this work still needs: before it starts, a new root of the whole prompt
+        (what it may share is found when it starts); then its prefill's demand."""
+        if isinstance(self.job, PrefillJob):
+            return self.job.demand()
+        return None, len(self.ids)
+
     def __call__(self) -> Node:
         if self.job is None:
             self._start()

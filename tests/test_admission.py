@@ -173,3 +173,58 @@ def test_cli_concurrency_4_under_a_budget_for_one_search_gives_the_results_of_co
     assert sum(r["turn_wait_seconds"] > 0 for r in rows[4].values()) >= 2
     assert all(r["turn_wait_seconds"] == 0 for r in rows[1].values())
     assert all(r["peak_device_tokens"] <= 1000 for r in rows[4].values())
+
+
+def test_a_first_search_blocked_on_a_lock_the_next_search_holds_does_not_deadlock(tiny):
+    """The shape of a shared LLM value verifier at concurrency 2 (CI hung on it): search A is first
+    in line and holds a turn, then blocks on a lock that search B holds while B prefills a new root
+    (a value prompt). B's prefill must count as B's work waiting for a turn, so A, idle, goes to the
+    back and B is admitted (with sharing on, a new root's work once reported no demand: B waited
+    forever for a turn no rule gave it)."""
+    import threading
+
+    prompts = [f"prompt {c}: " + " ".join(f"{c}{i}" for i in range(60)) for c in "abc"]
+    lengths = [len(tiny.tokenizer(p)["input_ids"]) for p in prompts]
+    rt = Runtime(tiny, policy="arbor", budget_tokens=max(lengths) + lengths[0] // 2)
+    lock, a_first, b_expanded, a_again = threading.Lock(), threading.Event(), threading.Event(), threading.Event()
+    done, errors = [], []
+    sampling = SamplingParams(max_new_tokens=4, seed=0)
+
+    def wait(event: threading.Event) -> None:
+        if not event.wait(30):  # each step takes seconds; a missing turn waits forever
+            raise TimeoutError("a search waited 30 s for another's turn")
+
+    def search_a():
+        with rt.account():
+            rt.expand(rt.new_tree(prompts[0], seed=0), n=1, sampling=sampling)
+            a_first.set()
+            wait(b_expanded)
+            rt.expand(rt.new_tree(prompts[0] + " again", seed=1), n=1, sampling=sampling)  # A first again
+            a_again.set()
+            with lock:  # held by B across its prefill below
+                done.append("a")
+
+    def search_b():
+        wait(a_first)
+        with rt.account():
+            rt.expand(rt.new_tree(prompts[1], seed=2), n=1, sampling=sampling)
+            with lock:
+                b_expanded.set()
+                wait(a_again)
+                rt.new_tree(prompts[2], seed=3)  # A waits on the lock: B must get the turn
+                done.append("b")
+
+    def guarded(fn):
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(f,), daemon=True) for f in (search_a, search_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert sorted(done) == ["a", "b"], "a search waited forever for its turn"
+    assert rt.metrics.turn_wait_seconds > 0  # the searches did contend (the case this test is about)

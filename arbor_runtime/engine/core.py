@@ -236,8 +236,8 @@ class Engine:
             if isinstance(work, ExpandJob):
                 requests = zip(work.requests, work.stops, strict=True)
                 add(work.account, [(n, first_page_of(stop)) for (n, k), stop in requests for _ in range(k)])
-            elif hasattr(work.run, "demand"):
-                add(work.account, [work.run.demand()])
+            else:  # a work without an estimate still counts as the search's work waiting for a turn
+                add(work.account, [work.run.demand()] if hasattr(work.run, "demand") else [])
         turns = self.scheduler.turns
         turns.update(demand, self.rt.policy.kv_budget_tokens, fresh)
         self.rt.memory.parked = turns.parked(self.rt.memory.nodes, self.rt.store.block_ids())
