@@ -7,6 +7,7 @@ import torch
 
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.attention import Kernel, attention_mass, attention_reference, merge_partials
+from arbor_runtime.attention import tree as tree_attention
 from arbor_runtime.backend import Group, Piece, TreeBatch
 from arbor_runtime.kv import DevicePool, KVShape
 
@@ -77,29 +78,34 @@ class FakeLayer:
     layer_idx = 0
 
 
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "in-place"])
 @pytest.mark.parametrize("fast", KERNELS)
-def test_tree_batch_equals_attention_over_each_rows_concatenated_path(fast):
-    """Three rows with ragged paths over shared blocks (GQA 6 query / 2 kv heads), decode step."""
+def test_tree_batch_equals_attention_over_each_rows_concatenated_path(fast, pack, monkeypatch):
+    """Three rows with ragged paths over shared blocks (GQA 6 query / 2 kv heads), decode step; the
+    root's two pieces apart in the pool read as one packed copy or one view each."""
+    monkeypatch.setattr(tree_attention, "PACK_BELOW_TOKENS", 512 if pack else 0)
     torch.manual_seed(4)
     shape = KVShape(layers=1, kv_heads=2, head_dim=16, dtype=torch.float32, device=torch.device("cpu"))
     pool = DevicePool(shape, 200, fixed=True)
     pool.arenas[0].keys.normal_()
     pool.arenas[0].values.normal_()
-    # blocks: root [0, 50) in two segments, a [60, 70), b [80, 95); own tokens at 150+
-    root = [Piece(0, 0, torch.arange(30)), Piece(0, 30, torch.arange(30, 50))]
+    # blocks: root [0, 30) + [100, 120) in two segments, a [60, 70), b [80, 95); own tokens at 150+
+    root = [Piece(0, 0, torch.arange(30)), Piece(0, 100, torch.arange(30, 50))]
     a, b = [Piece(1, 60, torch.arange(10))], [Piece(2, 80, torch.arange(15))]
     groups = [Group(0, None, 3, root), Group(1, torch.tensor([0, 1]), 2, a), Group(2, torch.tensor([2]), 1, b)]
     own = torch.tensor([[150, 151, 152], [160, 161, 161], [170, 170, 170]])
     valid = torch.tensor([[True, True, True], [True, True, False], [True, False, False]])
     write = torch.tensor([[152], [161], [170]])
     batch = TreeBatch(pool, groups, 3, 1, write, own, valid, stats=True, kernel=Kernel(shape.device, fast))
+    assert (batch._packed[0] is not None) == pack and batch._packed[1] is None  # a lone piece: in place
     query, key, value = torch.randn(3, 6, 1, 16), torch.randn(3, 2, 1, 16), torch.randn(3, 2, 1, 16)
     batch.update(key, value, 0)
     out = batch.attend(FakeLayer.layer_idx, query, key, value, 16**-0.5)  # (R, q, Hq, D)
+    root_slots = [*range(30), *range(100, 120)]
     paths = [
-        [*range(50), *range(60, 70), 150, 151, 152],
-        [*range(50), *range(60, 70), 160, 161],
-        [*range(50), *range(80, 95), 170],
+        [*root_slots, *range(60, 70), 150, 151, 152],
+        [*root_slots, *range(60, 70), 160, 161],
+        [*root_slots, *range(80, 95), 170],
     ]
     total_mass = {}
     for r, slots in enumerate(paths):

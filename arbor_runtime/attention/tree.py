@@ -3,8 +3,8 @@
 A batch's rows are root-to-leaf paths that share blocks. For each layer, the attention hook
 (hook.py) hands :meth:`TreeBatch.attend` the layer's query and new tokens; it attends each block
 segment once for all rows whose path contains it (their queries gathered, the keys read in place
-from the device pool), attends each row's own new tokens, and merges the partial results exactly
-(merge.py):
+from the device pool, or as one packed copy when evictions left a block's kept tokens in many
+short runs), attends each row's own new tokens, and merges the partial results exactly (merge.py):
 
     s = logsumexp_i s_i,    o = sum_i exp(s_i - s) o_i          (DeFT, Hydragen, FlashInfer cascade)
 
@@ -78,6 +78,9 @@ class TreeBatch:
                 g.rows = g.rows.to(device)
         self.own_slots = None if own_slots is None else own_slots.to(device)
         self.own_valid = None if own_valid is None else own_valid.to(device)
+        #: per group: the pool slots of its pieces in order when they are read as one packed copy
+        #: (several short pieces: one kernel call and one merge instead of one per piece), else None
+        self._packed = [_packed_slots(g.pieces, device) for g in groups]
         self.stats = stats
         self.own_mass: torch.Tensor | None = None
         #: a decode step's sparse layout (arbor_runtime/sparse); None = dense attention
@@ -110,11 +113,10 @@ class TreeBatch:
         own = self._attend_own(layer, qg, query, key, value, scale)
         out, lse = own[0], own[1]
         gathered = []
-        for grp in self.groups:
+        for grp, packed in zip(self.groups, self._packed, strict=True):
             qf = _gather_queries(qg, grp.rows)  # (1, H_kv, rows * g * q, D)
             gathered.append(qf)
-            for piece in grp.pieces:
-                k, v = self._piece_kv(layer, piece)
+            for k, v in self._group_kv(layer, grp, packed):
                 o, s = self.kernel(qf, k, v, scale)
                 out, lse = _merge_rows(out, lse, grp.rows, grp.n_rows, o, s)
         if self.stats:
@@ -160,6 +162,14 @@ class TreeBatch:
         k, v = self.pool.layer_view(layer, Extent(piece.start, piece.length))
         return k.unsqueeze(0), v.unsqueeze(0)
 
+    def _group_kv(self, layer: int, grp: Group, packed: torch.Tensor | None):
+        """The group's keys and values, (1, H_kv, n, D) each, in piece order: one packed copy of
+        every piece (``packed``: their slots), else one in-place view per piece."""
+        if packed is None:
+            return [self._piece_kv(layer, piece) for piece in grp.pieces]
+        k, v = self.pool.gather_layer(layer, packed)
+        return [(k.unsqueeze(0), v.unsqueeze(0))]
+
     def _collect(self, layer, qg, gathered, own, lse, scale) -> None:
         """Attention mass per key under the final log-sum-exp of each counted query."""
         extra = own[2]
@@ -168,12 +178,14 @@ class TreeBatch:
             gathered = [_gather_queries(qg, grp.rows) for grp in self.groups]
             query, k = extra
             extra = (query[:, :, self.stats_from :], k)
-        for grp, qf in zip(self.groups, gathered, strict=True):
+        for grp, qf, packed in zip(self.groups, gathered, self._packed, strict=True):
             s = lse if grp.rows is None else lse.index_select(0, grp.rows)
             s = s.transpose(0, 1).reshape(1, s.shape[1], -1)  # (1, H_kv, rows * g * q), query order of qf
-            for i, piece in enumerate(grp.pieces):
-                k, _ = self._piece_kv(layer, piece)
-                grp.mass[i] += attention_mass(qf, k, s, scale)
+            masses = [attention_mass(qf, k, s, scale) for k, _ in self._group_kv(layer, grp, packed)]
+            if packed is not None:  # one packed run: back into the pieces' shares
+                masses = torch.split(masses[0], [p.length for p in grp.pieces])
+            for i, mass in enumerate(masses):
+                grp.mass[i] += mass
         if isinstance(extra, torch.Tensor):  # decode: (R, H_kv, g*q, n) scores of the own tokens
             mass = torch.exp(extra - lse.unsqueeze(-1)).sum(dim=(1, 2))  # (R, n)
         else:  # prefill: causal mass over the new tokens, row by row
@@ -186,6 +198,19 @@ class TreeBatch:
                 ]
             )
         self.own_mass = mass if self.own_mass is None else self.own_mass + mass
+
+
+#: a block's pieces are read as one packed copy when it has several and they average fewer tokens
+#: than this: each piece read in place costs a kernel call and a merge per layer (after evictions a
+#: block's kept tokens lie in dozens of short runs), a copy costs its bytes
+PACK_BELOW_TOKENS = 512
+
+
+def _packed_slots(pieces: Sequence[Piece], device: torch.device) -> torch.Tensor | None:
+    """The pool slots of ``pieces`` in order (N,) when they should be read as one copy, else None."""
+    if len(pieces) < 2 or sum(p.length for p in pieces) >= PACK_BELOW_TOKENS * len(pieces):
+        return None
+    return torch.cat([torch.arange(p.start, p.start + p.length) for p in pieces]).to(device)
 
 
 def _gather_queries(qg: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
