@@ -6,6 +6,12 @@ statistics on and off; milliseconds per step (all layers) packed and in place, m
 ``--repeats`` steps, side by side in one run.
 
     python -m benchmarks.pieces --tokens 1024 --pieces 1,8,48 --rows 4 --out OUT.jsonl
+
+With ``--search``, a live search instead (arbor-solve overrides after ``--``): ``full`` once (the
+reference), then ``--policy`` at each ``--fractions`` of full's peak, packed and in place in turn:
+wall time over full's, same tree as full, rehydrations.
+
+    python -m benchmarks.pieces --search --fractions 0.25 --out OUT.jsonl -- model=smollm2 task=gsm8k ...
 """
 
 from __future__ import annotations
@@ -51,6 +57,39 @@ def step_ms(pool: DevicePool, pieces: list[Piece], rows: int, stats: bool, pack:
     return statistics.median(times)
 
 
+def search_rows(overrides: list[str], policy: str, fractions: list[float]) -> list[dict]:
+    """full, then ``policy`` at each fraction of full's peak, packed and in place in turn."""
+    import math
+
+    from arbor_cli.build import build, compose_config
+    from benchmarks.budgets import SearchRun, run_search
+
+    setup = build(compose_config(overrides))
+    rows = []
+    for problem in setup.problems:
+        seed = setup.seed(problem)
+        tree_attention.PACK_BELOW_TOKENS = 512
+        ref: SearchRun = run_search(setup.loaded, setup.controller, problem, "full", None, seed)
+        peak = int(ref.metrics["peak_device_tokens"])
+        rows.append(_search_row(problem.index, "full", None, ref, ref))
+        for fraction in fractions:
+            budget = math.ceil(fraction * peak)
+            for pack in (True, False):
+                tree_attention.PACK_BELOW_TOKENS = 512 if pack else 0
+                run = run_search(setup.loaded, setup.controller, problem, policy, budget, seed)
+                rows.append(_search_row(problem.index, policy, pack, run, ref) | {"fraction": fraction})
+    tree_attention.PACK_BELOW_TOKENS = 512
+    return rows
+
+
+def _search_row(index: int, policy: str, pack: bool | None, run, ref) -> dict:
+    m = run.metrics
+    row = {"problem": index, "policy": policy, "packed": pack, "budget": run.budget, "oom": run.oom is not None}
+    row |= {"seconds": round(run.seconds, 1), "time_vs_full": round(run.seconds / ref.seconds, 2)}
+    row |= {"same_tree": run.compare(ref)["same_tree"], "rehydrations": m["rehydrations"]}
+    return row | {"forward_calls": m["forward_calls"], "peak_device_tokens": m["peak_device_tokens"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=1024)
@@ -59,8 +98,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None, help="JSONL of the rows (else only the table)")
+    ap.add_argument("--search", action="store_true", help="a live search (overrides after --)")
+    ap.add_argument("--policy", default="arbor")
+    ap.add_argument("--fractions", default="0.25")
+    ap.add_argument("overrides", nargs="*", help="arbor-solve overrides (with --search)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.search:
+        rows = search_rows(args.overrides, args.policy, [float(f) for f in args.fractions.split(",")])
+        for row in rows:
+            print(json.dumps(row))
+        _write(args.out, rows)
+        return 0
     torch.manual_seed(0)
     counts = [int(p) for p in args.pieces.split(",")]
     shape = KVShape(LAYERS, KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu"))
@@ -80,10 +129,14 @@ def main(argv: list[str] | None = None) -> int:
             row |= {"in_place_ms": round(inplace, 2), "packed_ms": round(packed, 2), "repeats": args.repeats}
             rows.append(row)
             print(f"{n:>6} {str(stats):>5} {inplace:>11.2f} {packed:>9.2f} {packed / inplace:>15.2f}")
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in rows)
+    _write(args.out, rows)
     return 0
+
+
+def _write(out: str | None, rows: list[dict]) -> None:
+    if out:
+        with open(out, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 if __name__ == "__main__":
