@@ -121,7 +121,7 @@ def migrate_section(title: str, body: str, step_commands: dict[str, str], page_c
     # a section's own ```bash block is its command; it becomes the generated provenance line
     own = re.search(r"```bash\n(.*?)```\n*", text, flags=re.S)
     command = own.group(1).strip() if own else step_commands[step]
-    # the page's own writer is `make results-page` now, not part of how the rows were measured
+    # the old page's own writer (a step of its command block; `make results-page` now) is not how the rows were measured
     command = "\n".join(line for line in command.splitlines() if "write_results.py" not in line)
     if own:
         text = text.replace(own.group(0), "")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +28,6 @@ from benchmarks.linear_cli import main
 from benchmarks.stats_cost import main as stats_cost_main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_default_contexts_are_few_shot_prompts_of_600_to_2000_tokens(tiny, full_data):
@@ -156,35 +154,32 @@ def test_stats_cost_script_measures_every_policy_against_full(tmp_path, data_dir
     assert "--repeats/--rows/--new-tokens 0/4/16: each must be >= 1" in capsys.readouterr().err
 
 
-def test_write_results_rewrites_only_the_linear_section(tmp_path, monkeypatch):
-    import runpy
-    import sys
+def test_bench_linear_output_becomes_the_linear_section(tmp_path):
+    """bench_linear's linear.json (its comparison rows) -> docs/data/linear (benchmarks.results.collect) -> the
+    section through its template. A second collect replaces the table; the tables and figures it does not
+    remeasure (every method at every share, the statistics' cost) are kept from the committed data."""
+    from benchmarks.results.collect import write as collect
+    from benchmarks.results.data import load_section
+    from benchmarks.results.sections import Section, render_section
 
-    project = [{"runs": [run_of("project", "h2o", 0.5, [0.2, 0.4])]}]
-    head = run_of("kvpress", "observed_attention", 0.5, [0.1, 0.1]) | {"variant": "per_head"}
-    rows = summarize(project, {"items": [{"runs": [head]}]})
-    linear = {
-        "date": "2026-01-01",
-        "command": "python scripts/bench_linear.py",
-        "threads": 1,
-        "seconds": {"project": 60.0, "kvpress": 30.0},
-        "contexts": [{"name": "gsm8k:6:0", "context_tokens": 787}],
-        "steps": 2,
-        "kvpress_versions": {"kvpress": "0.5.5"},
-        "checks": [{"max_abs_token_logp_diff": 1e-5}],
-        "rows": rows,
-        "comparison": comparison(rows),
-    }
+    ratios = (0.5, 0.75, 0.9)
+    project = [run_of("project", p, r, [0.2 * (i + 1), 0.4]) for p in ("h2o", "snapkv") for i, r in enumerate(ratios)]
+    presses = [
+        run_of("kvpress", press, r, kl) | {"variant": variant}
+        for press in ("observed_attention", "snapkv")
+        for r in ratios
+        for variant, kl in (("per_head", [0.1, 0.1]), ("token", [0.2, 0.2]))
+    ]
+    rows = summarize([{"runs": project}], {"items": [{"runs": presses}]})
+    linear = {"command": "python scripts/bench_linear.py", "rows": rows, "comparison": comparison(rows)}
     (tmp_path / "linear").mkdir()
     (tmp_path / "linear" / "linear.json").write_text(json.dumps(linear))
-    page = tmp_path / "results.md"
-    page.write_text("# Results\n\n## Speed\n\nfast\n\n## Controllers\n\nsome\n")
-    script = str(REPO / "scripts" / "write_results.py")
-    argv = [script, "--bench", str(tmp_path), "--out", str(page), "--only", "linear"]
-    monkeypatch.setattr(sys, "argv", argv)
-    for _ in range(2):  # appended the first time, replaced in place the second
-        runpy.run_path(script, run_name="__main__")
-    text = page.read_text()
-    assert text.startswith("# Results\n\n## Speed\n\nfast\n\n## Controllers\n\nsome\n\n## Linear baselines")
-    assert text.count("## Linear baselines") == 1
-    assert "| h2o | observed_attention | 50% | 0.3 | 0.1 | - | 3.00× | - |" in text
+    for _ in range(2):  # written the first time, replaced the second
+        collect("linear", tmp_path / "linear", "python scripts/bench_linear.py", data_root=tmp_path / "data")
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["linear"]  # no other section is touched
+    data = load_section("linear", tmp_path / "data")
+    assert len(data["tables"]["main"]["rows"]) == 6 and data["carried"]["tables"] == ["table2", "table3"]
+    text = render_section(Section("linear"), data)
+    assert text.startswith("## Linear baselines next to kvpress (compress once, then teacher-force)\n")
+    assert "| h2o | observed_attention | 50% | 0.3 | 0.1 | 0.2 | 3.00× | 1.50× | 0.5 | 0.5 | 0.5 |" in text
+    assert "ObservedAttentionPress**: 4.00× at 25% and 5.00× at 10%, but 3.00× at 50%" in text  # the prose follows

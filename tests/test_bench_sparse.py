@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import runpy
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +10,6 @@ import torch
 
 from benchmarks.sparse import SparseSettings, fewshot_ids, prefilled, synthetic_kv
 from benchmarks.sparse_cli import main
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -90,17 +86,30 @@ def test_bad_arguments_are_errors(tmp_path, long_data, capsys):
     assert "every context must be >= 64 tokens" in capsys.readouterr().err
 
 
-def test_write_results_renders_the_sparse_section(tmp_path, monkeypatch):
-    (tmp_path / "sparse").mkdir()
-    meta = {"date": "2026-01-01", "command": "python scripts/bench_sparse.py", "threads": 1, "token_budget": 1024}
-    row = meta | {"model": "smollm2", "context": 8192, "method": "lychee", "decode_tok_s": 4.0, "speedup": 1.5}
-    row |= {"attn_ms_step": 50.0, "attn_speedup": 2.0, "read_fraction": 0.13, "index_pct": 1.9, "top1_gsm8k": 0.95}
-    (tmp_path / "sparse" / "sparse.jsonl").write_text(json.dumps(row) + "\n")
-    page = tmp_path / "results.md"
-    page.write_text("# Results\n\n## Speed\n\nfast\n")
-    script = str(REPO / "scripts" / "write_results.py")
-    monkeypatch.setattr(sys, "argv", [script, "--bench", str(tmp_path), "--out", str(page), "--only", "sparse"])
-    runpy.run_path(script, run_name="__main__")
-    text = page.read_text()
-    assert text.startswith("# Results\n\n## Speed\n\nfast\n\n## Sparse decode attention")
+def test_bench_sparse_output_becomes_the_sparse_section(tmp_path, long_data):
+    """bench_sparse's sparse.jsonl -> docs/data/sparse (benchmarks.results.collect) -> the section through its
+    template: the tiny model's rows as the benchmark wrote them, next to the committed contexts the prose
+    quotes (under the benchmark's keys), one of them at new figures that the table and the prose show."""
+    from benchmarks.results.collect import COLLECTORS
+    from benchmarks.results.collect import write as collect
+    from benchmarks.results.data import load_section
+    from benchmarks.results.sections import Section, render_section
+
+    tiny = run_bench(tmp_path, long_data)  # dense, lychee, quest at 256 tokens
+    keys = COLLECTORS["sparse"].keys  # section column key -> bench_sparse key
+    assert set(keys.values()) <= {k for row in tiny for k in row}  # the collector reads what the benchmark writes
+    committed = [{b: r[k] for k, b in keys.items()} for r in load_section("sparse")["tables"]["main"]["rows"]]
+    for row in committed:
+        row["read_fraction"] /= 100
+        if (row["context"], row["method"]) == (8192, "lychee"):
+            row |= {"model": "smollm2", "decode_tok_s": 4.0, "speedup": 1.5, "attn_ms_step": 50.0, "attn_speedup": 2.0}
+            row |= {"read_fraction": 0.13, "index_pct": 1.9, "top1_gsm8k": 0.95}
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "sparse.jsonl").write_text("".join(json.dumps(r) + "\n" for r in committed + tiny))
+    collect("sparse", tmp_path / "bench", "python scripts/bench_sparse.py", data_root=tmp_path / "data")
+    text = render_section(Section("sparse"), load_section("sparse", tmp_path / "data"))
+    assert text.startswith("## Sparse decode attention: LycheeCluster and Quest vs dense, by context length\n")
     assert "| smollm2 | 8,192 | lychee | 4 | 1.5 | 50 | 2 |" in text and "| 13.0% | 1.90% | 0.95 |" in text
+    assert "lychee decodes at **1.50x\n  dense** (attention 2.00x" in text  # the prose follows the new row
+    lychee = next(r for r in tiny if r["method"] == "lychee")
+    assert f"| {lychee['model']} | 256 | lychee |" in text and f"| {lychee['read_fraction'] * 100:.1f}% |" in text

@@ -230,12 +230,13 @@ def test_kvp_configuration_errors():
 
 
 # ---- the scripts, end to end on the tiny model -----------------------------------------------
-def test_scripts_collect_train_bench_and_write_results(tmp_path, data_dir, monkeypatch, capsys):
+def test_scripts_collect_train_bench_and_render_the_section(tmp_path, data_dir, capsys):
     import json
-    import runpy
-    import sys
-    from pathlib import Path
 
+    from benchmarks.results.collect import write as collect
+    from benchmarks.results.data import load_section
+    from benchmarks.results.sections import Section, render_section
+    from benchmarks.results.tables import cell
     from research.kvp.cli import bench_main, collect_main, train_main
 
     data, weights = tmp_path / "kvp" / "data", tmp_path / "w.safetensors"
@@ -273,12 +274,16 @@ def test_scripts_collect_train_bench_and_write_results(tmp_path, data_dir, monke
     assert bench_main(["--shares", "1.5"]) == 2 and "--shares '1.5' must be in (0, 1)" in capsys.readouterr().err
     assert bench_main(["--variants", "x=recent_ratio:half"]) == 2
     assert "recent_ratio:'half' is not a number" in capsys.readouterr().err
-    page = tmp_path / "docs" / "results.md"
-    page.parent.mkdir()
-    page.write_text("# Results\n\n## Speed\n\nfast\n")
-    script = str(Path(__file__).resolve().parents[1] / "scripts" / "write_results.py")
-    monkeypatch.setattr(sys, "argv", [script, "--bench", str(tmp_path), "--out", str(page), "--only", "kvp"])
-    runpy.run_path(script, run_name="__main__")
-    text = page.read_text()
-    assert text.startswith("# Results\n\n## Speed\n\nfast\n\n## KVP: learned per-head eviction scorers")
-    assert "| 50% | kvp |" in text and (page.parent / "kvp-train.png").is_file()
+    # kvp_train's reports -> docs/data/kvp (benchmarks.results.collect) -> the section through its template,
+    # which quotes both losses: train the other one too, as the section's command does
+    train_budgets = ["--data", str(data), "--out", str(tmp_path / "wb.safetensors"), "--loss", "budgets"]
+    train_budgets += ["--plot", str(kvp / "train-budgets.png"), "--report", str(kvp / "train-budgets.json")]
+    assert train_main([*train_budgets, "--threads", "1", "--epochs", "2", "--embed", "8", "--hidden", "8"]) == 0
+    collect("kvp", kvp, "python scripts/kvp_train.py --data bench/kvp/data", data_root=tmp_path / "docs-data")
+    text = render_section(Section("kvp"), load_section("kvp", tmp_path / "docs-data"))
+    assert text.startswith("## KVP: learned per-head eviction scorers vs h2o / snapkv / streaming\n")
+    report, other = (json.loads((kvp / name).read_text()) for name in ("train.json", "train-budgets.json"))
+    row = [report["seconds"], 5, 1] + [report["final"][f"{m}/head_auc"] for m in ("kvp", "oracle", "knorm")]
+    assert "| listnet | " + " | ".join(map(cell, row)) + " |" in text
+    head = (other["final"]["kvp/head_auc"], report["final"]["kvp/head_auc"])
+    assert "held-out AUC ({:.3f} vs {:.3f} per head)".format(*head) in text  # the prose follows the new table

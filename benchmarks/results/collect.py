@@ -4,9 +4,11 @@
     python -m benchmarks.results.collect concurrency bench/concurrency \
         --command "python scripts/bench_concurrency.py ..."
 
-A collector globs the benchmark's files, renames its keys to the committed section's column keys
-(so the section's template keeps working), and writes docs/data/<section>/results.json with this
-run's commit, date and machine. Booleans become yes / no, as the tables show them.
+A collector globs the benchmark's files (JSONL: a row per line; JSON: the list under ``rows_at``, or
+the whole file as one row), renames its keys to the committed section's column keys (so the
+section's template keeps working; ``a.b`` is key ``b`` inside ``a``), and writes
+docs/data/<section>/results.json with this run's commit, date and machine. Booleans become yes / no,
+as the tables show them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Collector:
     pattern: str
     keys: dict[str, str]
     scale: dict[str, float] | None = None  # section key -> factor (a share in [0, 1] shown as a percentage)
+    rows_at: str | None = None  # a .json file's key whose list holds the rows (None: the file is one row)
 
 
 COLLECTORS = {
@@ -51,6 +54,26 @@ COLLECTORS = {
         },
         scale={"read": 100.0},
     ),
+    "linear": Collector(  # bench_linear.py's comparison table; its other tables are kept (carried)
+        "linear.json",
+        {
+            "policy": "policy", "kvpress_press": "press", "kept": "kept_share", "kl": "kl", "press_kl": "press_kl",
+            "token_kl": "token_kl", "xpress": "ratio_vs_press", "xtoken": "ratio_vs_token", "top_1": "top1",
+            "press_top_1": "press_top1", "token_top_1": "token_top1",
+        },
+        scale={"kept": 100.0},
+        rows_at="comparison",
+    ),
+    "kvp": Collector(  # kvp_train.py's reports (one per loss); the benchmark and replay tables are kept (carried)
+        "train*.json",
+        {
+            "loss": "settings.loss", "train_s": "seconds", "train_seqs": "sequences.train",
+            "held_out_seqs": "sequences.held_out", "kvp_head": "final.kvp/head_auc",
+            "oracle_head": "final.oracle/head_auc", "knorm_head": "final.knorm/head_auc",
+            "streaming_head": "final.streaming/head_auc", "recency_head": "final.recency/head_auc",
+            "kvp_token": "final.kvp/token_auc", "oracle_token": "final.oracle/token_auc",
+        },
+    ),
     "budgets": Collector(
         "*/budgets.jsonl",
         {
@@ -67,18 +90,31 @@ def _cell(value):
     return ("yes" if value else "no") if isinstance(value, bool) else value
 
 
+def _records(path: Path, rows_at: str | None) -> list[dict]:
+    """The benchmark's records in one file: a JSONL line each, or a JSON file's list (or the file itself)."""
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    doc = json.loads(path.read_text())
+    return doc[rows_at] if rows_at else [doc]
+
+
+def _get(raw: dict, key: str):
+    """``raw[key]``, where ``a.b`` is ``raw[a][b]``; None when any part is missing."""
+    for part in key.split("."):
+        raw = raw.get(part) if isinstance(raw, dict) else None
+    return raw
+
+
 def rows(name: str, root: Path) -> list[dict]:
     """The benchmark's rows under ``root`` with the section's column keys (missing keys are None)."""
     spec = COLLECTORS[name]
     out = []
     for path in sorted(root.glob(spec.pattern)):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                raw = json.loads(line)
-                row = {k: path.parent.name if b == FOLDER else _cell(raw.get(b)) for k, b in spec.keys.items()}
-                for key, factor in (spec.scale or {}).items():
-                    row[key] = None if row[key] is None else row[key] * factor
-                out.append(row)
+        for raw in _records(path, spec.rows_at):
+            row = {k: path.parent.name if b == FOLDER else _cell(_get(raw, b)) for k, b in spec.keys.items()}
+            for key, factor in (spec.scale or {}).items():
+                row[key] = None if row[key] is None else row[key] * factor
+            out.append(row)
     return out
 
 
