@@ -72,12 +72,14 @@ def search_rows(overrides: list[str], policy: str, fractions: list[float]) -> li
         ref: SearchRun = run_search(setup.loaded, setup.controller, problem, "full", None, seed)
         peak = int(ref.metrics["peak_device_tokens"])
         rows.append(_search_row(problem.index, "full", None, ref, ref))
+        print(json.dumps(rows[-1]), flush=True)
         for fraction in fractions:
             budget = math.ceil(fraction * peak)
             for pack in (True, False):
                 tree_attention.PACK_BELOW_TOKENS = 512 if pack else 0
                 run = run_search(setup.loaded, setup.controller, problem, policy, budget, seed)
                 rows.append(_search_row(problem.index, policy, pack, run, ref) | {"fraction": fraction})
+                print(json.dumps(rows[-1]), flush=True)
     tree_attention.PACK_BELOW_TOKENS = 512
     return rows
 
@@ -106,8 +108,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     if args.search:
         rows = search_rows(args.overrides, args.policy, [float(f) for f in args.fractions.split(",")])
-        for row in rows:
-            print(json.dumps(row))
         _write(args.out, rows)
         return 0
     torch.manual_seed(0)
