@@ -92,6 +92,30 @@ def _search_row(index: int, policy: str, pack: bool | None, run, ref) -> dict:
     return row | {"forward_calls": m["forward_calls"], "peak_device_tokens": m["peak_device_tokens"]}
 
 
+def micro_rows(tokens: int, counts: list[int], rows: int, repeats: int) -> list[dict]:
+    """Packed vs in place, statistics off and on, for a block of ``tokens`` in each count of pieces."""
+    torch.manual_seed(0)
+    shape = KVShape(LAYERS, KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu"))
+    pool = DevicePool(shape, tokens + max(counts) + rows * 8 + 8, fixed=True)
+    pool.arenas[0].keys.normal_()
+    pool.arenas[0].values.normal_()
+    Kernel(shape.device)  # warm the kernel choice
+    out = []
+    print(f"{'pieces':>6} {'stats':>5} {'in place ms':>11} {'packed ms':>9} {'packed/in place':>15}")
+    for n in counts:
+        for stats in (False, True):
+            pieces = scattered(tokens, n)
+            step_ms(pool, pieces, rows, stats, True, 2)  # warm-up
+            inplace = step_ms(pool, pieces, rows, stats, False, repeats)
+            packed = step_ms(pool, pieces, rows, stats, True, repeats)
+            row = {"tokens": tokens, "pieces": n, "rows": rows, "stats": stats, "repeats": repeats}
+            row |= {"in_place_ms": round(inplace, 2), "packed_ms": round(packed, 2)}
+            out.append(row | {"packed_vs_in_place": round(packed / inplace, 2)})
+            print(f"{n:>6} {str(stats):>5} {inplace:>11.2f} {packed:>9.2f} {packed / inplace:>15.2f}")
+    tree_attention.PACK_BELOW_TOKENS = 512
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=1024)
@@ -103,34 +127,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--search", action="store_true", help="a live search (overrides after --)")
     ap.add_argument("--policy", default="arbor")
     ap.add_argument("--fractions", default="0.25")
+    ap.add_argument("--section", default=None, help="also write docs/data/SECTION/results.json (search + micro)")
+    ap.add_argument("--search-rows", default=None, help="with --section: a finished --search run's JSONL")
+    ap.add_argument("--search-command", default=None, help="the command that wrote --search-rows")
     ap.add_argument("overrides", nargs="*", help="arbor-solve overrides (with --search)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.search:
-        rows = search_rows(args.overrides, args.policy, [float(f) for f in args.fractions.split(",")])
-        _write(args.out, rows)
-        return 0
-    torch.manual_seed(0)
     counts = [int(p) for p in args.pieces.split(",")]
-    shape = KVShape(LAYERS, KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu"))
-    pool = DevicePool(shape, args.tokens + max(counts) + args.rows * 8 + 8, fixed=True)
-    pool.arenas[0].keys.normal_()
-    pool.arenas[0].values.normal_()
-    Kernel(shape.device)  # warm the kernel choice
-    rows = []
-    print(f"{'pieces':>6} {'stats':>5} {'in place ms':>11} {'packed ms':>9} {'packed/in place':>15}")
-    for n in counts:
-        for stats in (False, True):
-            pieces = scattered(args.tokens, n)
-            step_ms(pool, pieces, args.rows, stats, True, 2)  # warm-up
-            inplace = step_ms(pool, pieces, args.rows, stats, False, args.repeats)
-            packed = step_ms(pool, pieces, args.rows, stats, True, args.repeats)
-            row = {"tokens": args.tokens, "pieces": n, "rows": args.rows, "stats": stats}
-            row |= {"in_place_ms": round(inplace, 2), "packed_ms": round(packed, 2), "repeats": args.repeats}
-            rows.append(row)
-            print(f"{n:>6} {str(stats):>5} {inplace:>11.2f} {packed:>9.2f} {packed / inplace:>15.2f}")
-    _write(args.out, rows)
+    if args.search:
+        found = search_rows(args.overrides, args.policy, [float(f) for f in args.fractions.split(",")])
+        _write(args.out, found)
+        if not args.section:
+            return 0
+    if args.section:
+        if not args.search:
+            if not args.search_rows:
+                ap.error("--section needs --search or --search-rows")
+            found = [json.loads(line) for line in open(args.search_rows, encoding="utf-8") if line.strip()]
+        micro = micro_rows(args.tokens, counts, args.rows, args.repeats)
+        _write_section(args.section, found, micro, args, argv)
+        return 0
+    _write(args.out, micro_rows(args.tokens, counts, args.rows, args.repeats))
     return 0
+
+
+def _write_section(name: str, found: list[dict], micro: list[dict], args, argv: list[str] | None) -> None:
+    from benchmarks.results.data import columns_for, write_section_data
+
+    command = "python -m benchmarks.pieces " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.search_command:
+        command = args.search_command + "\n" + command
+    full = next(r for r in found if r["policy"] == "full")
+    facts = {"full_seconds": full["seconds"], "full_peak_tokens": full["peak_device_tokens"]}
+    for r in found:
+        if r["policy"] != "full":
+            facts[f"{'packed' if r['packed'] else 'in_place'}_vs_full"] = r["time_vs_full"]
+    tables = {"micro": {"columns": columns_for(micro), "rows": micro}}
+    write_section_data(name, found, command, {"threads": args.threads}, tables=tables, facts=facts)
 
 
 def _write(out: str | None, rows: list[dict]) -> None:
