@@ -163,7 +163,8 @@ def _write_section(name: str, found: list[dict], micro: list[dict], args, argv: 
         if r["policy"] != "full":
             facts[f"{'packed' if r['packed'] else 'in_place'}_vs_full"] = r["time_vs_full"]
     tables = {"micro": {"columns": columns_for(micro), "rows": micro}}
-    write_section_data(name, found, command, {"threads": args.threads}, tables=tables, facts=facts)
+    title = "Reading evicted blocks: packed or in place (arbor at a quarter of full's peak)"
+    write_section_data(name, found, command, {"threads": args.threads}, title=title, tables=tables, facts=facts)
 
 
 def _write(out: str | None, rows: list[dict]) -> None:

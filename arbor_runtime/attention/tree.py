@@ -87,9 +87,15 @@ class TreeBatch:
         self.sparse: SparseStep | None = None
         #: decode steps: each row's context block ids in path order (blocks with no device token too)
         self.context_ids: list[list[int]] | None = None
+        #: per packed group: one (n,) mass tensor whose views are its pieces' ``Group.mass`` (one add a layer)
+        self._flat_mass: list[torch.Tensor | None] = [None] * len(groups)
         if stats:
-            for g in groups:
-                g.mass = [torch.zeros(p.length, dtype=torch.float32, device=device) for p in g.pieces]
+            for i, (g, packed) in enumerate(zip(groups, self._packed, strict=True)):
+                if packed is None:
+                    g.mass = [torch.zeros(p.length, dtype=torch.float32, device=device) for p in g.pieces]
+                else:
+                    self._flat_mass[i] = torch.zeros(packed.numel(), dtype=torch.float32, device=device)
+                    g.mass = list(torch.split(self._flat_mass[i], [p.length for p in g.pieces]))
 
     # ---- Cache duck type: transformers calls this once per layer -------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -112,15 +118,17 @@ class TreeBatch:
         qg = query.reshape(r, hkv, g * q, d)  # query head h = kv * g + j: grouped, keys never repeated
         own = self._attend_own(layer, qg, query, key, value, scale)
         out, lse = own[0], own[1]
-        gathered = []
+        gathered, keys = [], []
         for grp, packed in zip(self.groups, self._packed, strict=True):
             qf = _gather_queries(qg, grp.rows)  # (1, H_kv, rows * g * q, D)
             gathered.append(qf)
-            for k, v in self._group_kv(layer, grp, packed):
+            kv = self._group_kv(layer, grp, packed)
+            keys.append([k for k, _ in kv])  # the statistics pass reads the same keys (a packed copy once)
+            for k, v in kv:
                 o, s = self.kernel(qf, k, v, scale)
                 out, lse = _merge_rows(out, lse, grp.rows, grp.n_rows, o, s)
         if self.stats:
-            self._collect(layer, qg, gathered, own, lse, scale)
+            self._collect(qg, gathered, keys, own, lse, scale)
         return out.to(query.dtype).view(r, hq, q, d).transpose(1, 2)
 
     def _attend_sparse(self, layer: int, query, key, value, scale: float) -> torch.Tensor:
@@ -170,22 +178,25 @@ class TreeBatch:
         k, v = self.pool.gather_layer(layer, packed)
         return [(k.unsqueeze(0), v.unsqueeze(0))]
 
-    def _collect(self, layer, qg, gathered, own, lse, scale) -> None:
-        """Attention mass per key under the final log-sum-exp of each counted query."""
+    def _collect(self, qg, gathered, keys, own, lse, scale) -> None:
+        """Attention mass per key under the final log-sum-exp of each counted query.
+
+        ``keys``: per group, the (1, H_kv, n, D) keys its attention read (one packed run, or one view
+        per piece)."""
         extra = own[2]
         if self.stats_from:  # the observation window: queries stats_from.. of each row (prefill only)
             qg, lse = _window(qg, self.q, self.stats_from), _window(lse, self.q, self.stats_from)
             gathered = [_gather_queries(qg, grp.rows) for grp in self.groups]
             query, k = extra
             extra = (query[:, :, self.stats_from :], k)
-        for grp, qf, packed in zip(self.groups, gathered, self._packed, strict=True):
+        for grp, qf, flat, ks in zip(self.groups, gathered, self._flat_mass, keys, strict=True):
             s = lse if grp.rows is None else lse.index_select(0, grp.rows)
             s = s.transpose(0, 1).reshape(1, s.shape[1], -1)  # (1, H_kv, rows * g * q), query order of qf
-            masses = [attention_mass(qf, k, s, scale) for k, _ in self._group_kv(layer, grp, packed)]
-            if packed is not None:  # one packed run: back into the pieces' shares
-                masses = torch.split(masses[0], [p.length for p in grp.pieces])
-            for i, mass in enumerate(masses):
-                grp.mass[i] += mass
+            if flat is not None:  # one packed run: its pieces' masses are views of ``flat``
+                flat += attention_mass(qf, ks[0], s, scale)
+                continue
+            for i, k in enumerate(ks):
+                grp.mass[i] += attention_mass(qf, k, s, scale)
         if isinstance(extra, torch.Tensor):  # decode: (R, H_kv, g*q, n) scores of the own tokens
             mass = torch.exp(extra - lse.unsqueeze(-1)).sum(dim=(1, 2))  # (R, n)
         else:  # prefill: causal mass over the new tokens, row by row

@@ -53,6 +53,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("accuracy", prepare=with_intervals),
     Section("wide"),
     Section("concurrency"),
+    Section("packing", optional=True),
     Section(
         "longctx",
         render="benchmarks.longctx.report:render",

@@ -151,6 +151,20 @@ def concurrency(data: dict[str, dict]) -> str | None:
     return "**Concurrency (problems/hour).** " + "; ".join(parts) + "."
 
 
+def packing(data: dict[str, dict]) -> str | None:
+    """arbor's time over full's with evicted blocks read packed and in place (same search, same run)."""
+    if "packing" not in data:
+        return None
+    rows = [r for r in data["packing"]["tables"]["main"]["rows"] if r["policy"] != "full"]
+    parts = []
+    for r in rows:
+        how = "packed" if r["packed"] else "in place"
+        tree = "full's tree" if r["same_tree"] else "another tree than full's"
+        parts.append(f"{how} {r['time_vs_full']:.2f}x full's time ({tree})")
+    share = f"{rows[0]['fraction']:.2f}x" if rows else "a share"
+    return f"**Evicted blocks, packed or in place.** arbor at {share} of full's peak: " + "; ".join(parts) + "."
+
+
 def speed(data: dict[str, dict]) -> str | None:
     """The runtime's time against naive re-prefill on the same trees."""
     if "speed" not in data:
@@ -354,7 +368,7 @@ def by_method(data: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-RULES: tuple[Rule, ...] = (accuracy, budgets, kvp, linear, sparse, concurrency, speed, stale)
+RULES: tuple[Rule, ...] = (accuracy, budgets, packing, kvp, linear, sparse, concurrency, speed, stale)
 
 
 def summary(data: dict[str, dict]) -> str:
