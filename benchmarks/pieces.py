@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--section", default=None, help="also write docs/data/SECTION/results.json (search + micro)")
     ap.add_argument("--search-rows", default=None, help="with --section: a finished --search run's JSONL")
     ap.add_argument("--search-command", default=None, help="the command that wrote --search-rows")
+    ap.add_argument("--search-commit", default=None, help="the commit --search-rows were measured at")
     ap.add_argument("overrides", nargs="*", help="arbor-solve overrides (with --search)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -164,7 +165,8 @@ def _write_section(name: str, found: list[dict], micro: list[dict], args, argv: 
             facts[f"{'packed' if r['packed'] else 'in_place'}_vs_full"] = r["time_vs_full"]
     tables = {"micro": {"columns": columns_for(micro), "rows": micro}}
     title = "Reading evicted blocks: packed or in place (arbor at a quarter of full's peak)"
-    write_section_data(name, found, command, {"threads": args.threads}, title=title, tables=tables, facts=facts)
+    settings = {"threads": args.threads, "search_commit": args.search_commit or "this one"}
+    write_section_data(name, found, command, settings, title=title, tables=tables, facts=facts)
 
 
 def _write(out: str | None, rows: list[dict]) -> None:
