@@ -3,7 +3,7 @@ kept tokens lie in many short runs of pool slots; each run read in place costs a
 merge per layer, one packed copy costs its bytes. SmolLM2's attention shape (9 query / 3 KV heads,
 head dim 64, 30 layers), a context of ``--tokens`` tokens in 1..P pieces, R rows decoding one token,
 statistics on and off; milliseconds per step (all layers) packed and in place, medians of
-``--repeats`` steps, side by side in one run.
+``--repeats`` steps, the two alternating step by step in one run.
 
     python -m benchmarks.pieces --tokens 1024 --pieces 1,8,48 --rows 4 --out OUT.jsonl
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -38,23 +39,30 @@ def scattered(tokens: int, pieces: int) -> list[Piece]:
     return [Piece(0, a + i, torch.arange(a, b)) for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
 
 
-def step_ms(pool: DevicePool, pieces: list[Piece], rows: int, stats: bool, pack: bool, repeats: int) -> float:
-    """Median milliseconds of one decode step's attention over every layer."""
+def step_ms(pool: DevicePool, pieces: list[Piece], rows: int, stats: bool, pack: bool) -> float:
+    """Milliseconds of one decode step's attention over every layer."""
     tree_attention.PACK_BELOW_TOKENS = 512 if pack else 0
     base = pool.capacity - rows * 8
     own = torch.tensor([[base + 8 * r] for r in range(rows)])
-    times = []
+    group = Group(0, None, rows, pieces)
+    batch = TreeBatch(pool, [group], rows, 1, own, own, torch.ones(rows, 1, dtype=torch.bool), stats=stats)
+    q = torch.randn(rows, Q_HEADS, 1, HEAD_DIM)
+    kv = torch.randn(rows, KV_HEADS, 1, HEAD_DIM)
+    start = time.perf_counter()
+    for layer in range(LAYERS):
+        batch.update(kv, kv, layer)
+        batch.attend(layer, q, kv, kv, HEAD_DIM**-0.5)
+    return (time.perf_counter() - start) * 1e3
+
+
+def paired_ms(pool: DevicePool, pieces: list[Piece], rows: int, stats: bool, repeats: int) -> tuple[float, float]:
+    """Median ms of a step in place and packed, the two alternating step by step (they share the noise)."""
+    inplace, packed = [], []
     for _ in range(repeats):
-        group = Group(0, None, rows, pieces)
-        batch = TreeBatch(pool, [group], rows, 1, own, own, torch.ones(rows, 1, dtype=torch.bool), stats=stats)
-        q = torch.randn(rows, Q_HEADS, 1, HEAD_DIM)
-        kv = torch.randn(rows, KV_HEADS, 1, HEAD_DIM)
-        start = time.perf_counter()
-        for layer in range(LAYERS):
-            batch.update(kv, kv, layer)
-            batch.attend(layer, q, kv, kv, HEAD_DIM**-0.5)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+        inplace.append(step_ms(pool, pieces, rows, stats, False))
+        packed.append(step_ms(pool, pieces, rows, stats, True))
+    tree_attention.PACK_BELOW_TOKENS = 512
+    return statistics.median(inplace), statistics.median(packed)
 
 
 def search_rows(overrides: list[str], policy: str, fractions: list[float]) -> list[dict]:
@@ -105,9 +113,8 @@ def micro_rows(tokens: int, counts: list[int], rows: int, repeats: int) -> list[
     for n in counts:
         for stats in (False, True):
             pieces = scattered(tokens, n)
-            step_ms(pool, pieces, rows, stats, True, 2)  # warm-up
-            inplace = step_ms(pool, pieces, rows, stats, False, repeats)
-            packed = step_ms(pool, pieces, rows, stats, True, repeats)
+            paired_ms(pool, pieces, rows, stats, 2)  # warm-up
+            inplace, packed = paired_ms(pool, pieces, rows, stats, repeats)
             row = {"tokens": tokens, "pieces": n, "rows": rows, "stats": stats, "repeats": repeats}
             row |= {"in_place_ms": round(inplace, 2), "packed_ms": round(packed, 2)}
             out.append(row | {"packed_vs_in_place": round(packed / inplace, 2)})
@@ -155,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 def _write_section(name: str, found: list[dict], micro: list[dict], args, argv: list[str] | None) -> None:
     from benchmarks.results.data import columns_for, write_section_data
 
-    command = "python -m benchmarks.pieces " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.pieces " + shlex.join(sys.argv[1:] if argv is None else argv)
     if args.search_command:
         command = args.search_command + "\n" + command
     full = next(r for r in found if r["policy"] == "full")
