@@ -123,6 +123,7 @@ def test_a_benchmarks_jsonl_becomes_its_sections_data(tmp_path):
     run.mkdir(parents=True)
     row = {"policy": "policy=full", "concurrency": 4, "problems": 8, "seconds": 37.25, "problems_per_hour": 773.2}
     row |= {"peak_device_mb": 43.2, "decode_tokens": 619, "oom": 0, "same_results_as_concurrency_1": True}
+    row |= {"turn_wait_seconds": 1.5}
     (run / "concurrency.jsonl").write_text(json.dumps(row) + "\n")
     path = collect(
         "concurrency", tmp_path / "bench", "python scripts/bench_concurrency.py --levels 4", data_root=tmp_path
@@ -132,10 +133,10 @@ def test_a_benchmarks_jsonl_becomes_its_sections_data(tmp_path):
     assert data["tables"]["main"]["rows"] == [
         {"search": "game24-bfs", "policy": "policy=full", "concurrency": 4, "problems": 8, "seconds": 37.25}
         | {"problems_hour": 773.2, "peak_kv_mb": 43.2, "decode_tokens": 619, "oom": 0, "same_results_as_1": "yes"}
-        | {"prefill_saved": None}
+        | {"prefill_saved": None, "turn_wait_s": 1.5}
     ]
     text = render_section(Section("concurrency"), data)
-    assert "| game24-bfs | policy=full | 4 | 8 | 37.25 | 773.2 | 43.2 | - | 619 | 0 | yes |" in text
+    assert "| game24-bfs | policy=full | 4 | 8 | 37.25 | 773.2 | 43.2 | - | 1.5 | 619 | 0 | yes |" in text
 
 
 def test_the_summary_follows_the_data():

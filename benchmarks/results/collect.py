@@ -40,7 +40,7 @@ COLLECTORS = {
             "search": FOLDER, "policy": "policy", "concurrency": "concurrency", "problems": "problems",
             "seconds": "seconds", "problems_hour": "problems_per_hour", "peak_kv_mb": "peak_device_mb",
             "decode_tokens": "decode_tokens", "oom": "oom", "same_results_as_1": "same_results_as_concurrency_1",
-            "prefill_saved": "prefix_prefill_saved_tokens",
+            "prefill_saved": "prefix_prefill_saved_tokens", "turn_wait_s": "turn_wait_seconds",
         },
     ),
     "sparse": Collector(
