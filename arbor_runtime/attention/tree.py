@@ -94,7 +94,7 @@ class TreeBatch:
                 if packed is None:
                     g.mass = [torch.zeros(p.length, dtype=torch.float32, device=device) for p in g.pieces]
                 else:
-                    self._flat_mass[i] = torch.zeros(packed.numel(), dtype=torch.float32, device=device)
+                    self._flat_mass[i] = torch.zeros(packed[0].numel(), dtype=torch.float32, device=device)
                     g.mass = list(torch.split(self._flat_mass[i], [p.length for p in g.pieces]))
 
     # ---- Cache duck type: transformers calls this once per layer -------------------------------
@@ -170,12 +170,12 @@ class TreeBatch:
         k, v = self.pool.layer_view(layer, Extent(piece.start, piece.length))
         return k.unsqueeze(0), v.unsqueeze(0)
 
-    def _group_kv(self, layer: int, grp: Group, packed: torch.Tensor | None):
+    def _group_kv(self, layer: int, grp: Group, packed: Packed | None):
         """The group's keys and values, (1, H_kv, n, D) each, in piece order: one packed copy of
-        every piece (``packed``: their slots), else one in-place view per piece."""
+        every piece (``packed``: their slots and slot runs), else one in-place view per piece."""
         if packed is None:
             return [self._piece_kv(layer, piece) for piece in grp.pieces]
-        k, v = self.pool.gather_layer(layer, packed)
+        k, v = self.pool.gather_runs(layer, *packed)
         return [(k.unsqueeze(0), v.unsqueeze(0))]
 
     def _collect(self, qg, gathered, keys, own, lse, scale) -> None:
@@ -217,11 +217,16 @@ class TreeBatch:
 PACK_BELOW_TOKENS = 512
 
 
-def _packed_slots(pieces: Sequence[Piece], device: torch.device) -> torch.Tensor | None:
-    """The pool slots of ``pieces`` in order (N,) when they should be read as one copy, else None."""
+#: a packed group's pool slots in piece order (N,) and the [lo, hi) slot runs they lie in
+Packed = tuple[torch.Tensor, list[tuple[int, int]]]
+
+
+def _packed_slots(pieces: Sequence[Piece], device: torch.device) -> Packed | None:
+    """The pool slots of ``pieces`` and their runs when they should be read as one copy, else None."""
     if len(pieces) < 2 or sum(p.length for p in pieces) >= PACK_BELOW_TOKENS * len(pieces):
         return None
-    return torch.cat([torch.arange(p.start, p.start + p.length) for p in pieces]).to(device)
+    runs = [(p.start, p.start + p.length) for p in pieces]
+    return torch.cat([torch.arange(lo, hi) for lo, hi in runs]).to(device), runs
 
 
 def _gather_queries(qg: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:

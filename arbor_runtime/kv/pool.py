@@ -14,6 +14,7 @@ memory. Moves inside the pool go through a staging chunk of at most ``STAGE_TOKE
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -132,6 +133,14 @@ class DevicePool:
         if b > arena.capacity:  # a slice past the arena would silently hold fewer keys
             raise ValueError(f"extent [{ext.start}, {ext.end}) crosses the end of its arena at {arena.end}")
         return arena.keys[layer, :, a:b], arena.values[layer, :, a:b]
+
+    def gather_runs(
+        self, layer: int, slots: torch.Tensor, runs: Sequence[tuple[int, int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of one layer's K and V at context ``slots`` (N,), which lie in the slot ``runs``
+        ([lo, hi) each): (H_kv, N, D) each. Unlike a row's slots (:meth:`gather_layer`), context
+        slots may be a restore's target: a fenced pool waits for those restores first."""
+        return self.gather_layer(layer, slots)
 
     def gather_layer(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of one layer's K and V at ``slots`` (N,): (H_kv, N, D) each."""

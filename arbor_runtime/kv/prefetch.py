@@ -114,7 +114,8 @@ class Prefetcher:
 class FencedPool(DevicePool):
     """The device pool, whose reads and frees first wait for restores in flight into their slots.
 
-    Row slots (``gather_layer``, ``write_layer``) are never restore targets and are not fenced.
+    Row slots (``gather_layer``, ``write_layer``) are never restore targets and are not fenced;
+    context slots read as one packed copy (``gather_runs``) are, run by run.
     """
 
     def __init__(self, shape, capacity: int, fixed: bool, prefetcher: Prefetcher) -> None:
@@ -125,6 +126,11 @@ class FencedPool(DevicePool):
     def layer_view(self, layer: int, ext: Extent) -> tuple[torch.Tensor, torch.Tensor]:
         self.prefetcher.wait(layer, ext.start, ext.end)
         return super().layer_view(layer, ext)
+
+    def gather_runs(self, layer: int, slots: torch.Tensor, runs) -> tuple[torch.Tensor, torch.Tensor]:
+        for lo, hi in runs:
+            self.prefetcher.wait(layer, lo, hi)
+        return super().gather_runs(layer, slots, runs)
 
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.prefetcher.settle(slots)
