@@ -9,7 +9,7 @@
 # Estimated wall time on the 2-core CPU machine, from the committed per-puzzle seconds of the accuracy
 # table (ToT BFS with legal steps: ~85 s under full, 100-160 s under a budget, ~70 s for the oracle):
 #   quick: accuracy on 2 puzzles (rows 900-901), ToT legal steps, arbor / h2o / streaming at 0.5x (~12 min);
-#          concurrency 1 and 4 on 4 puzzles under full (~2 min): about 15 min with the model loads
+#          concurrency 1 and 4 on 4 puzzles under full (~2 min); memory over steps (~4 min): about 20 min with the model loads
 #   full:  accuracy on 20 puzzles (rows 900-919), ToT legal steps, arbor / h2o / streaming at 0.5x and
 #          0.25x, plus IO and CoT: ~5 h by those per-puzzle times (over the 2 h target; not run here);
 #          concurrency 1/2/4/8 on 8 puzzles, full and arbor, and naive ToT; the two smallest-exact-budget
@@ -48,6 +48,20 @@ step concurrency env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_concurrency
 "$PYTHON" -m benchmarks.results.collect concurrency "$OUT/concurrency" \
   --command "OMP_WAIT_POLICY=PASSIVE python scripts/bench_concurrency.py ${conc[*]}"
 
+# memory over search steps (Figure 3): one GSM8K best-first search under full, then arbor at 0.25x of its peak
+# (557 of 2,227 tokens on SmolLM2); arbor-solve's own run dirs, read by benchmarks/memory_steps.py (~4 min)
+ms=(model=smollm2 task=gsm8k task.start=0 task.end=1 task.max_thought_tokens=32 controller=best_first
+  controller.n_generate=2 controller.max_expansions=50 controller.vote_quorum=0 controller.release_pruned=false
+  paths.data_dir=$DATA)
+rm -rf "$OUT/memory-steps"
+step memory-steps-full env OMP_NUM_THREADS=1 "$BIN/arbor-solve" "${ms[@]}" policy=full run_dir="$OUT/memory-steps/full"
+step memory-steps-arbor env OMP_NUM_THREADS=1 "$BIN/arbor-solve" "${ms[@]}" policy=arbor policy.budget_tokens=557 \
+  run_dir="$OUT/memory-steps/arbor"
+"$PYTHON" -m benchmarks.memory_steps "$OUT/memory-steps/full" "$OUT/memory-steps/arbor" --command \
+  "OMP_NUM_THREADS=1 arbor-solve ${ms[*]} policy=full run_dir=$OUT/memory-steps/full
+OMP_NUM_THREADS=1 arbor-solve ${ms[*]} policy=arbor policy.budget_tokens=557 run_dir=$OUT/memory-steps/arbor
+python -m benchmarks.memory_steps $OUT/memory-steps/full $OUT/memory-steps/arbor"
+
 if [ "$SIZE" = full ]; then
   # smallest exact budget per search (bench_budgets.py writes JSONL per search folder)
   b1=(--policies arbor --fractions 0.5,0.35 --threads 1 --out "$OUT/budgets/game24-legal-bfs5" model=smollm2
@@ -75,6 +89,5 @@ cat <<'TODO'
 == not rerun (no docs/data writer yet; commands as in each section of docs/results.md):
    wide (scripts/bench_memory.py), longctx (scripts/bench_longctx.py), rehydrate (scripts/bench_rehydrate.py),
    linear (scripts/bench_linear.py, scripts/bench_stats_cost.py), kvp (scripts/bench_kvp.py, kvp_train.py),
-   e2e-* and scaling (scripts/bench_table.sh), replay / memory-steps (record_trace.py, replay_trace.py,
-   plot_memory.py), speed (scripts/bench_speed.py), controllers (scripts/bench_controllers.sh)
+   e2e-* and scaling (scripts/bench_table.sh), replay (record_trace.py, replay_trace.py), speed (scripts/bench_speed.py), controllers (scripts/bench_controllers.sh)
 TODO

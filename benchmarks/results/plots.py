@@ -2,7 +2,7 @@
 
 ``make results-page`` does not redraw them (a bare python3 has no matplotlib, and PNG bytes vary with
 the matplotlib version); the page shows the committed files. Plots whose input is not in docs/data
-(the memory-over-steps figures need recorded traces) stay as the committed PNGs.
+stay as the committed PNGs.
 """
 
 from __future__ import annotations
@@ -57,10 +57,39 @@ def accuracy_intervals(data: dict, path: Path) -> None:
     fig.savefig(path, dpi=110, metadata={"Software": None})
 
 
+def memory_steps(data: dict, path: Path) -> None:
+    """Resident device KV per search step for each run of docs/data/memory-steps, with each budget as
+    a line, the budgeted runs' host tier dashed, and their branch switches (ticks at the foot) and
+    rehydrations (triangles on the curve) marked (the ArborKV paper's Figure 3)."""
+    fig = _figure(7.2, 4.0)
+    ax = fig.add_subplot()
+    steps = data["tables"]["steps"]["rows"]
+    colors = ("#444444", "#d95f02", "#1b9e77", "#7570b3")
+    for run, color in zip(data["tables"]["main"]["rows"], colors):
+        mine = [s for s in steps if s["policy"] == run["policy"]]
+        x = [s["step"] for s in mine]
+        ax.plot(x, [s["device"] for s in mine], color=color, lw=1.6, label=f"{run['policy']}: device")
+        if run["budget"] == "none":
+            continue
+        ax.plot(x, [s["host"] for s in mine], color=color, lw=1.0, ls="--", label=f"{run['policy']}: host tier")
+        ax.axhline(run["budget"], color=color, lw=0.8, ls=":", label=f"budget {run['budget']} tokens")
+        back = [s for s in mine if s["rehydrations"]]
+        ax.plot([s["step"] for s in back], [s["device"] for s in back], "^", color=color, ms=5, label="rehydration")
+        switch = [s["step"] for s in mine if s["switches"]]
+        ax.plot(switch, [0] * len(switch), "|", color=color, ms=10, label="branch switch")
+    ax.set_xlabel("search step (one expansion each)")
+    ax.set_ylabel("KV tokens")
+    ax.set_ylim(bottom=0)
+    ax.legend(frameon=False, fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+
+
 #: file next to the page -> (section whose data it draws, drawing function)
 PLOTS: dict[str, tuple[str, Callable[[dict, Path], None]]] = {
     "sparse-speedup.png": ("sparse", sparse_speedup),
     "accuracy-intervals.png": ("accuracy", accuracy_intervals),
+    "memory-steps.png": ("memory-steps", memory_steps),
 }
 
 
