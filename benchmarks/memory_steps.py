@@ -65,7 +65,8 @@ def run_series(run_dir: Path, index: int | None = None) -> tuple[dict[str, Any],
     trace = _one(run_dir / "traces.jsonl", index)["trace"]
     events = _one(run_dir / "events.jsonl", index)["events"]
     label = result["policy"] + (f"@{result['budget_tokens']}" if result.get("budget_tokens") else "")
-    per_step = {kind: Counter(e["step"] for e in events if e["kind"] == kind) for kind in ("branch_switch", "memory_threshold")}
+    kinds = ("branch_switch", "memory_threshold")
+    per_step = {kind: Counter(e["step"] for e in events if e["kind"] == kind) for kind in kinds}
     steps, before = [], 0
     for point in trace:
         steps.append({
@@ -75,11 +76,17 @@ def run_series(run_dir: Path, index: int | None = None) -> tuple[dict[str, Any],
         })  # fmt: skip
         before = point["rehydrations"]
     row = {
-        "policy": label, "budget": result.get("budget_tokens") or "none", "steps": len(trace),
-        "peak_device": result.get("peak_device_tokens") or max(p["peak_tokens"] for p in trace), "peak_host": max(p["host_tokens"] for p in trace),
-        "thresholds": sum(per_step["memory_threshold"].values()), "branch_switches": sum(per_step["branch_switch"].values()),
-        "rehydrations": before, "seconds": result["seconds"], "answer": result.get("answer") or "-",
-    }  # fmt: skip
+        "policy": label,
+        "budget": result.get("budget_tokens") or "none",
+        "steps": len(trace),
+        "peak_device": result.get("peak_device_tokens") or max(p["peak_tokens"] for p in trace),
+        "peak_host": max(p["host_tokens"] for p in trace),
+        "thresholds": sum(per_step["memory_threshold"].values()),
+        "branch_switches": sum(per_step["branch_switch"].values()),
+        "rehydrations": before,
+        "seconds": result["seconds"],
+        "answer": result.get("answer") or "-",
+    }
     return row, steps
 
 
@@ -110,7 +117,7 @@ def write(run_dirs: list[Path], command: str, index: int | None = None, root: Pa
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run_dirs", nargs="+", type=Path, help="arbor-solve run dirs of one problem; the first is the reference")
+    ap.add_argument("run_dirs", nargs="+", type=Path, help="arbor-solve run dirs; the first is the reference")
     ap.add_argument("--command", required=True, help="the commands that produced the run dirs (recorded)")
     ap.add_argument("--index", type=int, default=None, help="the problem (default: each run dir's only one)")
     ap.add_argument("--data-root", type=Path, default=None, help="docs/data by default")

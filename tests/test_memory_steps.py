@@ -40,7 +40,8 @@ def _trace(run_dir: Path) -> list[dict]:
 def test_rows_follow_the_runs_traces_and_events(run_dirs):
     rows, steps = collect(run_dirs)
     full, arbor = rows
-    assert (full["policy"], full["budget"], arbor["policy"], arbor["budget"]) == ("full", "none", f"arbor@{BUDGET}", BUDGET)
+    assert (full["policy"], full["budget"]) == ("full", "none")
+    assert (arbor["policy"], arbor["budget"]) == (f"arbor@{BUDGET}", BUDGET)
     assert full["peak_device"] > BUDGET >= arbor["peak_device"]  # the budget binds, and holds
     assert arbor["peak_host"] > 0 and arbor["thresholds"] > 0 and full["thresholds"] == 0
     trace = _trace(run_dirs[1])

@@ -65,7 +65,7 @@ def memory_steps(data: dict, path: Path) -> None:
     ax = fig.add_subplot()
     steps = data["tables"]["steps"]["rows"]
     colors = ("#444444", "#d95f02", "#1b9e77", "#7570b3")
-    for run, color in zip(data["tables"]["main"]["rows"], colors):
+    for run, color in zip(data["tables"]["main"]["rows"], colors, strict=False):
         mine = [s for s in steps if s["policy"] == run["policy"]]
         x = [s["step"] for s in mine]
         ax.plot(x, [s["device"] for s in mine], color=color, lw=1.6, label=f"{run['policy']}: device")
