@@ -116,27 +116,43 @@ def test_prose_figures_come_from_the_data():
 
 
 def test_a_benchmarks_jsonl_becomes_its_sections_data(tmp_path):
-    """bench_concurrency's JSONL (its keys) -> docs/data/concurrency with the committed columns -> the table."""
+    """bench_concurrency's JSONL (its keys) -> docs/data/concurrency with the collector's columns -> the
+    table, with each budget as a fraction of full's summed peaks and each rate over concurrency 1's."""
     from benchmarks.results.collect import write as collect
+    from benchmarks.results.sections import with_concurrency_ratios
 
     run = tmp_path / "bench" / "game24-bfs"
     run.mkdir(parents=True)
-    row = {"policy": "policy=full", "concurrency": 4, "problems": 8, "seconds": 37.25, "problems_per_hour": 773.2}
-    row |= {"peak_device_mb": 43.2, "decode_tokens": 619, "oom": 0, "same_results_as_concurrency_1": True}
-    row |= {"turn_wait_seconds": 1.5}
-    (run / "concurrency.jsonl").write_text(json.dumps(row) + "\n")
+
+    def bench_row(policy, level, seconds, **extra):
+        row = {"policy": policy, "concurrency": level, "problems": 8, "seconds": seconds, "solved": 2}
+        row |= {"problems_per_hour": round(3600 * 8 / seconds, 1), "peak_device_mb": 43.2, "decode_tokens": 619}
+        return row | {"oom": 0, "same_results_as_concurrency_1": True, "turn_wait_seconds": 1.5} | extra
+
+    rows = [
+        bench_row("policy=full", 1, 80.0, peak_device_tokens_sum=8000),
+        bench_row("policy=full", 4, 40.0, prefix_prefill_saved_tokens=1500),
+        bench_row("policy=arbor policy.budget_tokens=2000 share_prefixes=false", 1, 100.0),
+        bench_row("policy=arbor policy.budget_tokens=2000 share_prefixes=false", 4, 125.0),
+    ]
+    (run / "concurrency.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     path = collect(
-        "concurrency", tmp_path / "bench", "python scripts/bench_concurrency.py --levels 4", data_root=tmp_path
+        "concurrency", tmp_path / "bench", "python scripts/bench_concurrency.py --levels 1,4", data_root=tmp_path
     )
     data = load_section("concurrency", tmp_path)
     assert path == tmp_path / "concurrency" / "results.json" and data["source"] == "run"
-    assert data["tables"]["main"]["rows"] == [
-        {"search": "game24-bfs", "policy": "policy=full", "concurrency": 4, "problems": 8, "seconds": 37.25}
-        | {"problems_hour": 773.2, "peak_kv_mb": 43.2, "decode_tokens": 619, "oom": 0, "same_results_as_1": "yes"}
-        | {"prefill_saved": None, "turn_wait_s": 1.5}
+    first = data["tables"]["main"]["rows"][0]
+    assert first["search"] == "game24-bfs" and first["problems_hour"] == 360.0 and first["peak_sum"] == 8000
+    assert first["same_results_as_1"] == "yes" and first["prefill_saved"] is None
+    text = render_section(Section("concurrency", prepare=with_concurrency_ratios), with_concurrency_ratios(data))
+    assert "| game24-bfs | policy=full | none | on | 4 | 8 | 2 | 40 | 720 | 2 | 43.2 | 1,500 |" in text
+    arbor = "| game24-bfs | policy=arbor policy.budget_tokens=2000 share_prefixes=false | 0.25x | off |"
+    assert arbor + " 4 | 8 | 2 | 125 | 230.4 | 0.8 |" in text
+    by_setting = with_concurrency_ratios(data)["tables"]["by_setting"]["rows"]
+    assert [(r["rate_1"], r["x4"], r["slowest"], r["same"]) for r in by_setting] == [
+        (360.0, 2.0, 2.0, "yes"),
+        (288.0, 0.8, 0.8, "yes"),
     ]
-    text = render_section(Section("concurrency"), data)
-    assert "| game24-bfs | policy=full | 4 | 8 | 37.25 | 773.2 | 43.2 | - | 1.5 | 619 | 0 | yes |" in text
 
 
 def test_the_summary_follows_the_data():

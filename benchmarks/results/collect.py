@@ -31,6 +31,9 @@ class Collector:
     keys: dict[str, str]
     scale: dict[str, float] | None = None  # section key -> factor (a share in [0, 1] shown as a percentage)
     rows_at: str | None = None  # a .json file's key whose list holds the rows (None: the file is one row)
+    #: the main table's (key, header, fmt), when they are not the committed file's (a section whose
+    #: table gains columns); None keeps the committed columns
+    columns: list[tuple[str, str, str]] | None = None
 
 
 COLLECTORS = {
@@ -41,7 +44,18 @@ COLLECTORS = {
             "seconds": "seconds", "problems_hour": "problems_per_hour", "peak_kv_mb": "peak_device_mb",
             "decode_tokens": "decode_tokens", "oom": "oom", "same_results_as_1": "same_results_as_concurrency_1",
             "prefill_saved": "prefix_prefill_saved_tokens", "turn_wait_s": "turn_wait_seconds",
+            "solved": "solved", "resident_saved": "prefix_resident_saved_tokens", "rehydrations": "rehydrations",
+            "preemptions": "preemptions", "peak_sum": "peak_device_tokens_sum",
         },
+        columns=[
+            ("search", "search", "text"), ("policy", "policy", "text"), ("concurrency", "concurrency", "auto"),
+            ("problems", "problems", "auto"), ("solved", "solved", "auto"), ("seconds", "seconds", "auto"),
+            ("problems_hour", "problems/hour", "auto"), ("peak_kv_mb", "peak KV MB", "auto"),
+            ("prefill_saved", "prefill tokens saved", "auto"), ("resident_saved", "resident tokens saved", "auto"),
+            ("turn_wait_s", "turn waits s", "auto"), ("rehydrations", "rehydrations", "auto"),
+            ("preemptions", "preemptions", "auto"), ("oom", "OOM", "auto"),
+            ("same_results_as_1", "same results as 1", "text"),
+        ],
     ),
     "sparse": Collector(
         "sparse.jsonl",
@@ -131,10 +145,21 @@ def write(name: str, root: Path, command: str, settings: dict | None = None, dat
         command,
         committed.get("settings", {}) | (settings or {}),
         title=committed["title"],
-        columns=committed["tables"]["main"]["columns"],
+        columns=_columns(COLLECTORS[name], committed, found),
         **kept,
         root=data_root,
     )
+
+
+def _columns(spec: Collector, committed: dict, found: list[dict]) -> list[dict]:
+    """The collector's own columns (numeric where every value is a number), else the committed ones."""
+    if spec.columns is None:
+        return committed["tables"]["main"]["columns"]
+    out = []
+    for key, header, fmt in spec.columns:
+        numeric = fmt != "text" and all(isinstance(r.get(key), (int, float)) for r in found if r.get(key) is not None)
+        out.append({"key": key, "header": header, "fmt": fmt, "numeric": numeric})
+    return out
 
 
 def carried(committed: dict, settings: dict) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import importlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +49,70 @@ def with_intervals(data: dict) -> dict:
     return data
 
 
+def _budget(policy: str) -> int | None:
+    """``policy.budget_tokens=N`` of a concurrency row's override string, or None (no budget)."""
+    m = re.search(r"policy\.budget_tokens=(\d+)", policy)
+    return int(m.group(1)) if m else None
+
+
+def with_concurrency_ratios(data: dict) -> dict:
+    """The concurrency table with each setting's budget as a fraction of the summed concurrency-1 peaks
+    of ``full`` on the same problems, prefix sharing on/off, and problems/hour over the same setting's
+    concurrency-1 rate (rows from before these columns get a dash)."""
+    data = copy.deepcopy(data)
+    table = data["tables"]["main"]
+    rows = table["rows"]
+    peaks = {r["search"]: r.get("peak_sum") for r in rows if r["policy"] == "policy=full" and r["concurrency"] == 1}
+    rate_1 = {(r["search"], r["policy"]): r["problems_hour"] for r in rows if r["concurrency"] == 1}
+    for r in rows:
+        budget, peak = _budget(r["policy"]), peaks.get(r["search"])
+        r["budget_x"] = f"{budget / peak:.2f}x" if budget and peak else ("none" if budget is None else "-")
+        r["sharing"] = "-" if r["policy"] == "naive ToT" else ("off" if "share_prefixes=false" in r["policy"] else "on")
+        one = rate_1.get((r["search"], r["policy"]))
+        r["x_c1"] = round(r["problems_hour"] / one, 2) if one and r["policy"] != "naive ToT" else "-"
+    cols = table["columns"]
+    at = next(i for i, c in enumerate(cols) if c["key"] == "policy") + 1
+    cols[at:at] = [
+        {"key": "budget_x", "header": "budget (x summed full peaks)", "fmt": "text", "numeric": True},
+        {"key": "sharing", "header": "prefix sharing", "fmt": "text", "numeric": False},
+    ]
+    at = next(i for i, c in enumerate(cols) if c["key"] == "problems_hour") + 1
+    cols.insert(at, {"key": "x_c1", "header": "x concurrency 1", "fmt": "auto", "numeric": True})
+    data["tables"]["by_setting"] = _by_setting(rows)
+    return data
+
+
+def _by_setting(rows: list[dict]) -> dict:
+    """One row per (search, policy): problems/hour at concurrency 1 and each level's ratio to it, the
+    slowest ratio over the levels above 1, and whether every level gave concurrency 1's results."""
+    levels = sorted({r["concurrency"] for r in rows})
+    out = []
+    for search, policy in dict.fromkeys((r["search"], r["policy"]) for r in rows):
+        mine = {r["concurrency"]: r for r in rows if (r["search"], r["policy"]) == (search, policy)}
+        first = mine[min(mine)]
+        row = {"search": search, "policy": policy, "budget_x": first["budget_x"], "sharing": first["sharing"]}
+        row["rate_1"] = mine[1]["problems_hour"] if 1 in mine else "-"
+        for level in levels[1:]:
+            row[f"x{level}"] = mine[level]["x_c1"] if level in mine else "-"
+        above = [mine[n]["x_c1"] for n in mine if n > 1 and isinstance(mine[n]["x_c1"], (int, float))]
+        row["slowest"] = min(above) if above else "-"
+        same = [mine[n].get("same_results_as_1") for n in mine if n > 1]
+        row["same"] = "-" if not same else ("yes" if all(v == "yes" for v in same) else "no")
+        out.append(row)
+    cols = [("search", "search", "text"), ("policy", "policy", "text")]
+    cols += [("budget_x", "budget (x summed full peaks)", "text"), ("sharing", "prefix sharing", "text")]
+    cols += [("rate_1", "problems/hour at 1", "auto")] + [(f"x{n}", f"x at {n}", "auto") for n in levels[1:]]
+    cols += [("slowest", "slowest x (N > 1)", "auto"), ("same", "same results at every N", "text")]
+    words = ("search", "policy", "sharing", "same")
+    columns = [{"key": k, "header": h, "fmt": f, "numeric": k not in words} for k, h, f in cols]
+    return {"columns": columns, "rows": out}
+
+
 SECTIONS: tuple[Section, ...] = (
     Section("budgets"),
     Section("accuracy", prepare=with_intervals),
     Section("wide"),
-    Section("concurrency"),
+    Section("concurrency", prepare=with_concurrency_ratios),
     Section("packing", optional=True),
     Section(
         "longctx",

@@ -135,19 +135,20 @@ def concurrency(data: dict[str, dict]) -> str | None:
         return None
     rows = data["concurrency"]["tables"]["main"]["rows"]
     parts = []
-    for policy in dict.fromkeys(r["policy"] for r in rows):
-        mine = [r for r in rows if r["policy"] == policy]
+    for search, policy in dict.fromkeys((r["search"], r["policy"]) for r in rows):
+        mine = [r for r in rows if (r["search"], r["policy"]) == (search, policy)]
         one = next((r for r in mine if r["concurrency"] == 1), None)
         top = max(mine, key=lambda r: r["problems_hour"])
+        name = f"`{policy}` ({search})"
         if one and len(mine) > 1 and top is one:
-            parts.append(f"`{policy}` fastest at concurrency 1 ({one['problems_hour']:.0f} problems/hour)")
+            parts.append(f"{name} fastest at concurrency 1 ({one['problems_hour']:.0f} problems/hour)")
         elif one and len(mine) > 1:
             parts.append(
-                f"`{policy}` {top['problems_hour'] / one['problems_hour']:.2f}x its concurrency-1 rate "
+                f"{name} {top['problems_hour'] / one['problems_hour']:.2f}x its concurrency-1 rate "
                 f"at concurrency {top['concurrency']}"
             )
         elif one:
-            parts.append(f"`{policy}` {one['problems_hour']:.0f} problems/hour")
+            parts.append(f"{name} {one['problems_hour']:.0f} problems/hour")
     return "**Concurrency (problems/hour).** " + "; ".join(parts) + "."
 
 
@@ -326,26 +327,32 @@ def concurrency_verdicts(data: dict[str, dict]) -> list[Verdict]:
         return []
     rows = data["concurrency"]["tables"]["main"]["rows"]
     out: list[Verdict] = []
-    best_runtime = max((r for r in rows if r["policy"] != "naive ToT"), key=lambda r: r["problems_hour"], default=None)
-    for policy in dict.fromkeys(r["policy"] for r in rows if r["policy"] != "naive ToT"):
-        mine = [r for r in rows if r["policy"] == policy]
+    for search, policy in dict.fromkeys((r["search"], r["policy"]) for r in rows if r["policy"] != "naive ToT"):
+        mine = [r for r in rows if (r["search"], r["policy"]) == (search, policy)]
         one = next((r for r in mine if r["concurrency"] == 1), None)
         top = max(mine, key=lambda r: r["problems_hour"])
         if one is None or len(mine) < 2:
             continue
+        where = f"(Concurrency, {search})"
         if top is one:
-            out.append((f"`{policy}`", "loses", "no more problems/hour at any concurrency than at 1 (Concurrency)"))
+            out.append((f"`{policy}`", "loses", f"no more problems/hour at any concurrency than at 1 {where}"))
         else:
             gain = top["problems_hour"] / one["problems_hour"]
             out.append(
-                (f"`{policy}`", "wins", f"{gain:.2f}x problems/hour at concurrency {top['concurrency']} (Concurrency)")
+                (f"`{policy}`", "wins", f"{gain:.2f}x problems/hour at concurrency {top['concurrency']} {where}")
             )
-    naive = next((r for r in rows if r["policy"] == "naive ToT"), None)
-    if naive and best_runtime:
+    for naive in (r for r in rows if r["policy"] == "naive ToT"):
+        best_runtime = max(
+            (r for r in rows if r["policy"] != "naive ToT" and r["search"] == naive["search"]),
+            key=lambda r: r["problems_hour"],
+            default=None,
+        )
+        if best_runtime is None:
+            continue
         kind = "wins" if naive["problems_hour"] > best_runtime["problems_hour"] else "loses"
         rates = f"{naive['problems_hour']:.0f} problems/hour vs the runtime's best {best_runtime['problems_hour']:.0f}"
         tokens = f"{naive['decode_tokens']:,} vs {best_runtime['decode_tokens']:,} decode tokens"
-        out.append(("naive ToT", kind, f"{rates} (other samples: {tokens}; Concurrency)"))
+        out.append(("naive ToT", kind, f"{rates} (other samples: {tokens}; Concurrency, {naive['search']})"))
     return out
 
 
