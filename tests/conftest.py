@@ -13,6 +13,13 @@ import os
 import sys
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP: see arbor_cli/__init__.py
+# Batch-invariant CPU matrix products (read by MKL at its first call; subprocesses inherit it). The
+# exactness tests compare trees built under different batchings (a budget that preempts rows, several
+# searches in one runtime) token for token; on an AVX-512 CPU, MKL's sgemm gives a row a result that
+# depends on how many rows share the call (1, 2 and 3+ rows differ in the last bits), and the tiny
+# model's near-uniform distributions turn those bits into other samples. STRICT mode makes every row's
+# result independent of the batch (docs/usage.md, "Bit-exact trees on CPU").
+os.environ.setdefault("MKL_CBWR", "AVX2,STRICT")
 # benchmarks/ sits beside the package and is not installed; appended, so installed packages still win
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -78,8 +78,9 @@ class TreeBatch:
                 g.rows = g.rows.to(device)
         self.own_slots = None if own_slots is None else own_slots.to(device)
         self.own_valid = None if own_valid is None else own_valid.to(device)
-        #: per group: the pool slots of its pieces in order when they are read as one packed copy
-        #: (several short pieces: one kernel call and one merge instead of one per piece), else None
+        #: per group: its pieces' pool slots in order and their runs (:class:`Packed`) when they are read
+        #: as one packed copy (several short pieces: one kernel call and one merge instead of one per
+        #: piece), else None
         self._packed = [_packed_slots(g.pieces, device) for g in groups]
         self.stats = stats
         self.own_mass: torch.Tensor | None = None
@@ -121,9 +122,10 @@ class TreeBatch:
         gathered, keys = [], []
         for grp, packed in zip(self.groups, self._packed, strict=True):
             qf = _gather_queries(qg, grp.rows)  # (1, H_kv, rows * g * q, D)
-            gathered.append(qf)
             kv = self._group_kv(layer, grp, packed)
-            keys.append([k for k, _ in kv])  # the statistics pass reads the same keys (a packed copy once)
+            if self.stats:  # the statistics pass reads the same keys (a packed copy once); else each
+                gathered.append(qf)  # group's copy is freed before the next group's is made
+                keys.append([k for k, _ in kv])
             for k, v in kv:
                 o, s = self.kernel(qf, k, v, scale)
                 out, lse = _merge_rows(out, lse, grp.rows, grp.n_rows, o, s)
