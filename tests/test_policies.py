@@ -123,7 +123,10 @@ def test_dropped_block_is_recomputed_on_return(tiny):
     grand = rt.expand(kid, 1, SamplingParams(max_new_tokens=6, temperature=0.0))[0]
     assert rt.metrics.recomputed_tokens == kid.length - 1
     assert rt.metrics.prefill_tokens == prefill  # recompute is counted apart from first-time prefill
-    assert torch.allclose(rt.store.read(kid.id)[0], keys, atol=1e-5)
+    # a recompute is a prefill of the block (other shapes than its decode): rounding only, bounded
+    # by 32 float32 eps of the keys' scale (measured up to 1.5e-5 at scale 13, about 9 eps)
+    scale_tol = 32 * torch.finfo(keys.dtype).eps * keys.abs().max().item()
+    assert (rt.store.read(kid.id)[0] - keys).abs().max().item() <= scale_tol
     ref = Runtime(tiny)
     ref_kid = ref.expand(ref.new_tree(PROMPT), 1, SamplingParams(max_new_tokens=6, temperature=0.0))[0]
     assert ref.expand(ref_kid, 1, SamplingParams(max_new_tokens=6, temperature=0.0))[0].token_ids == grand.token_ids
