@@ -79,6 +79,11 @@ def with_concurrency_ratios(data: dict) -> dict:
     at = next(i for i, c in enumerate(cols) if c["key"] == "problems_hour") + 1
     cols.insert(at, {"key": "x_c1", "header": "x concurrency 1", "fmt": "auto", "numeric": True})
     data["tables"]["by_setting"] = _by_setting(rows)
+    slowest = [r["slowest"] for r in data["tables"]["by_setting"]["rows"] if isinstance(r["slowest"], (int, float))]
+    facts = data.setdefault("facts", {})
+    facts["slowest_x"] = min(slowest) if slowest else "-"
+    for search, peak in peaks.items():  # e.g. facts.summed_peaks_game24_900_915
+        facts["summed_peaks_" + re.sub(r"\W", "_", search)] = peak
     return data
 
 
