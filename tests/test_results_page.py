@@ -144,7 +144,9 @@ def test_a_benchmarks_jsonl_becomes_its_sections_data(tmp_path):
     first = data["tables"]["main"]["rows"][0]
     assert first["search"] == "game24-bfs" and first["problems_hour"] == 360.0 and first["peak_sum"] == 8000
     assert first["same_results_as_1"] == "yes" and first["prefill_saved"] is None
-    text = render_section(Section("concurrency", prepare=with_concurrency_ratios), with_concurrency_ratios(data))
+    from benchmarks.results.tables import render_table
+
+    text = render_table(with_concurrency_ratios(data)["tables"]["main"])
     assert "| game24-bfs | policy=full | none | on | 4 | 8 | 2 | 40 | 720 | 2 | 43.2 | 1,500 |" in text
     arbor = "| game24-bfs | policy=arbor policy.budget_tokens=2000 share_prefixes=false | 0.25x | off |"
     assert arbor + " 4 | 8 | 2 | 125 | 230.4 | 0.8 |" in text
