@@ -9,10 +9,10 @@
 # Estimated wall time on the 2-core CPU machine, from the committed per-puzzle seconds of the accuracy
 # table (ToT BFS with legal steps: ~85 s under full, 100-160 s under a budget, ~70 s for the oracle):
 #   quick: accuracy on 2 puzzles (rows 900-901), ToT legal steps, arbor / h2o / streaming at 0.5x (~12 min);
-#          concurrency 1 and 4 on 4 puzzles under full (~2 min); memory over steps (~4 min): about 20 min with the model loads
+#          memory over steps (~4 min): about 16 min with the model loads (concurrency keeps its data)
 #   full:  accuracy on 20 puzzles (rows 900-919), ToT legal steps, arbor / h2o / streaming at 0.5x and
 #          0.25x, plus IO and CoT: ~5 h by those per-puzzle times (over the 2 h target; not run here);
-#          concurrency 1/2/4/8 on 8 puzzles, full and arbor, and naive ToT; the two smallest-exact-budget
+#          the concurrency grid (~3.3 h on one core); the two smallest-exact-budget
 #          searches (Game of 24 legal BFS-5, GSM8K best-first 50); sparse decode at 2K-32K
 set -euo pipefail
 SIZE=${1:-quick}
@@ -22,9 +22,8 @@ OUT=${OUT:-bench/results-$SIZE}
 BIN=${BIN:-$(dirname "$PYTHON")}
 export BIN PYTHON
 case $SIZE in
-  quick) ACC_END=902 ACC_MODES="tot_legal" ACC_RATIOS="0.5" CONC_LEVELS=1,4 CONC_END=904 CONC_POLICIES="policy=full" ;;
-  full) ACC_END=920 ACC_MODES="io cot tot_legal" ACC_RATIOS="0.5 0.25" CONC_LEVELS=1,2,4,8 CONC_END=908
-    CONC_POLICIES="policy=full;policy=arbor policy.budget_tokens=1000" ;;
+  quick) ACC_END=902 ACC_MODES="tot_legal" ACC_RATIOS="0.5" ;;
+  full) ACC_END=920 ACC_MODES="io cot tot_legal" ACC_RATIOS="0.5 0.25" ;;
   *) echo "results_all.sh: error: SIZE=$SIZE; valid: quick, full" >&2; exit 2 ;;
 esac
 
@@ -40,13 +39,40 @@ step() {  # name, then the command; prints its wall time
 step accuracy env MODES="$ACC_MODES" POLICIES="arbor h2o streaming" RATIOS="$ACC_RATIOS" \
   bash scripts/bench_accuracy.sh "$OUT/accuracy" "$DATA" 900 "$ACC_END"
 
-# concurrency: problems/hour by concurrency (bench_concurrency.py writes JSONL; the collector makes it docs/data)
-conc=(--levels "$CONC_LEVELS" --naive --policies "$CONC_POLICIES" --out "$OUT/concurrency/game24-bfs"
-  model=smollm2 task=game24 task.start=900 task.end=$CONC_END task.n_shots=1 controller=bfs controller.n_generate=3
-  controller.breadth=2 paths.data_dir=$DATA)
-step concurrency env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_concurrency.py "${conc[@]}"
-"$PYTHON" -m benchmarks.results.collect concurrency "$OUT/concurrency" \
-  --command "OMP_WAIT_POLICY=PASSIVE python scripts/bench_concurrency.py ${conc[*]}"
+# concurrency (issue 23's grid; SIZE=full only: ~3.3 h on one core of this machine, measured 2026-12-02):
+# full with sharing on and off plus naive ToT, then arbor at 1, 0.5, 0.25 and 0.1x full's summed
+# concurrency-1 peaks, sharing on and off, at concurrency 1/2/4/8; Game of 24 rows 900-915 (5-shot ToT,
+# legal proposals) and GSM8K rows 0-7 (few-shot, best-first 8 expansions). SIZE=quick keeps the committed data.
+concurrency_grid() {  # search name, then the arbor-solve overrides
+  local name=$1 dir="$OUT/concurrency/$1" bench=(env OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 "$PYTHON"
+    scripts/bench_concurrency.py --levels 1,2,4,8)
+  shift
+  step "concurrency-$name-full" "${bench[@]}" --naive --policies "policy=full;policy=full share_prefixes=false" \
+    --out "$dir-full" "$@"
+  local sum pols=() f
+  sum=$("$PYTHON" -c "import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]
+print(next(r['peak_device_tokens_sum'] for r in rows if r['policy'] == 'policy=full' and r['concurrency'] == 1))" \
+    "$dir-full/concurrency.jsonl")
+  for f in 1 0.5 0.25 0.1; do
+    pols+=("policy=arbor policy.budget_tokens=$("$PYTHON" -c "print(int($sum * $f))")")
+  done
+  step "concurrency-$name-arbor" "${bench[@]}" --policies "$(IFS=';'; echo "${pols[*]}")" --out "$dir-arbor" "$@"
+  local off=("${pols[@]/%/ share_prefixes=false}")
+  step "concurrency-$name-noshare" "${bench[@]}" --policies "$(IFS=';'; echo "${off[*]}")" --out "$dir-noshare" "$@"
+  mkdir -p "$OUT/concurrency-final/$name"
+  cat "$dir"-{full,arbor,noshare}/concurrency.jsonl > "$OUT/concurrency-final/$name/concurrency.jsonl"
+}
+if [ "$SIZE" = full ]; then
+  rm -rf "$OUT/concurrency" "$OUT/concurrency-final"
+  concurrency_grid game24-900-915 model=smollm2 task=game24 task.start=900 task.end=916 controller=bfs \
+    controller.breadth=2 controller.n_generate=3 paths.data_dir="$DATA"
+  concurrency_grid gsm8k-0-7 model=smollm2 task=gsm8k task.start=0 task.end=8 task.max_thought_tokens=32 \
+    controller=best_first controller.n_generate=2 controller.max_expansions=8 paths.data_dir="$DATA"
+  "$PYTHON" -m benchmarks.results.collect concurrency "$OUT/concurrency-final" --command \
+    "bash scripts/results_all.sh full (concurrency_grid: bench_concurrency.py --levels 1,2,4,8 for full on/off with --naive,
+then arbor at 1, 0.5, 0.25 and 0.1x full's summed concurrency-1 peaks, sharing on and off; Game of 24 rows 900-915
+and GSM8K rows 0-7; the JSONL of each search joined, then python -m benchmarks.results.collect concurrency)"
+fi
 
 # memory over search steps (Figure 3): one GSM8K best-first search under full, then arbor at 0.25x of its peak
 # (557 of 2,227 tokens on SmolLM2); arbor-solve's own run dirs, read by benchmarks/memory_steps.py (~4 min)
