@@ -82,6 +82,10 @@ def with_concurrency_ratios(data: dict) -> dict:
     slowest = [r["slowest"] for r in data["tables"]["by_setting"]["rows"] if isinstance(r["slowest"], (int, float))]
     facts = data.setdefault("facts", {})
     facts["slowest_x"] = min(slowest) if slowest else "-"
+    below = [
+        r for r in data["tables"]["by_setting"]["rows"] if isinstance(r["slowest"], (int, float)) and r["slowest"] < 1
+    ]
+    facts["below_one"] = "; ".join(f"`{r['policy']}` on {r['search']} ({r['slowest']}x)" for r in below) or "none"
     for search, peak in peaks.items():  # e.g. facts.summed_peaks_game24_900_915
         facts["summed_peaks_" + re.sub(r"\W", "_", search)] = peak
     return data
