@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from arbor_cli.results import read_jsonl
 from benchmarks.results.data import write_section_data
 
 SECTION = "memory-steps"
@@ -38,13 +39,9 @@ MAIN_COLUMNS = [
 STEP_KEYS = ("policy", "step", "op", "device", "host", "switches", "thresholds", "rehydrations")
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _one(path: Path, index: int | None) -> dict[str, Any]:
     """The line of ``path`` for problem ``index`` (the only line when None)."""
-    rows = _jsonl(path)
+    rows = read_jsonl(path)
     if index is not None:
         rows = [r for r in rows if r.get("index") == index]
     if len(rows) != 1:
@@ -58,8 +55,8 @@ def _tree_shape(run_dir: Path, index: int) -> list[tuple]:
     return [(n["id"], n["parent"], n["text"], n["tokens"]) for n in tree["nodes"]]
 
 
-def run_series(run_dir: Path, index: int | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(summary row, per-step rows) of one run dir's problem ``index``."""
+def run_series(run_dir: Path, index: int | None = None) -> tuple[dict[str, Any], list[dict[str, Any]], list[tuple]]:
+    """(summary row, per-step rows, tree shape) of one run dir's problem ``index``."""
     result = _one(run_dir / "results.jsonl", index)
     index = result["index"]
     trace = _one(run_dir / "traces.jsonl", index)["trace"]
@@ -87,15 +84,14 @@ def run_series(run_dir: Path, index: int | None = None) -> tuple[dict[str, Any],
         "seconds": result["seconds"],
         "answer": result.get("answer") or "-",
     }
-    return row, steps
+    return row, steps, _tree_shape(run_dir, index)
 
 
 def collect(run_dirs: list[Path], index: int | None = None) -> tuple[list[dict], list[dict]]:
     """Summary rows (the first run is the reference tree) and every run's per-step rows."""
     rows, steps, reference = [], [], None
     for run_dir in run_dirs:
-        row, mine = run_series(run_dir, index)
-        shape = _tree_shape(run_dir, index if index is not None else _one(run_dir / "results.jsonl", None)["index"])
+        row, mine, shape = run_series(run_dir, index)
         reference = shape if reference is None else reference
         row["same_tree"] = "yes" if shape == reference else "no"
         rows.append(row)
