@@ -20,7 +20,7 @@ from rich.console import Console
 from arbor_cli.report import fit_table
 from arbor_cli.results import Column
 from benchmarks.longctx.generator import TASKS, make_suite, records_example
-from benchmarks.longctx.run import POLICIES, item_key, methods, run, summarise
+from benchmarks.longctx.run import POLICIES, PROTOCOL, item_key, methods, run, summarise
 
 PROG = "bench_longctx.py"
 MODELS = ("smollm2", "tiny-random")
@@ -62,13 +62,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--summary-only", action="store_true", help="rebuild --out from --rows; no model, nothing runs")
     ap.add_argument("--no-reuse-prefill", action="store_true", help="kvp/streaming prefill anew (same rows, slower)")
     ap.add_argument("--model", default="smollm2", help=f"one of {', '.join(MODELS)}")
-    ap.add_argument("--lengths", default="2048,4096,8192", help="target prompt lengths in tokens")
+    ap.add_argument("--lengths", default="2048,4096,8160", help="target prompt lengths in tokens")
     ap.add_argument("--items", default="20", help="items per task and length")
     ap.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated: {', '.join(TASKS)}")
     ap.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated: {', '.join(POLICIES)}")
     budgets = "budgets: a share of the context in (0, 1), a token count, or 'default' (lychee/quest at their defaults)"
     ap.add_argument("--shares", default="0.5,0.25,0.1", help=budgets)
-    ap.add_argument("--max-new", default="16", help="greedy answer tokens at most")
+    ap.add_argument("--max-new", default="24", help="greedy answer tokens at most")
     ap.add_argument("--seed", default="0", help="the suite's seed")
     ap.add_argument("--threads", default=None, help="torch CPU threads")
     ap.add_argument(
@@ -209,14 +209,15 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    mismatch = [r for r in old if (r.get("model"), r.get("max_new"), r.get("seed"), r.get("prefix", False)) !=
-                (cfg["model"], cfg["max_new"], cfg["seed"], cfg["prefix"])]  # fmt: skip
+    mismatch = [r for r in old if (r.get("model"), r.get("max_new"), r.get("seed"), r.get("prefix", False),
+                                   r.get("protocol", 1)) != (cfg["model"], cfg["max_new"], cfg["seed"], cfg["prefix"],
+                                                             PROTOCOL)]  # fmt: skip
     if mismatch and not args.summary_only:
         r = mismatch[0]
         print(
             f"{PROG}: error: --rows {rows_path} holds rows of model={r.get('model')} max_new={r.get('max_new')} "
-            f"seed={r.get('seed')} prefix={r.get('prefix', False)}, not {cfg['model']} / {cfg['max_new']} / "
-            f"{cfg['seed']} / {cfg['prefix']}: use another --rows",
+            f"seed={r.get('seed')} prefix={r.get('prefix', False)} protocol={r.get('protocol', 1)}, not "
+            f"{cfg['model']} / {cfg['max_new']} / {cfg['seed']} / {cfg['prefix']} / {PROTOCOL}: use another --rows",
             file=sys.stderr,
         )
         return 2
@@ -282,7 +283,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
 
     def done(new):  # after every item: a long run leaves what it measured, and resumes from it
         for r in new:
-            r["model"], r["commit"], r["prefix"] = cfg["model"], meta["commit"], cfg["prefix"]
+            r["model"], r["commit"], r["prefix"], r["protocol"] = cfg["model"], meta["commit"], cfg["prefix"], PROTOCOL
         write_rows(rows_path, new)
         rows.extend(new)
         write_summary(out, rows, meta, planned)

@@ -23,11 +23,14 @@ Protocol, per item (its context ids C, question ids Q ending in "Answer:"):
   swapped in; snapkv prefills under its own policy (its record is of the last window of queries).
   ``reuse_prefill=False`` prefills each compressing policy anew and dense under ``full``;
   tests/test_longctx.py checks both give the same rows.
-- answers: greedy decode stops once the first non-empty line is complete (:func:`answer`); the
-  answer is that line either way, so ``answer_tokens`` counts the tokens up to its newline.
+- answers: the answer is the first sentence of the first non-empty line of the greedy text
+  (:func:`answer_text`: ": tiger." of ": tiger. The special magic word for ..."); the decode stops
+  once it is complete (:func:`answer`), so ``answer_tokens`` counts the tokens up to its end (or
+  ``max_new``). What follows the answer's sentence is the model running on, not the answer.
 
-Measured per item and method: the answer (the first line of the greedy text), its score against
-the gold (generator.score), agreement with dense's answer, and at the first answer token that is
+Measured per item and method: the answer, its score against the gold (generator.score), agreement
+with dense's answer (the same :func:`answer_key`: the answer normalised, without the punctuation
+around it), and at the first answer token that is
 not whitespace (SmolLM2 writes " 39" as " ", "3", "9"; dense's leading whitespace tokens are forced
 first, so both distributions have the same prefix): top-1 agreement and KL(dense || method);
 tokens/s of the greedy answer decode (wall).
@@ -54,6 +57,9 @@ from benchmarks.longctx.generator import Item, encode, normalise
 from benchmarks.sparse import attach
 
 SPARSE = {"lychee": LycheePolicy, "quest": QuestPolicy}
+#: what an answer is and how the decode stops: 1, the first line (16 tokens); 2, the first sentence of
+#: the first line (:func:`answer_text`), compared by :func:`answer_key`. Rows of one rows file share it.
+PROTOCOL = 2
 COMPRESSING = ("kvp", "h2o", "snapkv", "streaming")
 POLICIES = (*SPARSE, *COMPRESSING)
 
@@ -163,26 +169,44 @@ class Answer:
     seconds: float
 
 
+#: where an answer's first sentence ends: ".", "!" or "?" before whitespace and a capital ("tiger. The
+#: special ..." ends at "tiger."; "1. glass 2. stone" goes on; "4581042." at the line's end ends it)
+SENTENCE_END = re.compile(r"[.!?](?=\s+[A-Z])")
+#: stop strings that may end the answer's first sentence or line (:func:`answer_done` decides)
+ANSWER_STOPS = ["\n", ". ", "! ", "? "]
+
+
+def answer_done(text: str) -> bool:
+    """The answer in ``text`` is complete: it has content and its first line ended (a newline after
+    it) or its first sentence did (:data:`SENTENCE_END`)."""
+    lead = text.lstrip()
+    if not lead:
+        return False
+    line, *rest = lead.split("\n", 1)
+    return bool(rest) or SENTENCE_END.search(line) is not None
+
+
 def answer(rt: Runtime, root: Node, question: Sequence[int], max_new: int, first_line: bool = True) -> Answer:
     """Append the question (its last token as a decode step) below ``root`` and decode greedily.
 
-    ``first_line``: the decode stops once the answer's first non-empty line is complete (a newline
-    after it) rather than always running ``max_new`` tokens: the answer (:func:`answer_text`) is
-    the same, the decode is shorter. It decodes in pieces that stop at each newline (a piece that
-    ends before the first line has content is continued from its node, greedily, up to ``max_new``
-    tokens in all)."""
+    ``first_line``: the decode stops once the answer (:func:`answer_text`: the first sentence of the
+    first non-empty line) is complete (:func:`answer_done`) rather than always running ``max_new``
+    tokens: the answer is the same, the decode shorter. It decodes in pieces that stop at a newline
+    or a sentence mark; a piece that ends before the answer is complete ("1. glass" is no sentence
+    end) is continued from its node, greedily, up to ``max_new`` tokens in all."""
     last = force(rt, rt.append_ids(root, list(question[:-1])), question[-1:])
     start = time.perf_counter()
     ids: list[int] = []
     node = last
     while True:
         params = SamplingParams(
-            max_new_tokens=max_new - len(ids), temperature=0.0, stop_at_eos=True, stop=["\n"] if first_line else []
-        )
+            max_new_tokens=max_new - len(ids), temperature=0.0, stop_at_eos=True,
+            stop=ANSWER_STOPS if first_line else [],
+        )  # fmt: skip
         child = rt.expand(node, 1, params)[0]
         ids += child.token_ids
         text = rt.tokenizer.decode(ids, skip_special_tokens=True)
-        if child.stop_reason != "stop" or len(ids) >= max_new or "\n" not in text or text[: text.rfind("\n")].strip():
+        if child.stop_reason != "stop" or len(ids) >= max_new or answer_done(text):
             break
         node = child
     return Answer(ids, last, time.perf_counter() - start)
@@ -203,9 +227,18 @@ def first_logprobs(rt: Runtime, ans: Answer, prefix: Sequence[int]) -> torch.Ten
 
 
 def answer_text(tokenizer, ids: Sequence[int]) -> str:
-    """The answer: the first non-empty line of the decoded ids, trimmed."""
+    """The answer: the first non-empty line of the decoded ids, trimmed, up to the end of its first
+    sentence (:data:`SENTENCE_END`): ": tiger. The special magic word for ..." answers ": tiger."."""
     lines = [line.strip() for line in tokenizer.decode(list(ids), skip_special_tokens=True).splitlines()]
-    return next((line for line in lines if line), "")
+    line = next((line for line in lines if line), "")
+    end = SENTENCE_END.search(line)
+    return line[: end.end()] if end else line
+
+
+def answer_key(text: str) -> str:
+    """What two answers are compared on: normalised, without the punctuation around it (": tiger.",
+    '"tiger"' and "Tiger" are one answer; "4." and "4581042." are two)."""
+    return re.sub(r"^[^0-9a-z]+|[^0-9a-z]+$", "", normalise(text))
 
 
 # ---- one item ---------------------------------------------------------------------------------------
@@ -285,7 +318,7 @@ def run_item(
             "budget_tokens": None if method.policy == "dense" else budget,
             "kept_tokens": kept, "answer": text, "answers": list(item.answers),
             "score": item.score(text), "correct": item.correct(text),
-            "agree": normalise(text) == normalise(dense_text),
+            "agree": answer_key(text) == answer_key(dense_text),
             "first_agree": bool(ref.argmax() == logp.argmax()), "kl_first": kl,
             "answer_tokens": len(ans.ids), "decode_tok_s": len(ans.ids) / ans.seconds if ans.seconds else None,
             "prefill_s": prefill_s,
