@@ -11,11 +11,16 @@ the index's score until the read budget. Only the first token (no compounding ov
 
     python -m benchmarks.sparse_probe SPEC OUT.jsonl
 
-SPEC is JSON: ``{"items": [[task, length, [index, ...]], ...], "rules": [rule, ...]}`` with tasks of
+SPEC is JSON: ``{"items": [[task, length, [index, ...]], ...], "rules": [rule, ...], "prefix": bool}`` with tasks of
 ``benchmarks.longctx.generator`` (``records_issue``: the issue's records question); a rule is
 ``lychee:s=0.1`` / ``quest:s=0.25,p=8`` with knobs s (read share), b (floor tokens), p (chunk or page
 tokens), a (radius / range scale: 1 the bound, 0 the centroid / range middle), m (query window:
-the last m queries of the question also rank chunks). One JSON line per item x rule: first-token
+the last m queries of the question also rank chunks), and three other ways to spend a read, each
+measured worse than the plain share at the same read (docs/data/longctx/README.md): t (also read
+chunks, best first, until their estimated share of the head's attention mass reaches t; a chunk's
+mass is estimated as size x exp(scale x score)), g=1 (one budget for all KV heads of a layer,
+chunks taken by that estimated share from any head), e=1 (each unread chunk is attended as one
+pseudo-key: its keys' mean, its values' mean, logit + log(size)). One JSON line per item x rule: first-token
 agreement with dense, KL(dense || sparse), the share read, and the dense attention mass the
 selection kept (mean over layers and heads).
 """
@@ -36,7 +41,7 @@ from arbor_runtime.sparse import ChunkTree, PageIndex, TreeConfig
 from arbor_runtime.sparse.chunking import BoundaryTable
 from arbor_runtime.sparse.reads import read_budget
 
-KNOBS = {"s": float, "b": int, "p": int, "a": float, "m": int}
+KNOBS = {"s": float, "b": int, "p": int, "a": float, "m": int, "t": float, "g": int, "e": int, "n": int}
 SINKS, WINDOW = 16, 64
 
 
@@ -51,6 +56,10 @@ class Rule:
     chunk: int = 16
     radius: float = 1.0
     window: int = 0
+    top_p: float = 0.0
+    across: int = 0  # 1: the budget of all KV heads of a layer is shared, chunks taken by estimated mass
+    estimate: int = 0  # 1: each unread chunk is attended as one key, its keys' mean, weighted by its size
+    neighbours: int = 0  # n: a chunk's score is the best of its own and its n neighbours' on each side
 
     @classmethod
     def parse(cls, name: str) -> Rule:
@@ -58,7 +67,9 @@ class Rule:
         if kind not in ("lychee", "quest", "dense"):
             raise ValueError(f"rule {name!r}: kind must be lychee, quest or dense")
         rule = cls(name, kind)
-        fields = {"s": "share", "b": "floor", "p": "chunk", "a": "radius", "m": "window"}
+        fields = {"s": "share", "b": "floor", "p": "chunk", "a": "radius", "m": "window"} | {
+            "t": "top_p", "g": "across", "e": "estimate", "n": "neighbours"
+        }  # fmt: skip
         for part in filter(None, args.split(",")):
             key, value = part.split("=")
             if key not in KNOBS:
@@ -75,6 +86,8 @@ class Probe:
         self.recent: dict[int, torch.Tensor] = {}  # layer -> (Hq, m, D) the last queries of the prefill
         self.keep = 0
         self.mass: list[float] = []
+        self.read: list[float] = []  # per layer: the share of the context the selection read (mean over heads)
+        self.chunks = None  # with an estimating rule: (chunk_of (n_ctx,), chunk sizes (C,)) of the context
 
     def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         layer = module.layer_idx
@@ -90,7 +103,21 @@ class Probe:
         dense = torch.softmax(s, -1)
         mask = chosen.repeat_interleave(g, 0).unsqueeze(1)
         self.mass.append(float((dense * mask).sum(-1).mean()))
-        p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)
+        self.read.append(float(chosen.float().mean()))
+        s = s.masked_fill(~mask, float("-inf"))
+        if self.chunks is not None:  # unread chunks as pseudo-keys: mean key, mean value, + log(size)
+            chunk_of, size = self.chunks
+            n_ctx, c = int(chunk_of.numel()), int(size.numel())
+            per = size.view(1, -1, 1)
+            kc = torch.zeros(k.shape[0], c, k.shape[-1]).index_add_(1, chunk_of, k[:, :n_ctx].float()) / per
+            vc = torch.zeros(v.shape[0], c, v.shape[-1]).index_add_(1, chunk_of, v[:, :n_ctx].float()) / per
+            read = torch.zeros(k.shape[0], c).index_add_(1, chunk_of, mask[:, 0, :n_ctx].float()) > 0
+            sc = torch.matmul(query[0].float(), kc.transpose(-1, -2)) * scaling + size.log().view(1, 1, -1)
+            sc = sc.masked_fill(read.unsqueeze(1), float("-inf"))
+            p = torch.softmax(torch.cat([s, sc], -1), -1)
+            out = torch.matmul(p[..., : s.shape[-1]], v) + torch.matmul(p[..., s.shape[-1] :], vc)
+            return out.unsqueeze(0).transpose(1, 2).contiguous().to(query.dtype), None
+        p = torch.softmax(s, -1)
         out = torch.matmul(p, v)  # (Hq, 1, D)
         return out.unsqueeze(0).transpose(1, 2).contiguous(), None
 
@@ -133,13 +160,30 @@ def selector(rule: Rule, index, n_ctx: int, n_total: int, probe: Probe):
         if rule.window and layer in probe.recent:
             past = probe.recent[layer].float()  # (Hq, m, D)
             q = torch.cat([q, past.reshape(h, g * past.shape[1], -1).unsqueeze(0)], dim=2)
-        scores = index.bounds(layer, q) if rule.kind == "quest" else index.leaf_bounds(layer, q)
-        scores = scores[0].masked_fill(forced.view(1, -1), float("inf"))  # (H, C)
+        raw = (index.bounds(layer, q) if rule.kind == "quest" else index.leaf_bounds(layer, q))[0]  # (H, C)
+        if rule.neighbours:  # a chunk next to a well-scored one scores as well: the two are read together
+            width = 2 * rule.neighbours + 1
+            raw = torch.nn.functional.max_pool1d(raw.unsqueeze(0), width, 1, rule.neighbours)[0]
+        scores = raw.masked_fill(forced.view(1, -1), float("inf"))  # (H, C)
         order = scores.argsort(-1, descending=True)
         sz = size[order]
         before = sz.cumsum(-1) - sz
         room = budget - (n_total - n_ctx)  # the question block is read whole
         take_sorted = before < room
+        free = ~forced[order]
+        if rule.top_p > 0 or rule.across:  # each chunk's estimated share of its head's attention mass
+            r = raw.gather(1, order)
+            est = sz * torch.exp((r - r.amax(-1, keepdim=True)) * query.shape[-1] ** -0.5)
+            est = est / est.sum(-1, keepdim=True)
+        if rule.top_p > 0:  # also every chunk until the estimated mass read (forced ones first) reaches top_p
+            take_sorted |= (est.cumsum(-1) - est) < rule.top_p
+        if rule.across:  # the layer's budget over all heads: chunks by estimated mass share, any head
+            pool = float(room * h - (sz * ~free).sum())
+            flat = est.masked_fill(~free, float("inf")).reshape(-1)
+            o2 = flat.argsort(descending=True)
+            sz2 = (sz * free).reshape(-1)[o2]
+            t2 = (sz2.cumsum(0) - sz2) < pool
+            take_sorted = torch.zeros_like(t2).scatter_(0, o2, t2).view_as(take_sorted) | ~free
         take = torch.zeros_like(take_sorted).scatter_(1, order, take_sorted)  # (H, C)
         chunk_of = torch.searchsorted(starts, torch.arange(n_ctx), right=True) - 1
         chosen = torch.ones(h, key.shape[2], dtype=torch.bool)  # the question block and the own token too
@@ -149,7 +193,8 @@ def selector(rule: Rule, index, n_ctx: int, n_total: int, probe: Probe):
     return select, budget
 
 
-def run_item(loaded, probe: Probe, item, rules: list[Rule], out) -> None:
+def run_item(loaded, probe: Probe, item, rules: list[Rule], out, max_answer: int = 0) -> None:
+    """One item: every rule's first-token row; with ``max_answer``, teacher-forced over dense's answer too."""
     from benchmarks.longctx.generator import encode
 
     tok, model = loaded.tokenizer, loaded.model
@@ -165,30 +210,68 @@ def run_item(loaded, probe: Probe, item, rules: list[Rule], out) -> None:
     kv = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
     ends = BoundaryTable(lambda t: tok.decode(t)).ends(ctx)
 
-    def last_logprobs(select) -> torch.Tensor:
-        c = DynamicCache(ddp_cache_data=[(k.clone(), v.clone()) for k, v in kv], config=model.config)
-        probe.select, probe.mass = select, []
-        with torch.no_grad():
-            logits = model(ids[:, -1:], cache=c, position_ids=torch.tensor([[n_total]])).logits[0, -1]
-        return torch.log_softmax(logits.float(), -1)
+    def step_logprobs(select, feed: list[int], greedy_to: int = 0) -> tuple[list[torch.Tensor], list[int]]:
+        """(V,) log-probs after each token of ``feed`` (the question's last token, then answer tokens),
+        one decode step each, every step reading through ``select`` (None: dense). ``greedy_to``: after
+        ``feed``, go on greedily until the answer is complete (as ``benchmarks.longctx`` ends it: its first
+        sentence or line, or EOS) or ``greedy_to`` tokens; returns the log-probs and the tokens generated."""
+        from benchmarks.longctx.run import answer_done
 
-    ref = last_logprobs(None)
+        c = DynamicCache(ddp_cache_data=[(k.clone(), v.clone()) for k, v in kv], config=model.config)
+        probe.select, probe.mass, probe.read = select, [], []
+        out, made, feed = [], [], list(feed)
+        with torch.no_grad():
+            j = 0
+            while j < len(feed):
+                pos = torch.tensor([[n_total + j]])
+                logits = model(torch.tensor([[feed[j]]]), cache=c, position_ids=pos).logits[0, -1]
+                out.append(torch.log_softmax(logits.float(), -1))
+                j += 1
+                if j == len(feed) and len(made) < greedy_to:
+                    made.append(int(out[-1].argmax()))
+                    done = made[-1] == tok.eos_token_id or answer_done(tok.decode(made, skip_special_tokens=True))
+                    if not done and len(made) < greedy_to:
+                        feed.append(made[-1])
+        return out, made
+
+    # dense's greedy answer (its log-probs at each step are the references), then each rule teacher-forced on it
+    refs, answer_ids = step_logprobs(None, [int(ids[0, -1])], max_answer)
+    feed = [int(ids[0, -1])] + answer_ids[:-1]
+    ref = refs[0]
     indexes = {}
     for rule in rules:
         key = (rule.kind == "quest", rule.chunk)
         if key not in indexes:
             indexes[key] = build_index(rule, keys, ends)
         select, budget = selector(rule, scaled(indexes[key], rule.radius), len(ctx), n_total, probe)
-        logp = last_logprobs(select)
+        probe.chunks = None
+        if rule.estimate:
+            st = indexes[key].starts
+            probe.chunks = (torch.searchsorted(st, torch.arange(len(ctx)), right=True) - 1, (st[1:] - st[:-1]).float())
+        got, _ = step_logprobs(select, feed)
+        logp = got[0]
+        kls = [float((r.exp() * (r - g)).sum().clamp_min(0.0)) for r, g in zip(refs, got, strict=True)]
+        hits = [bool(r.argmax() == g.argmax()) for r, g in zip(refs, got, strict=True)]
         row = {
             "task": item.task, "length": item.length, "index": item.index, "tokens": n_total, "rule": rule.name,
             "budget": budget, "read_share": min(budget, n_total) / n_total,
-            "first_agree": bool(ref.argmax() == logp.argmax()), "dense_first": tok.decode([int(ref.argmax())]),
+            "first_agree": hits[0], "dense_first": tok.decode([int(ref.argmax())]),
             "first": tok.decode([int(logp.argmax())]),
-            "kl": float((ref.exp() * (ref - logp)).sum().clamp_min(0.0)),
+            "kl": kls[0],
             "mass": sum(probe.mass) / max(len(probe.mass), 1),
+            "read": sum(probe.read) / max(len(probe.read), 1),
         }  # fmt: skip
-        print(f"  {rule.name:34s} agree={row['first_agree']!s:5} kl={row['kl']:.5f} mass={row['mass']:.3f}", flush=True)
+        if answer_ids:  # teacher-forced over dense's whole answer: all steps agree = the same greedy answer
+            row |= {
+                "answer": tok.decode(answer_ids), "answer_tokens": len(answer_ids), "answer_agree": all(hits),
+                "step_agree": sum(hits) / len(hits), "kl_steps": sum(kls) / len(kls), "kl_max": max(kls),
+                "first_miss": hits.index(False) if not all(hits) else None,
+            }  # fmt: skip
+            if not all(hits):  # what each side wanted where they first parted (token, probability)
+                j = hits.index(False)
+                row["miss"] = [[tok.decode([int(x.argmax())]), float(x.max().exp())] for x in (refs[j], got[j])]
+        shown = f"kl={row['kl']:.5f} mass={row['mass']:.3f} read={row['read']:.3f}"
+        print(f"  {rule.name:34s} agree={row['first_agree']!s:5} {shown}", flush=True)
         out.write(json.dumps(row) + "\n")
         out.flush()
 
@@ -212,9 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         for task, length, indexes in spec["items"]:
             for i in indexes:
                 tok = loaded.tokenizer
-                item = issue_item(tok) if task == "records_issue" else make_item(task, length, i, tok)
+                prefix = bool(spec.get("prefix", False))  # RULER's answer prefixes (bench_longctx.py --answer-prefix)
+                item = issue_item(tok) if task == "records_issue" else make_item(task, length, i, tok, prefix=prefix)
                 print(f"{item.task} {item.length} #{item.index}", flush=True)
-                run_item(loaded, probe, item, rules, out)
+                run_item(loaded, probe, item, rules, out, int(spec.get("answer", 0)))
     return 0
 
 
