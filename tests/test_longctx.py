@@ -250,7 +250,7 @@ def test_resume_refuses_rows_of_other_settings(tmp_path, capsys):
     assert _bench(tmp_path, "--lengths", "256", "--items", "1")[0] == 2
     err = capsys.readouterr().err
     assert "holds rows of model=tiny-random max_new=8 seed=0 prefix=False protocol=1, not tiny-random / 24 " in err
-    assert "False / 2: use another --rows" in err  # rows of the first-line protocol are not mixed with these
+    assert "True / 2: use another --rows" in err  # rows of the first-line protocol are not mixed with these
 
 
 def test_dense_prefill_reuse_gives_the_same_rows(tiny, one_torch_thread):
@@ -358,3 +358,18 @@ def test_the_answer_is_the_first_sentence_of_the_first_line():
     assert answer_key("4.") != answer_key("4581042.") and answer_key("tiger. The") == "tiger. the"
     assert not answer_done("  ") and not answer_done(" 1. glass 2. ") and not answer_done(" 4581042.")
     assert answer_done(" tiger. The") and answer_done(" 4581042.\n") and answer_done("\n\n 12\n")
+
+
+def test_forcing_keeps_the_tokenization_it_was_given(tiny, one_torch_thread):
+    """Dense's leading whitespace is forced token by token: [198, 198] ("\\n", "\\n") stays two
+    tokens, though a regex of "\\n\\n" as a whole admits the one token 1116 (a 4K item broke on it)."""
+    from arbor_runtime import Runtime
+    from benchmarks.longctx.run import force
+
+    tok = tiny.tokenizer
+    nl = tok.encode("\n", add_special_tokens=False)
+    assert len(nl) == 1 and len(tok.encode("\n\n", add_special_tokens=False)) == 1  # "\n\n" is one token too
+    rt = Runtime(tiny, "full")
+    root = rt.new_tree("Some text")
+    node = force(rt, root, nl + nl)
+    assert list(node.token_ids) == nl and list(node.parent.token_ids) == nl and node.parent.parent is root

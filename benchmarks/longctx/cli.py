@@ -56,8 +56,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         f"measured again (e.g. lychee,quest after a retrieval change); of {', '.join(POLICIES)}"
     )  # fmt: skip
     ap.add_argument(
-        "--answer-prefix", action="store_true", help="questions end in RULER's answer prefix after 'Answer:' "
-        "(' The special magic number for K mentioned in the provided text is'); use its own --rows"
+        "--answer-prefix", action=argparse.BooleanOptionalAction, default=True,
+        help="questions end in RULER's answer prefix after 'Answer:' (' The special magic number for K "
+        "mentioned in the provided text is'), as RULER prompts: the answer is the value, not a restatement "
+        "of the question (default; --no-answer-prefix: the question ends in 'Answer:'; use its own --rows)",
     )  # fmt: skip
     ap.add_argument("--summary-only", action="store_true", help="rebuild --out from --rows; no model, nothing runs")
     ap.add_argument("--no-reuse-prefill", action="store_true", help="kvp/streaming prefill anew (same rows, slower)")

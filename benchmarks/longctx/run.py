@@ -129,13 +129,16 @@ def greedy(tokens: int) -> SamplingParams:
 
 
 def force(rt: Runtime, node: Node, ids: Sequence[int]) -> Node:
-    """A child of ``node`` holding exactly ``ids``, fed as decode steps (a regex of their text)."""
-    text = rt.tokenizer.decode(list(ids))
-    params = SamplingParams(max_new_tokens=len(ids), temperature=0.0, stop_at_eos=False, regex=re.escape(text))
-    child = rt.expand(node, 1, params)[0]
-    if list(child.token_ids) != list(ids):
-        raise RuntimeError(f"forcing {text!r}: decode produced ids {child.token_ids}, wanted {list(ids)}")
-    return child
+    """A descendant of ``node`` holding exactly ``ids``, fed as decode steps, one token per step
+    (each a regex of that token's text alone: a regex of the whole text could take another
+    tokenization of it, "\\n\\n" as one token where dense wrote two)."""
+    for tid in ids:
+        text = rt.tokenizer.decode([tid])
+        params = SamplingParams(max_new_tokens=1, temperature=0.0, stop_at_eos=False, regex=re.escape(text))
+        node = rt.expand(node, 1, params)[0]
+        if list(node.token_ids) != [tid]:
+            raise RuntimeError(f"forcing {text!r}: decode produced ids {node.token_ids}, wanted [{tid}]")
+    return node
 
 
 def fork(rt: Runtime, root: Node, policy: Policy | None = None) -> tuple[Runtime, Node]:
@@ -281,6 +284,7 @@ def run_item(
         if method.label in skip:
             continue
         prefill_s = dense_prefill
+        read = 1.0  # the share of the resident context the answer's decode steps read (sparse: measured)
         if method.policy == "dense":
             ans, logp, kept = dense, ref, len(ctx)
         else:
@@ -308,6 +312,8 @@ def run_item(
                 kept = rt.compress(min(budget, len(ctx)))
             ans = answer(rt, root, question, max_new)
             logp = first_logprobs(rt, ans, prefix)
+            if rt.backend.sparse is not None:
+                read = rt.backend.sparse.stats.read_fraction
             del rt, root
         text = answer_text(tok, ans.ids)
         kl = float((ref.exp() * (ref - logp)).sum().clamp_min(0.0))
@@ -316,7 +322,7 @@ def run_item(
             "tokens": item.tokens, "max_new": max_new,
             "method": method.label, "policy": method.policy, "share": method.share,
             "budget_tokens": None if method.policy == "dense" else budget,
-            "kept_tokens": kept, "answer": text, "answers": list(item.answers),
+            "kept_tokens": kept, "read_fraction": read, "answer": text, "answers": list(item.answers),
             "score": item.score(text), "correct": item.correct(text),
             "agree": answer_key(text) == answer_key(dense_text),
             "first_agree": bool(ref.argmax() == logp.argmax()), "kl_first": kl,
@@ -393,9 +399,10 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (task, length, method): items, accuracy, mean score, agreement with dense (the same
     first line), prefix agreement with dense (:func:`prefix_agree`, from the dense row of the same
     item), first-token agreement (each proportion with its 95% Wilson interval, ``<name>_ci`` =
-    [lo, hi]), mean KL of the first answer token, median decode tokens/s, mean prefill seconds;
-    with several tasks, also per (length, method) over all of them (task "all"). Sorted by task
-    (as first seen, "all" last), length, then method as first seen."""
+    [lo, hi]), mean KL of the first answer token, median decode tokens/s, mean prefill seconds, the
+    mean share of the context the decode read (``read_fraction``); with several tasks, also per
+    (length, method) over all of them (task "all"). Sorted by task (as first seen, "all" last),
+    length, then method as first seen."""
     dense = {(r["task"], r["length"], r["index"], r["seed"]): r["answer"] for r in rows if r["method"] == "dense"}
     rows = [
         r | {"prefix_agree": prefix_agree(r["answer"], dense.get((r["task"], r["length"], r["index"], r["seed"]), ""))}
@@ -413,6 +420,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for task, length, method in sorted(groups, key=lambda k: (tasks.index(k[0]), k[1], order.index(k[2]))):
         rs = groups[(task, length, method)]
         speeds = [r["decode_tok_s"] for r in rs if r["decode_tok_s"] is not None]
+        reads = [r["read_fraction"] for r in rs if r.get("read_fraction") is not None]  # older rows have none
         entry = {
             "task": task, "length": length, "method": method, "policy": rs[0]["policy"], "share": rs[0]["share"],
             "items": len(rs), "tokens": statistics.mean(r["tokens"] for r in rs),
@@ -420,6 +428,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "kl_first": statistics.mean(r["kl_first"] for r in rs),
             "decode_tok_s": statistics.median(speeds) if speeds else None,
             "prefill_s": statistics.mean(r["prefill_s"] for r in rs),
+            "read_fraction": statistics.mean(reads) if reads else None,
         }  # fmt: skip
         pairs = (("accuracy", "correct"), ("agree", "agree"), ("prefix_agree", "prefix_agree"), ("first_agree",) * 2)
         for name, field in pairs:
