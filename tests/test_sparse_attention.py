@@ -38,13 +38,28 @@ def test_reading_every_chunk_equals_dense_attention(tiny, name, memory):
     dense = grow(Runtime(tiny, policy=memory))
     policy = SPARSE[name](memory=memory, token_budget=10**6, min_block_tokens=4)  # children indexed too
     rt = Runtime(tiny, policy=policy)
+    rt.backend.sparse.dense_when_covered = False  # through the selection, which takes every chunk
     sparse = grow(rt)
-    assert rt.backend.sparse.stats.steps > 0
+    assert rt.backend.sparse.stats.steps > 0 and rt.backend.sparse.stats.dense_steps == 0
     assert rt.backend.sparse.stats.builds == 3  # the prompt and both children (each read by one row only)
     assert rt.backend.sparse.stats.read_fraction == 1.0
     for a, b in zip(dense, sparse, strict=True):
         assert a.token_ids == b.token_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(SPARSE))
+def test_a_budget_covering_the_context_is_a_dense_step(tiny, name):
+    """With the budget above every row's resident context the step skips the selection: no index is
+    built, the step is counted dense, and the tokens and log-probs are dense attention's exactly."""
+    dense = grow(Runtime(tiny, policy="full"))
+    rt = Runtime(tiny, policy=SPARSE[name](token_budget=10**6, min_block_tokens=4))
+    sparse = grow(rt)
+    stats = rt.backend.sparse.stats
+    assert stats.steps > 0 and stats.dense_steps == stats.steps and stats.builds == 0
+    assert stats.read_fraction == 1.0 and stats.read_tokens > 0
+    for a, b in zip(dense, sparse, strict=True):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
 
 
 def read_positions(step: SparseStep, chosen: torch.Tensor, take: torch.Tensor) -> list[list[set[int]]]:

@@ -114,11 +114,14 @@ def test_bad_read_knobs_name_the_value():
 
 
 @pytest.mark.parametrize("name", sorted(SPARSE))
-def test_defaults_read_a_share_of_the_context_above_1024_tokens(name):
+def test_defaults_read_a_share_of_the_context_above_8192_tokens(name):
     """The measured defaults (issue 24, docs/data/longctx/README.md), the same in conf/policy/*.yaml:
-    lychee reads a quarter (centroid score, 4-8-token chunks), quest half."""
+    dense up to 8K tokens of context, then lychee reads a quarter (centroid score, 4-8-token chunks),
+    quest half."""
     share = {"lychee": 0.25, "quest": 0.5}[name]
     policy = SPARSE[name]()
-    assert (policy.token_budget, policy.token_share, policy.dense_layers) == (1024, share, 0)
+    assert (policy.token_budget, policy.token_share, policy.dense_layers) == (8192, share, 0)
     conf = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "policy" / f"{name}.yaml").read_text())
-    assert (conf["token_budget"], conf["token_share"], conf["dense_layers"]) == (1024, share, 0)
+    assert (conf["token_budget"], conf["token_share"], conf["dense_layers"]) == (8192, share, 0)
+    assert read_budget(8000, policy.token_budget, policy.token_share) >= 8000  # dense steps
+    assert read_budget(40000, policy.token_budget, policy.token_share) == int(share * 40000)

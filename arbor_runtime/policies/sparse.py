@@ -47,6 +47,11 @@ class SparsePolicy(Policy):
         memory_args: the named memory policy's own knobs (e.g. ``{"distance_decay": 0.5}``).
         token_budget: resident context tokens each decode query reads per KV head (sinks and
             window included; the row's own tokens come on top); with ``token_share`` the floor.
+            8,192 by default: a step whose budget covers the resident context is attended dense,
+            so decode stays dense up to 8K tokens of context. Below that on SmolLM2 every read
+            share that saves time changed answers (25% of a 4K context: 6 of 9 RULER-style answers
+            as dense's) and reads of half the context are slower than dense on this CPU (issue 24,
+            docs/data/longctx/README.md).
         token_share: read max(token_budget, token_share x the row's resident context) tokens
             (at most the context; 0 = ``token_budget`` alone). See ``arbor_runtime/sparse/reads.py``.
         dense_layers: the first this many layers read every resident token (0 = none).
@@ -69,7 +74,7 @@ class SparsePolicy(Policy):
 
     memory: Any = "full"
     memory_args: dict[str, Any] = field(default_factory=dict)
-    token_budget: int = 1024
+    token_budget: int = 8192
     token_share: float = 0.5
     dense_layers: int = 0
     sink_tokens: int = 16

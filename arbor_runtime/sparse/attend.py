@@ -68,6 +68,7 @@ __all__ = [
     "SparseAttention",
     "SparseStats",
     "SparseStep",
+    "row_contexts",
     "_Entry",
     "_GroupPlan",
     "_gather_heads",
@@ -102,8 +103,22 @@ class SparseAttention(BlockIndexes):
         self.last_step: SparseStep | None = None
 
     # ---- per step ------------------------------------------------------------------------------
-    def prepare(self, batch: BatchView, positions: torch.Tensor) -> SparseStep:
-        """Lay out one decode step: positions (R,) are the rows' current token positions."""
+    def prepare(self, batch: BatchView, positions: torch.Tensor) -> SparseStep | None:
+        """Lay out one decode step: positions (R,) are the rows' current token positions.
+
+        None (the backend attends the step dense) when the read budget covers every row's resident
+        context and nothing is ranked on demand: the selection would take every chunk, so the dense
+        step reads the same tokens, exactly and without the selection's cost."""
+        contexts = row_contexts(batch)  # (R,) resident context tokens
+        longest = int(contexts.max()) if contexts.numel() else 0
+        self._set_budget(longest)
+        if self.dense_when_covered and not self.on_demand and self.select.token_budget >= longest:
+            read = int(contexts.sum()) * self.store.shape.kv_heads * self.store.shape.layers
+            self.stats.steps += 1
+            self.stats.dense_steps += 1
+            self.stats.read_tokens += read
+            self.stats.context_tokens += read
+            return None
         start, built = self.clock(), self.stats.build_seconds
         self._forget_released()
         step = SparseStep(self, batch)
@@ -120,6 +135,9 @@ class SparseAttention(BlockIndexes):
         self.stats.index_seconds += layout
         return step
 
+    def _set_budget(self, longest: int) -> None:
+        """Set this step's read budget from the longest row's resident context (fixed here)."""
+
     def _away(self, batch: BatchView) -> list[tuple[int, torch.Tensor | None]]:
         """On demand: context blocks with every token on the host (no group in the batch), with the
         rows holding them (None = every row); their chunks are ranked for rehydration, not read."""
@@ -135,3 +153,15 @@ class SparseAttention(BlockIndexes):
         if step is None:
             return []
         return wanted_spans(self.store, self.select.width, step.whole_blocks, step.plans, step.demand)
+
+
+def row_contexts(batch: BatchView) -> torch.Tensor:
+    """(R,) long: resident context tokens of each row of ``batch`` (its groups' pieces, per row)."""
+    per_row = torch.zeros(batch.rows, dtype=torch.long)
+    for grp in batch.groups:
+        n = sum(int(p.length) for p in grp.pieces)
+        if grp.rows is None:
+            per_row += n
+        else:
+            per_row.index_add_(0, grp.rows.cpu(), torch.full((int(grp.rows.numel()),), n, dtype=torch.long))
+    return per_row

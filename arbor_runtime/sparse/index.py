@@ -77,6 +77,7 @@ class SparseStats:
     """Running totals of a runtime's sparse decode steps (seconds are summed over layers)."""
 
     steps: int = 0
+    dense_steps: int = 0  # steps whose budget covered every row's resident context: attended dense
     index_seconds: float = 0.0  # layout (per step) + retrieval and selection (per layer)
     layout_seconds: float = 0.0  # the per-step layout alone (outside the attention layers)
     attention_seconds: float = 0.0
@@ -160,6 +161,9 @@ class BlockIndexes:
         #: the own tokens attended in the same softmax (False: candidate lists and a merged own pass,
         #: as before issue 24; kept for the side-by-side speed check and as the on-demand path)
         self.fast = True
+        #: a step whose read budget covers every row's resident context is attended dense (False: it
+        #: goes through the selection, which then takes every chunk: the tests of the sparse path)
+        self.dense_when_covered = True
 
     # ---- indexes -------------------------------------------------------------------------------
     def _entry(self, block_id: int) -> _Entry:

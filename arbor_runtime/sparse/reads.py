@@ -107,17 +107,5 @@ class BudgetedAttention(SparseAttention):
         self.floor, self.share = self.select.token_budget, float(share)
         read_budget(0, self.floor, self.share)  # validates the share
 
-    def prepare(self, batch, positions):
-        self.select = replace(self.select, token_budget=read_budget(self._longest(batch), self.floor, self.share))
-        return super().prepare(batch, positions)
-
-    def _longest(self, batch) -> int:
-        """Resident context tokens of the batch's longest row (the groups' pieces, per row)."""
-        per_row = torch.zeros(batch.rows, dtype=torch.long)
-        for grp in batch.groups:
-            n = sum(int(p.length) for p in grp.pieces)
-            if grp.rows is None:
-                per_row += n
-            else:
-                per_row.index_add_(0, grp.rows.cpu(), torch.full((int(grp.rows.numel()),), n, dtype=torch.long))
-        return int(per_row.max()) if batch.rows else 0
+    def _set_budget(self, longest: int) -> None:
+        self.select = replace(self.select, token_budget=read_budget(longest, self.floor, self.share))
