@@ -1,0 +1,158 @@
+"""End to end, policy x budget (the ArborKV paper's Table 1 analog), read from ``arbor-solve``'s own run dirs.
+
+The searches run through the console script a user runs (``scripts/bench_e2e.sh``): once under
+``policy=full`` with no budget (the reference: each problem's peak device KV, its answer, its tree),
+then a Hydra sweep of policies x ``policy.budget_ratio`` against that reference (each problem's
+budget is the ratio x full's peak on that problem, set from the start). This module reads the run
+dirs back (``results.jsonl`` and ``trees/<index>.json``) and writes one row per policy and budget:
+
+- solved: problems solved (with its 95% Wilson interval);
+- agrees with full: the same final answer as full's on the same problem (no answer = no answer);
+- nodes as full: the share of full's tree nodes the run rebuilt with the same text along the same
+  path (mean over problems; 1.00 = full's whole tree);
+- peak device KV (mean MB over problems), seconds (p50 / p95 over problems), rehydrations (mean),
+  out of memory (problems whose search ended in a KV budget error, with its interval).
+
+    python -m benchmarks.e2e SEARCH FULL_RUN_DIR SWEEP_DIR [--section e2e-game24] --command "..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from arbor_cli.results import load_done
+from arbor_cli.sweep import find_jobs
+from benchmarks.results.stats import format_rate
+
+#: the section's main table: (key, header, fmt)
+COLUMNS = (
+    ("search", "search", "text"), ("policy", "policy", "text"), ("setting", "setting", "text"),
+    ("budget", "budget", "text"),
+    ("problems", "n", "auto"), ("solved", "solved [95% CI]", "text"), ("agree", "same answer as full [95% CI]", "text"),
+    ("nodes_as_full", "nodes as full", "{:.2f}"), ("peak_kv_mb", "peak KV MB", "{:.1f}"),
+    ("x_full_kv", "x full's peak KV", "{:.2f}"), ("p50_s", "p50 s", "{:.1f}"), ("p95_s", "p95 s", "{:.1f}"),
+    ("rehydrations", "rehydrations", "{:.1f}"), ("oom", "OOM [95% CI]", "text"),
+)  # fmt: skip
+
+
+# ---- reading run dirs ---------------------------------------------------------------------------
+def tree_paths(run_dir: Path, index: int) -> set[tuple[str, ...]]:
+    """Every node of the problem's saved tree as the texts along its path from the root (empty: no tree)."""
+    path = run_dir / "trees" / f"{index}.json"
+    if not path.is_file():
+        return set()
+    nodes = {n["id"]: n for n in json.loads(path.read_text())["nodes"]}
+
+    def texts(node_id: int) -> tuple[str, ...]:
+        out = []
+        while node_id is not None and node_id in nodes:
+            out.append(nodes[node_id]["text"])
+            node_id = nodes[node_id]["parent"]
+        return tuple(reversed(out))
+
+    return {texts(i) for i in nodes}
+
+
+#: swept overrides a row names besides policy and budget (the search's shape)
+SETTING_KEYS = ("controller.breadth", "controller.n_generate", "controller.max_expansions")
+
+
+def sweep_runs(sweep_dir: Path) -> list[tuple[str, float | None, str, Path]]:
+    """(policy, budget ratio, the search-shape overrides that differ between the sweep's jobs as text,
+    run dir) of every job of a Hydra sweep (:func:`arbor_cli.sweep.find_jobs`: its ``.hydra/overrides.yaml``);
+    an override every job has alike (the search both runs share) names no setting."""
+    jobs = find_jobs(sweep_dir)
+    varying = {k for k in SETTING_KEYS if len({j.overrides.get(k) for j in jobs}) > 1}
+    out = []
+    for job in jobs:
+        found = dict(job.overrides)
+        ratio = found.pop("policy.budget_ratio", None)
+        policy = found.pop("policy", job.choices.get("policy", "full"))
+        other = " ".join(f"{k}={v}" for k, v in found.items() if k in varying)
+        out.append((policy, None if ratio is None else float(ratio), other, job.path))
+    return out
+
+
+# ---- one row per policy and budget ----------------------------------------------------------------
+def _pct(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def summarise(
+    search: str, label: str, ratio: float | None, run_dir: Path, ref: Path, ref_rows: dict[int, dict], setting: str = ""
+) -> dict[str, Any]:
+    """One table row: ``run_dir``'s problems against the reference run ``ref`` (full, no budget)."""
+    rows = load_done(run_dir)
+    shared = sorted(rows.keys() & ref_rows.keys())
+    if not shared:
+        raise ValueError(f"{run_dir}: no problem in common with the reference {ref}")
+    solved = sum(bool(rows[i]["solved"]) for i in shared)
+    agree = sum(rows[i].get("answer") == ref_rows[i].get("answer") for i in shared)
+    oom = sum(bool(rows[i].get("oom")) for i in shared)
+    share = []
+    for i in shared:
+        theirs, ours = tree_paths(ref, i), tree_paths(run_dir, i)
+        share.append(len(theirs & ours) / len(theirs) if theirs else 0.0)
+    seconds = [float(rows[i].get("seconds") or 0.0) for i in shared]
+    peak = [float(rows[i].get("peak_device_bytes") or 0.0) for i in shared]
+    ref_peak = [float(ref_rows[i].get("peak_device_bytes") or 0.0) for i in shared]
+    return {
+        "search": search, "policy": label, "setting": setting,
+        "budget": "none" if ratio is None else f"{ratio:g}x full peak",
+        "ratio": ratio, "problems": len(shared), "solved": format_rate(solved, len(shared)), "solved_n": solved,
+        "agree": format_rate(agree, len(shared)), "agree_n": agree,
+        "nodes_as_full": statistics.mean(share), "peak_kv_mb": statistics.mean(peak) / 2**20,
+        "x_full_kv": sum(peak) / sum(ref_peak) if sum(ref_peak) else None,
+        "p50_s": _pct(seconds, 0.5), "p95_s": _pct(seconds, 0.95),
+        "rehydrations": statistics.mean(float(rows[i].get("rehydrations") or 0) for i in shared),
+        "oom": format_rate(oom, len(shared)), "oom_n": oom,
+    }  # fmt: skip
+
+
+def table(search: str, full_dir: Path, sweep_dirs: Iterable[Path]) -> list[dict[str, Any]]:
+    """The reference's row, then every sweep job's (policies and settings as first swept, budgets from
+    large to small)."""
+    ref_rows = load_done(full_dir)
+    out = [summarise(search, "full", None, full_dir, full_dir, ref_rows)]
+    runs = [r for d in sweep_dirs for r in sweep_runs(d)]
+    order = list(dict.fromkeys(p for p, _, _, _ in runs))
+    shapes = list(dict.fromkeys(o for _, _, o, _ in runs))
+    for policy, ratio, other, run_dir in sorted(
+        runs, key=lambda r: (order.index(r[0]), shapes.index(r[2]), -(r[1] or 0.0))
+    ):
+        out.append(summarise(search, policy, ratio, run_dir, full_dir, ref_rows, other))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from benchmarks.results.data import write_section_data
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.e2e", description=__doc__.split("\n")[0])
+    ap.add_argument("search", help="the search's name in the table (e.g. game24-bfs5)")
+    ap.add_argument("full", type=Path, help="the reference run dir (policy=full, no budget)")
+    ap.add_argument("sweeps", type=Path, nargs="+", help="Hydra sweep dirs of policies x policy.budget_ratio")
+    ap.add_argument("--section", default=None, help="write docs/data/<section>/results.json (else print only)")
+    ap.add_argument("--title", default=None, help="the section's title")
+    ap.add_argument("--command", default="", help="the commands that made the run dirs (recorded)")
+    ap.add_argument("--setting", action="append", default=[], help="KEY=VALUE recorded in the section's settings")
+    args = ap.parse_args(argv)
+    rows = table(args.search, args.full, args.sweeps)
+    for r in rows:
+        print(" | ".join(str(r[k]) if not isinstance(r[k], float) else f"{r[k]:.2f}" for k, _, _ in COLUMNS))
+    if args.section:
+        columns = [{"key": k, "header": h, "fmt": f, "numeric": f != "text"} for k, h, f in COLUMNS]
+        settings = dict(s.split("=", 1) for s in args.setting)
+        path = write_section_data(args.section, rows, args.command, settings, title=args.title, columns=columns)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

