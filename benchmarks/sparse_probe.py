@@ -10,6 +10,7 @@ the index's score until the read budget. Only the first token (no compounding ov
 ``benchmarks.longctx.variants`` checks whole answers through the runtime.
 
     python -m benchmarks.sparse_probe SPEC OUT.jsonl
+    python -m benchmarks.sparse_probe --table OUT.jsonl   # the markdown table of its rows
 
 SPEC is JSON: ``{"items": [[task, length, [index, ...]], ...], "rules": [rule, ...], "prefix": bool}`` with tasks of
 ``benchmarks.longctx.generator`` (``records_issue``: the issue's records question); a rule is
@@ -276,13 +277,40 @@ def run_item(loaded, probe: Probe, item, rules: list[Rule], out, max_answer: int
         out.flush()
 
 
+def table(rows: list[dict]) -> str:
+    """A markdown table of probe rows, per (length, rule) in first-seen order: items, first-token
+    agreement, KL of the first token (mean), the share read and the dense mass kept; with teacher-forced
+    rows also whole-answer agreement (every step's argmax dense's) and the KL over the answer's steps."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["length"], r["rule"]), []).append(r)
+    forced = any("answer_agree" in r for r in rows)
+    head = ["length", "rule", "items", "first token agrees", "KL 1st mean", "read", "dense mass kept"]
+    head += ["answer agrees", "KL over the answer"] if forced else []
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (length, rule), rs in groups.items():
+        n = len(rs)
+        cells = [f"{length:,}", f"`{rule}`", str(n), f"{sum(r['first_agree'] for r in rs)}/{n}"]
+        cells += [f"{sum(r['kl'] for r in rs) / n:.4f}", f"{sum(r['read'] for r in rs) / n:.2f}"]
+        cells += [f"{sum(r['mass'] for r in rs) / n:.3f}"]
+        if forced:
+            done = [r for r in rs if "answer_agree" in r]
+            cells += [f"{sum(r['answer_agree'] for r in done)}/{len(done)}"]
+            cells += [f"{sum(r['kl_steps'] for r in done) / max(len(done), 1):.4f}"]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.longctx.generator import make_item
     from benchmarks.longctx.variants import issue_item
 
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--table":  # print the table of a rows file; no model
+        print(table([json.loads(line) for line in open(argv[1]) if line.strip()]))
+        return 0
     if len(argv) != 2:
-        print("usage: python -m benchmarks.sparse_probe SPEC_JSON OUT.jsonl", file=sys.stderr)
+        print("usage: python -m benchmarks.sparse_probe SPEC_JSON OUT.jsonl | --table OUT.jsonl", file=sys.stderr)
         return 2
     spec = json.loads(argv[0])
     rules = [Rule.parse(r) for r in spec["rules"]]

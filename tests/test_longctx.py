@@ -373,3 +373,15 @@ def test_forcing_keeps_the_tokenization_it_was_given(tiny, one_torch_thread):
     root = rt.new_tree("Some text")
     node = force(rt, root, nl + nl)
     assert list(node.token_ids) == nl and list(node.parent.token_ids) == nl and node.parent.parent is root
+
+
+def test_probe_table_groups_rows_by_length_and_rule():
+    from benchmarks.sparse_probe import table
+
+    base = {"length": 2048, "first_agree": True, "kl": 0.5, "read": 0.25, "mass": 0.9}
+    rows = [base | {"rule": "a"}, base | {"rule": "a", "first_agree": False, "kl": 1.5}, base | {"rule": "b"}]
+    lines = table(rows).splitlines()
+    assert lines[0].startswith("| length | rule | items | first token agrees") and "answer agrees" not in lines[0]
+    assert lines[2] == "| 2,048 | `a` | 2 | 1/2 | 1.0000 | 0.25 | 0.900 |" and len(lines) == 4
+    forced = [r | {"answer_agree": r["rule"] == "b", "kl_steps": 0.1} for r in rows]
+    assert table(forced).splitlines()[2].endswith("| 0/2 | 0.1000 |")
