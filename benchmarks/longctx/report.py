@@ -35,14 +35,15 @@ def _ordered(values) -> list:
 def overview(data: dict[str, Any]) -> str:
     """Per length and method, over every task (task "all"; the task itself when there is one): n,
     accuracy and agreement with dense with their 95% Wilson intervals, prefix agreement,
-    first-token agreement, mean KL of the first answer token, median decode tokens/s."""
+    first-token agreement, mean KL of the first answer token, median decode tokens/s, and the share
+    of the context the decode read (summaries from before it was recorded leave it empty)."""
     summary = data["summary"]
     tasks = _ordered(s["task"] for s in summary)
     task = "all" if "all" in tasks else tasks[0]
     lines = [
         "| length | method | n | accuracy [95% CI] | agree with dense [95% CI] | prefix agree | 1st-token agree "
-        "| KL 1st | tok/s |",
-        "|---:|---|---:|---|---|---:|---:|---:|---:|",
+        "| KL 1st | tok/s | read |",
+        "|---:|---|---:|---|---|---:|---:|---:|---:|---:|",
     ]
     for s in summary:
         if s["task"] != task:
@@ -50,7 +51,7 @@ def overview(data: dict[str, Any]) -> str:
         lines.append(
             f"| {s['length']:,} | {s['method']} | {s['items']} | {_ci(s, 'accuracy')} | {_ci(s, 'agree')} | "
             f"{_num(s.get('prefix_agree'), '{:.2f}')} | {s['first_agree']:.2f} | {s['kl_first']:.3f} | "
-            f"{_num(s['decode_tok_s'], '{:.1f}')} |"
+            f"{_num(s['decode_tok_s'], '{:.1f}')} | {_num(s.get('read_fraction'), '{:.2f}')} |"
         )
     return "\n".join(lines)
 
