@@ -174,18 +174,29 @@ def attention_mass(
         causal: query i (of M) sees key j only if j <= i + N - M.
     Returns:
         (N,) float32.
+
+    Each tile is one ``baddbmm`` (``-lse + (scale q) k^T``), an in-place ``exp`` and a sum; only a
+    tile the causal diagonal crosses is masked (a prefill's statistics cost about as much as its
+    attention instead of twice as much).
     """
     m, n = q.shape[-2], k.shape[-2]
+    lead = q.shape[:-2]
     mass = torch.zeros(n, dtype=torch.float32, device=q.device)
+    qs = (q.float() * scale).reshape(-1, m, q.shape[-1])  # (BH, M, D)
+    ks = k.float().reshape(-1, n, k.shape[-1])  # (BH, N, D)
+    neg_lse = lse.float().reshape(-1, m, 1).neg()  # (BH, M, 1)
+    if ks.shape[0] != qs.shape[0]:  # k broadcast over the batch (one key set for every row)
+        ks = k.float().expand(*lead, n, k.shape[-1]).reshape(-1, n, k.shape[-1])
     for r in range(0, m, QUERY_CHUNK):
-        qc, sc = q[..., r : r + QUERY_CHUNK, :].float(), lse[..., r : r + QUERY_CHUNK].float().unsqueeze(-1)
-        seen = min(n, r + qc.shape[-2] + n - m) if causal else n  # keys past the tile's last query: none
+        rows = min(QUERY_CHUNK, m - r)
+        last_key = r + rows - 1 + n - m  # the tile's last query sees keys up to this one (causal)
+        seen = min(n, last_key + 1) if causal else n
         for c in range(0, seen, KEY_CHUNK):
-            kc = k[..., c : min(c + KEY_CHUNK, seen), :].float()
-            p = torch.exp(torch.matmul(qc, kc.transpose(-1, -2)) * scale - sc)  # (B, H, m_c, n_c)
-            if causal:
-                qpos = torch.arange(r, r + qc.shape[-2], device=q.device).unsqueeze(1) + (n - m)
-                kpos = torch.arange(c, c + kc.shape[-2], device=q.device).unsqueeze(0)
-                p = p.masked_fill(kpos > qpos, 0.0)
-            mass[c : c + kc.shape[-2]] += p.sum(dim=(0, 1, 2))
+            cols = min(KEY_CHUNK, seen - c)
+            p = torch.baddbmm(neg_lse[:, r : r + rows], qs[:, r : r + rows], ks[:, c : c + cols].transpose(1, 2))
+            if causal and c + cols - 1 > r + n - m:  # the diagonal crosses this tile
+                qpos = torch.arange(r, r + rows, device=q.device).unsqueeze(1) + (n - m)
+                kpos = torch.arange(c, c + cols, device=q.device).unsqueeze(0)
+                p.masked_fill_(kpos > qpos, float("-inf"))
+            mass[c : c + cols] += p.exp_().sum(dim=(0, 1))
     return mass
