@@ -245,6 +245,24 @@ def test_resume_skips_done_items_and_redo_remeasures(tmp_path, one_torch_thread,
     assert {r["commit"] for r in rows} == {data["commit"]}
 
 
+def test_rows_of_two_runs_join_into_one_summary_with_both_runs(tmp_path, one_torch_thread):
+    """Two runs (one per core: two lengths into two rows files), their rows joined, summarised with
+    --runs-from: the summary holds both runs' commands and equals one over the same rows."""
+    argv = ["--tasks", "records", "--policies", "streaming", "--shares", "0.25", "--items", "1"]
+    for part, length in (("a", "128"), ("b", "160")):
+        main(["--model", "tiny-random", "--out", str(tmp_path / f"{part}.json"), "--rows",
+              str(tmp_path / f"{part}.jsonl"), "--lengths", length, *argv])  # fmt: skip
+    joined = tmp_path / "ruler_rows.jsonl"
+    joined.write_text((tmp_path / "a.jsonl").read_text() + (tmp_path / "b.jsonl").read_text())
+    sources = f"{tmp_path / 'a.json'},{tmp_path / 'b.json'}"
+    code, data, rows = _bench(tmp_path, "--summary-only", "--runs-from", sources)
+    assert code == 0 and len(rows) == 4 and data["rows"] == 4
+    assert [r["command"].split("--lengths ")[1].split()[0] for r in data["runs"]] == ["128", "160"]
+    assert {(s["task"], s["length"]) for s in data["summary"]} == {("records", 128), ("records", 160)}
+    code, again, _ = _bench(tmp_path, "--summary-only")  # rebuilt from the rows alone: the runs stay
+    assert code == 0 and again["runs"] == data["runs"] and again["summary"] == data["summary"]
+
+
 def test_resume_refuses_rows_of_other_settings(tmp_path, capsys):
     (tmp_path / "ruler_rows.jsonl").write_text(json.dumps({"model": "tiny-random", "max_new": 8, "seed": 0}) + "\n")
     assert _bench(tmp_path, "--lengths", "256", "--items", "1")[0] == 2

@@ -62,6 +62,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "of the question (default; --no-answer-prefix: the question ends in 'Answer:'; use its own --rows)",
     )  # fmt: skip
     ap.add_argument("--summary-only", action="store_true", help="rebuild --out from --rows; no model, nothing runs")
+    ap.add_argument(
+        "--runs-from", default="", help="with --summary-only: comma-separated summaries whose runs (commands, "
+        "commits, dates) and machine the new summary records (rows of several runs joined into one --rows file; "
+        "default: --out's own)"
+    )  # fmt: skip
     ap.add_argument("--no-reuse-prefill", action="store_true", help="kvp/streaming prefill anew (same rows, slower)")
     ap.add_argument("--model", default="smollm2", help=f"one of {', '.join(MODELS)}")
     ap.add_argument("--lengths", default="2048,4096,8160", help="target prompt lengths in tokens")
@@ -236,10 +241,11 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.summary_only:  # what the rows hold, not the (unused) run arguments; earlier runs' commands kept
         meta["settings"] = rows_settings(old)
-        if out.exists():  # the runs that made the rows, and the machine they ran on (not this one)
-            previous = json.loads(out.read_text())
-            meta["runs"] = previous.get("runs", [])
-            meta["machine"] = previous.get("machine", meta["machine"])
+        sources = [Path(f) for f in args.runs_from.split(",") if f.strip()] or ([out] if out.exists() else [])
+        if sources:  # the runs that made the rows, and the machine they ran on (not this one)
+            previous = [json.loads(f.read_text()) for f in sources]
+            meta["runs"] = [run for p in previous for run in p.get("runs", [])]
+            meta["machine"] = previous[0].get("machine", meta["machine"])
         data = write_summary(out, old, meta, None)
         console.print(fit_table(data["summary"], COLUMNS, "long-context fidelity (from rows)", console.width))
         console.print(f"wrote {out} from {len(old)} rows of {rows_path}")
