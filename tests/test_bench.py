@@ -94,3 +94,37 @@ def test_speed_summary_and_script(tiny, trace, tmp_path):
     out = json.loads((tmp_path / "speed.json").read_text())
     assert out[0]["methods"]["naive"]["prefill_tokens"] == expected_prefill_tokens(trace)["naive"]
     assert speed_main([str(path), "--repeats", "0"]) == 2
+
+
+def test_speed_and_replay_outputs_become_their_sections(tiny, trace, tmp_path):
+    """bench_speed.py's JSON and replay_trace.py's replay.jsonl -> docs/data/{speed,replay}
+    (benchmarks.results.collect) -> each section through its template: a row per method / per policy
+    and budget, named by the trace, with the figures the benchmark measured; no stale line."""
+    from benchmarks.cli import replay_main
+    from benchmarks.results.collect import write as collect
+    from benchmarks.results.data import load_section
+    from benchmarks.results.sections import Section, render_section
+
+    path = trace.save(tmp_path / "t.json")
+    speed_out = tmp_path / "speed" / "speed.json"
+    assert speed_main([str(path), "--repeats", "1", "--warmup", "0", "--out", str(speed_out)]) == 0
+    argv = [str(path), "--policies", "full,h2o", "--fractions", "0.5", "--out", str(tmp_path / "replay")]
+    assert replay_main(argv) == 0
+    data = tmp_path / "data"
+    collect("speed", tmp_path / "speed", "python scripts/bench_speed.py t.json", data_root=data)
+    collect("replay", tmp_path / "replay", "python scripts/replay_trace.py t.json", data_root=data)
+    speed, replay = load_section("speed", data), load_section("replay", data)
+    measured = json.loads(speed_out.read_text())[0]
+    rows = {r["method"]: r for r in speed["tables"]["main"]["rows"]}
+    assert set(rows) == {"runtime", "naive", "prefix_cache"}
+    assert {r["trace"] for r in rows.values()} == {"synthetic #None"}  # the synthetic trace has no row index
+    assert rows["naive"]["prefill_tokens"] == measured["methods"]["naive"]["prefill_tokens"]
+    assert rows["naive"]["runtime_method_time"] == measured["ratios"]["runtime/naive"]["seconds"]
+    assert rows["runtime"]["runtime_overhead"] == 100 * measured["runtime_overhead"]["fraction"]
+    policies = [(r["policy"], r["budget_x_full_peak"]) for r in replay["tables"]["main"]["rows"]]
+    assert sorted(policies) == [("full", 0.5), ("full", 1.0), ("h2o", 0.5)]
+    full = next(r for r in replay["tables"]["main"]["rows"] if r["budget_x_full_peak"] == 1.0)
+    assert full["top_1_agree"] == 1.0 and full["oom"] == "no" and full["trace"] == "synthetic-None"
+    for name, section in (("speed", speed), ("replay", replay)):
+        text = render_section(Section(name), section)
+        assert "Not current" not in text and "| synthetic" in text

@@ -331,3 +331,28 @@ def test_readme_shows_the_custom_controller_that_runs():
     assert block.startswith("class GreedyLookahead(Controller):")
     assert block in (repo / "scripts" / "custom_search.py").read_text()
     assert len([line for line in block.splitlines() if line.strip()]) < 50
+
+
+def test_controller_runs_become_the_controllers_section(tiny, data_dir, tmp_path):
+    """bench_controllers.sh's run dirs (one per task and controller: arbor-solve's results.jsonl) ->
+    docs/data/controllers (benchmarks.results.collect) -> the section: a row per problem, named by its
+    run dir, with what the run recorded; no stale line."""
+    from arbor_cli.run import run
+    from benchmarks.results.collect import write as collect
+    from benchmarks.results.data import load_section
+    from benchmarks.results.sections import Section, render_section
+
+    for name in ("dfs", "bfs"):
+        run_dir = tmp_path / "ctrl" / f"game24-{name}"
+        overrides = ["model=tiny-random", f"paths.data_dir={data_dir}", f"experiment=ctrl/{name}", "task=game24",
+                     "verifier=game24_oracle", "task.start=900", "task.end=901", f"run_dir={run_dir}"]  # fmt: skip
+        assert run(compose_config(overrides)) == 0
+    collect("controllers", tmp_path / "ctrl", "bash scripts/bench_controllers.sh", data_root=tmp_path / "data")
+    section = load_section("controllers", tmp_path / "data")
+    rows = section["tables"]["main"]["rows"]
+    recorded = json.loads((tmp_path / "ctrl" / "game24-bfs" / "results.jsonl").read_text().splitlines()[0])
+    assert [(r["task_controller"], r["problem"]) for r in rows] == [("game24-bfs", 900), ("game24-dfs", 900)]
+    assert rows[0]["peak_kv_tok"] == recorded["peak_device_tokens"] and rows[0]["steps"] == recorded["steps"]
+    assert rows[0]["verifier"] == "oracle (upper bound)" and rows[0]["solved"] in ("yes", "no")
+    text = render_section(Section("controllers"), section)
+    assert "Not current" not in text and "| game24-dfs | 900 |" in text

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,10 +31,36 @@ class Collector:
     pattern: str
     keys: dict[str, str]
     scale: dict[str, float] | None = None  # section key -> factor (a share in [0, 1] shown as a percentage)
-    rows_at: str | None = None  # a .json file's key whose list holds the rows (None: the file is one row)
+    #: a .json file's key whose list holds the rows (None: the file is one row; "": the file is the list)
+    rows_at: str | None = None
     #: the main table's (key, header, fmt), when they are not the committed file's (a section whose
     #: table gains columns); None keeps the committed columns
     columns: list[tuple[str, str, str]] | None = None
+    #: one benchmark record -> the records the keys read (a record per row); None: the record itself
+    expand: Callable[[dict], list[dict]] | None = None
+
+
+def replay_records(record: dict) -> list[dict]:
+    """A replay.jsonl row named by its trace as the section names it ("game24-900")."""
+    return [record | {"trace": f"{record.get('task')}-{record.get('problem')}"}]
+
+
+def speed_records(record: dict) -> list[dict]:
+    """bench_speed.py's summary of one trace -> a row per method (runtime, naive, prefix_cache): median
+    seconds, prefill tokens, forward calls, the runtime's ratio to the method (time, prefill tokens),
+    and the runtime's overhead outside model forwards (its own row, as a percentage)."""
+    out = []
+    for method, m in record["methods"].items():
+        ratio = record["ratios"].get(f"runtime/{method}", {})
+        overhead = record["runtime_overhead"]["fraction"] if method == "runtime" else None
+        out.append({
+            "trace": f"{record.get('task')} #{record.get('problem')}", "method": method,
+            "median_s": m["median_seconds"], "prefill_tokens": m["prefill_tokens"],
+            "forward_calls": m["forward_calls"], "time_ratio": ratio.get("seconds"),
+            "prefill_ratio": ratio.get("prefill_tokens"),
+            "overhead_pct": None if overhead is None else 100.0 * overhead,
+        })  # fmt: skip
+    return out
 
 
 COLLECTORS = {
@@ -97,6 +124,41 @@ COLLECTORS = {
             "rehydrations": "rehydrations", "peak_kv_mb": "peak_device_mb", "peak_host_mb": "peak_host_mb",
         },
     ),
+    "controllers": Collector(  # scripts/bench_controllers.sh: one arbor-solve run dir per task and controller
+        "*/results.jsonl",
+        {
+            "task_controller": FOLDER, "problem": "index", "policy": "policy", "verifier": "verifier_label",
+            "solved": "solved", "steps": "steps", "nodes_created": "nodes_created",
+            "branch_switches": "branch_switch_events", "peak_kv_tok": "peak_device_tokens", "seconds": "seconds",
+        },
+        columns=[
+            ("task_controller", "task-controller", "text"), ("problem", "problem", "text"),
+            ("policy", "policy", "text"), ("verifier", "verifier", "text"), ("solved", "solved", "text"),
+            ("steps", "search steps", "auto"), ("nodes_created", "nodes created", "auto"),
+            ("branch_switches", "branch switches", "auto"), ("peak_kv_tok", "peak KV tok", "auto"),
+            ("seconds", "seconds", "{:.1f}"),
+        ],
+    ),
+    "replay": Collector(  # scripts/replay_trace.py's replay.jsonl over the traces of record_trace.py
+        "replay.jsonl",
+        {
+            "trace": "trace", "policy": "policy", "budget_x_full_peak": "budget_fraction",
+            "budget_tok": "budget_tokens", "top_1_agree": "top1_agreement", "mean_kl": "mean_kl",
+            "mean_dll": "mean_dll", "peak_kv_tok": "peak_device_tokens", "peak_host_b": "peak_host_bytes",
+            "rehydr": "rehydrations", "oom": "oom", "s": "seconds",
+        },
+        expand=replay_records,
+    ),
+    "speed": Collector(  # scripts/bench_speed.py's JSON (one summary per trace)
+        "speed.json",
+        {
+            "trace": "trace", "method": "method", "median_s": "median_s", "prefill_tokens": "prefill_tokens",
+            "forward_calls": "forward_calls", "runtime_method_time": "time_ratio",
+            "runtime_method_prefill_tokens": "prefill_ratio", "runtime_overhead": "overhead_pct",
+        },
+        rows_at="",
+        expand=speed_records,
+    ),
 }  # fmt: skip
 
 
@@ -109,6 +171,8 @@ def _records(path: Path, rows_at: str | None) -> list[dict]:
     if path.suffix == ".jsonl":
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     doc = json.loads(path.read_text())
+    if rows_at == "":  # the file is a list of records
+        return doc
     return doc[rows_at] if rows_at else [doc]
 
 
@@ -124,7 +188,8 @@ def rows(name: str, root: Path) -> list[dict]:
     spec = COLLECTORS[name]
     out = []
     for path in sorted(root.glob(spec.pattern)):
-        for raw in _records(path, spec.rows_at):
+        records = _records(path, spec.rows_at)
+        for raw in records if spec.expand is None else [r for rec in records for r in spec.expand(rec)]:
             row = {k: path.parent.name if b == FOLDER else _cell(_get(raw, b)) for k, b in spec.keys.items()}
             for key, factor in (spec.scale or {}).items():
                 row[key] = None if row[key] is None else row[key] * factor
