@@ -88,6 +88,32 @@ step memory-steps-arbor env OMP_NUM_THREADS=1 "$BIN/arbor-solve" "${ms[@]}" poli
 OMP_NUM_THREADS=1 arbor-solve ${ms[*]} policy=arbor policy.budget_tokens=557 run_dir=$OUT/memory-steps/arbor
 python -m benchmarks.memory_steps $OUT/memory-steps/full $OUT/memory-steps/arbor"
 
+# controllers (~10 min on one core): each controller's small search on 2 Game of 24 puzzles and 2 GSM8K questions
+rm -rf "$OUT/controllers"
+step controllers env OMP_NUM_THREADS=1 bash scripts/bench_controllers.sh "$OUT/controllers" "$DATA"
+"$PYTHON" -m benchmarks.results.collect controllers "$OUT/controllers" \
+  --command "OMP_NUM_THREADS=1 bash scripts/bench_controllers.sh $OUT/controllers $DATA"
+
+# trace replay and speed vs naive ToT (~10 min): full searches recorded as traces (Game of 24 rows 900-901,
+# GSM8K row 0), replayed teacher-forced under every policy and budget, and built three ways
+rm -rf "$OUT/traces" "$OUT/replay" "$OUT/speed"
+rec=(--threads 1 --out "$OUT/traces")
+record_traces() {
+  OMP_NUM_THREADS=1 "$PYTHON" scripts/record_trace.py "${rec[@]}" experiment=e2e_game24 paths.data_dir="$DATA" task.end=902
+  OMP_NUM_THREADS=1 "$PYTHON" scripts/record_trace.py "${rec[@]}" experiment=e2e_gsm8k paths.data_dir="$DATA" task.end=1
+}
+step traces record_traces
+step replay env OMP_NUM_THREADS=1 "$PYTHON" scripts/replay_trace.py "$OUT"/traces/*.json --threads 1 --out "$OUT/replay"
+"$PYTHON" -m benchmarks.results.collect replay "$OUT/replay" --command "python scripts/record_trace.py ${rec[*]} \
+experiment=e2e_game24 paths.data_dir=$DATA task.end=902
+python scripts/record_trace.py ${rec[*]} experiment=e2e_gsm8k paths.data_dir=$DATA task.end=1
+python scripts/replay_trace.py $OUT/traces/*.json --threads 1 --out $OUT/replay"
+sp_in=("$OUT/traces/game24-900.json" "$OUT/traces/gsm8k-0.json")
+step speed env OMP_NUM_THREADS=1 "$PYTHON" scripts/bench_speed.py "${sp_in[@]}" --threads 1 --repeats 3 \
+  --out "$OUT/speed/speed.json"
+"$PYTHON" -m benchmarks.results.collect speed "$OUT/speed" --command "(the traces of the replay section, then)
+python scripts/bench_speed.py ${sp_in[*]} --threads 1 --repeats 3 --out $OUT/speed/speed.json"
+
 if [ "$SIZE" = full ]; then
   # smallest exact budget per search (bench_budgets.py writes JSONL per search folder)
   b1=(--policies arbor --fractions 0.5,0.35 --threads 1 --out "$OUT/budgets/game24-legal-bfs5" model=smollm2
@@ -115,5 +141,5 @@ cat <<'TODO'
 == not rerun (no docs/data writer yet; commands as in each section of docs/results.md):
    wide (scripts/bench_memory.py), longctx (scripts/bench_longctx.py), rehydrate (scripts/bench_rehydrate.py),
    linear (scripts/bench_linear.py, scripts/bench_stats_cost.py), kvp (scripts/bench_kvp.py, kvp_train.py),
-   e2e-* and scaling (scripts/bench_table.sh), replay (record_trace.py, replay_trace.py), speed (scripts/bench_speed.py), controllers (scripts/bench_controllers.sh)
+   e2e-* and scaling (scripts/bench_table.sh)
 TODO

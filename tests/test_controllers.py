@@ -353,6 +353,6 @@ def test_controller_runs_become_the_controllers_section(tiny, data_dir, tmp_path
     recorded = json.loads((tmp_path / "ctrl" / "game24-bfs" / "results.jsonl").read_text().splitlines()[0])
     assert [(r["task_controller"], r["problem"]) for r in rows] == [("game24-bfs", 900), ("game24-dfs", 900)]
     assert rows[0]["peak_kv_tok"] == recorded["peak_device_tokens"] and rows[0]["steps"] == recorded["steps"]
-    assert rows[0]["verifier"] == "oracle (upper bound)" and rows[0]["solved"] in ("yes", "no")
+    assert rows[0]["verifier"] == "game24_oracle" and rows[0]["solved"] in ("yes", "no")
     text = render_section(Section("controllers"), section)
     assert "Not current" not in text and "| game24-dfs | 900 |" in text

@@ -127,7 +127,7 @@ COLLECTORS = {
     "controllers": Collector(  # scripts/bench_controllers.sh: one arbor-solve run dir per task and controller
         "*/results.jsonl",
         {
-            "task_controller": FOLDER, "problem": "index", "policy": "policy", "verifier": "verifier_label",
+            "task_controller": FOLDER, "problem": "index", "policy": "policy", "verifier": "verifier",
             "solved": "solved", "steps": "steps", "nodes_created": "nodes_created",
             "branch_switches": "branch_switch_events", "peak_kv_tok": "peak_device_tokens", "seconds": "seconds",
         },
