@@ -248,16 +248,18 @@ def test_resume_skips_done_items_and_redo_remeasures(tmp_path, one_torch_thread,
 def test_rows_of_two_runs_join_into_one_summary_with_both_runs(tmp_path, one_torch_thread):
     """Two runs (one per core: two lengths into two rows files), their rows joined, summarised with
     --runs-from: the summary holds both runs' commands and equals one over the same rows."""
-    argv = ["--tasks", "records", "--policies", "streaming", "--shares", "0.25", "--items", "1"]
-    for part, length in (("a", "128"), ("b", "160")):
+    argv = ["--tasks", "records", "--policies", "streaming", "--shares", "0.25"]
+    for part, length, items in (("a", "128", ["--items", "1"]), ("b", "160", ["--first", "1", "--items", "2"])):
         main(["--model", "tiny-random", "--out", str(tmp_path / f"{part}.json"), "--rows",
-              str(tmp_path / f"{part}.jsonl"), "--lengths", length, *argv])  # fmt: skip
+              str(tmp_path / f"{part}.jsonl"), "--lengths", length, *argv, *items])  # fmt: skip
+    assert {json.loads(line)["index"] for line in (tmp_path / "b.jsonl").read_text().splitlines()} == {1}
     joined = tmp_path / "ruler_rows.jsonl"
     joined.write_text((tmp_path / "a.jsonl").read_text() + (tmp_path / "b.jsonl").read_text())
     sources = f"{tmp_path / 'a.json'},{tmp_path / 'b.json'}"
     code, data, rows = _bench(tmp_path, "--summary-only", "--runs-from", sources)
     assert code == 0 and len(rows) == 4 and data["rows"] == 4
     assert [r["command"].split("--lengths ")[1].split()[0] for r in data["runs"]] == ["128", "160"]
+    assert {(r["length"], r["index"]) for r in rows} == {(128, 0), (160, 1)}
     assert {(s["task"], s["length"]) for s in data["summary"]} == {("records", 128), ("records", 160)}
     code, again, _ = _bench(tmp_path, "--summary-only")  # rebuilt from the rows alone: the runs stay
     assert code == 0 and again["runs"] == data["runs"] and again["summary"] == data["summary"]
@@ -330,6 +332,8 @@ def test_bad_arguments_are_errors_before_the_model_loads(capsys):
     assert "--model 'gpt5' is not one of smollm2, tiny-random" in capsys.readouterr().err
     assert main(["--redo", "lychee,dense"]) == 2
     assert "--redo: unknown 'dense'; valid: lychee" in capsys.readouterr().err
+    assert main(["--first", "20", "--items", "20"]) == 2
+    assert "--first 20 must be below --items 20" in capsys.readouterr().err
 
 
 def test_variant_names_parse_into_policies_and_bad_ones_are_refused():

@@ -71,6 +71,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", default="smollm2", help=f"one of {', '.join(MODELS)}")
     ap.add_argument("--lengths", default="2048,4096,8160", help="target prompt lengths in tokens")
     ap.add_argument("--items", default="20", help="items per task and length")
+    ap.add_argument(
+        "--first", default="0", help="the first item index to run (items --first .. --items - 1: runs over "
+        "disjoint ranges in parallel, each with its own --rows, joined later with --summary-only --runs-from)"
+    )  # fmt: skip
     ap.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated: {', '.join(TASKS)}")
     ap.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated: {', '.join(POLICIES)}")
     budgets = "budgets: a share of the context in (0, 1), a token count, or 'default' (lychee/quest at their defaults)"
@@ -88,10 +92,13 @@ def validate(args: argparse.Namespace) -> dict:
     """The run's settings from the arguments; ValueError names a bad value (before any model loads)."""
     if args.model not in MODELS:
         raise ValueError(f"--model {args.model!r} is not one of {', '.join(MODELS)}")
+    if _ints(args.first, "first", 0)[0] >= _ints(args.items, "items")[0]:
+        raise ValueError(f"--first {args.first} must be below --items {args.items} (items --first .. --items - 1)")
     return {
         "model": args.model,
         "lengths": _ints(args.lengths, "lengths", 16),
         "items": _ints(args.items, "items")[0],
+        "first": _ints(args.first, "first", 0)[0],
         "tasks": _names(args.tasks, "tasks", tuple(TASKS)),
         "plan": methods(_names(args.policies, "policies", POLICIES), [s for s in args.shares.split(",") if s.strip()]),
         "max_new": _ints(args.max_new, "max-new")[0],
@@ -262,7 +269,9 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     if cfg["example"]:
         items = [records_example(loaded.tokenizer, seed=cfg["seed"])]
     else:
-        items = make_suite(cfg["tasks"], cfg["lengths"], cfg["items"], loaded.tokenizer, cfg["seed"], cfg["prefix"])
+        items = make_suite(
+            cfg["tasks"], cfg["lengths"], cfg["items"], loaded.tokenizer, cfg["seed"], cfg["prefix"], cfg["first"]
+        )
         # item-major: an interrupted run has about as many items of every task and length
         items.sort(key=lambda it: (it.index, cfg["lengths"].index(it.length), cfg["tasks"].index(it.task)))
     console.print(f"{len(items)} items generated in {time.perf_counter() - start:.1f} s")

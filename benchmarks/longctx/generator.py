@@ -345,10 +345,19 @@ def make_item(task: str, length: int, index: int, tokenizer, seed: int = 0, pref
 
 
 def make_suite(
-    tasks: Sequence[str], lengths: Sequence[int], items: int, tokenizer, seed: int = 0, prefix: bool = False
+    tasks: Sequence[str],
+    lengths: Sequence[int],
+    items: int,
+    tokenizer,
+    seed: int = 0,
+    prefix: bool = False,
+    first: int = 0,
 ) -> list[Item]:
-    """``items`` items of every task at every length (task-major, then length, then index)."""
-    return [make_item(t, n, i, tokenizer, seed, prefix) for t in tasks for n in lengths for i in range(items)]
+    """Items ``first`` .. ``items - 1`` of every task at every length (task-major, then length, then
+    index); an item depends only on its task, length, index and seed, so runs over disjoint index
+    ranges (one per core) together make the suite of ``items`` items."""
+    indices = range(first, items)
+    return [make_item(t, n, i, tokenizer, seed, prefix) for t in tasks for n in lengths for i in indices]
 
 
 def records_example(tokenizer, records: int = 240, asked: int = 39, seed: int = 0) -> Item:
