@@ -231,3 +231,42 @@ def test_a_benchmark_with_its_own_format_renders_its_own_section(tmp_path):
     assert text.startswith("## Long\n\nMeasured 2026-12-01 at commit `abababababab` on cpu x86_64, torch_threads 1.")
     assert "python scripts/bench_longctx.py --lengths 1024" in text and '"torch_threads": 1' in text
     assert load(section, tmp_path / "nothing") is None
+
+
+def test_a_summary_of_joined_runs_shows_the_runs_commands_commit_and_dates(tmp_path):
+    """A longctx summary rebuilt from the rows of two parallel runs (--summary-only --runs-from) is shown
+    as measured by those runs: both commands before the summary's own, their shared commit, their dates."""
+    from benchmarks.results.sections import load
+
+    runs = [{"command": f"python scripts/bench_longctx.py --lengths {n}", "commit": "cd" * 20, "dirty": False,
+             "date": f"2026-12-0{d}T05:40:14+00:00"} for n, d in ((2048, 3), (8160, 4))]  # fmt: skip
+    summary = {"command": "python scripts/bench_longctx.py --summary-only --runs-from a.json,b.json",
+               "commit": "ef" * 20, "dirty": True, "date": "2026-12-05T01:00:00+00:00", "runs": runs}  # fmt: skip
+    (tmp_path / "longctx").mkdir()
+    (tmp_path / "longctx" / "s.json").write_text(json.dumps(summary | {"machine": {"cpu": "x86_64"}}))
+    section = Section("longctx", render="json:dumps", optional=True, file="s.json", title="Long")
+    data = load(section, tmp_path)
+    assert data["commit"] == "cd" * 20 and data["dirty"] is False and data["measured"] == "2026-12-03 to 2026-12-04"
+    text = render_section(section, data)
+    assert "--lengths 2048\npython scripts/bench_longctx.py --lengths 8160\n# the runs' rows joined" in text
+    assert text.index("--lengths 8160") < text.index("--summary-only") and "`cdcdcdcdcdcd`" in text
+
+
+def test_longctx_defaults_say_what_each_default_kept_and_which_reads_kept_95_percent():
+    from benchmarks.longctx.report import defaults
+
+    def entry(method, share, agree, n=20, tok_s=5.0, read=None):
+        cell = {"task": "all", "length": 4096, "method": method, "policy": method.split("@")[0], "share": share}
+        return cell | {"items": n, "agree": agree, "agree_ci": [agree - 0.1, 1.0], "decode_tok_s": tok_s,
+                       "read_fraction": read}  # fmt: skip
+
+    summary = [entry("dense", None, 1.0, tok_s=4.0), entry("lychee@default", None, 1.0, read=1.0),
+               entry("lychee@50%", 0.5, 0.95), entry("lychee@25%", 0.25, 0.9), entry("quest@default", None, 0.9),
+               entry("quest@50%", 0.5, 0.5)]  # fmt: skip
+    text = defaults({"summary": summary})
+    assert text.splitlines()[0] == (
+        "- 4,096 tokens, **lychee** at its defaults: agreement with dense 1.00 [0.90, 1.00] (n = 20), read 100% "
+        "of the context, 5.0 tok/s (dense 4.0); reads that kept >= 95%: 50%."
+    )
+    assert text.splitlines()[1].endswith("no measured read share (50%) kept >= 95%.") and "read ?" in text
+    assert defaults({"summary": summary[:1]}) == ""

@@ -79,6 +79,47 @@ def per_task(data: dict[str, Any], metric: str = "accuracy", methods: Sequence[s
     return "\n".join(lines)
 
 
+#: the answer agreement with dense a read rule has to keep (issue 24: sparse defaults that keep the answer)
+KEEPS = 0.95
+SPARSE = ("lychee", "quest")
+
+
+def _overall(summary: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
+    """(length, method) -> the entry over all tasks ("all"; the task itself when there is one)."""
+    tasks = _ordered(s["task"] for s in summary)
+    task = "all" if "all" in tasks else tasks[0]
+    return {(s["length"], s["method"]): s for s in summary if s["task"] == task}
+
+
+def defaults(data: dict[str, Any]) -> str:
+    """Per length and sparse policy: its default read rule's answer agreement with dense (n, 95%
+    interval), the share it read and its decode tokens/s next to dense's; then the smallest measured
+    read share that kept :data:`KEEPS` of dense's answers (or that none did). Empty without default rows."""
+    cells = _overall(data["summary"])
+    lines = []
+    for length in sorted({n for n, _ in cells}):
+        dense = cells.get((length, "dense"))
+        for policy in SPARSE:
+            d = cells.get((length, f"{policy}@default"))
+            if d is None or dense is None:
+                continue
+            shares = sorted(
+                (s["share"], s) for (n, m), s in cells.items() if n == length and s["policy"] == policy and s["share"]
+            )
+            kept = [f"{share:.0%}" for share, s in shares if s["agree"] >= KEEPS]
+            measured = ", ".join(f"{x:.0%}" for x, _ in shares)
+            verdict = f"reads that kept >= {KEEPS:.0%}: {', '.join(kept)}" if kept else (
+                f"no measured read share ({measured}) kept >= {KEEPS:.0%}"
+            )  # fmt: skip
+            speed, dense_speed = _num(d["decode_tok_s"], "{:.1f}") or "?", _num(dense["decode_tok_s"], "{:.1f}") or "?"
+            lines.append(
+                f"- {length:,} tokens, **{policy}** at its defaults: agreement with dense {_ci(d, 'agree')} "
+                f"(n = {d['items']}), read {_num(d.get('read_fraction'), '{:.0%}') or '?'} of the context, "
+                f"{speed} tok/s (dense {dense_speed}); {verdict}."
+            )
+    return "\n".join(lines)
+
+
 def _one(value: Any) -> str:
     """A setting as text: a list (a summary rebuilt from rows lists what they hold) joined by commas."""
     return ", ".join(str(v) for v in value) if isinstance(value, list) else str(value)
@@ -97,7 +138,12 @@ def render(data: dict[str, Any]) -> str:
         f"{machine.get('cpu', '?')}, {machine.get('torch_threads', '?')} thread(s); "
         f"{data.get('rows', '?')} rows{' (run not complete)' if data.get('complete') is False else ''}."
     )
-    parts = [head, "", "Over all tasks:", "", overview(data)]
+    parts = [head]
+    chosen = defaults(data)
+    if chosen:
+        parts += ["", "The sparse policies' defaults (each policy's own read rule) against dense, over all tasks:"]
+        parts += ["", chosen]
+    parts += ["", "Over all tasks:", "", overview(data)]
     for metric in ("accuracy", "agree"):
         parts += ["", f"Per task, {METRICS[metric]}:", "", per_task(data, metric)]
     return "\n".join(parts) + "\n"

@@ -127,8 +127,8 @@ SECTIONS: tuple[Section, ...] = (
         "longctx",
         render="benchmarks.longctx.report:render",
         optional=True,
-        file="ruler_summary.json",
-        title="Long context: RULER-style suite on SmolLM2",
+        file="suite_summary.json",
+        title="Long context: RULER-style suite on SmolLM2 at 2K, 4K and 8K",
     ),
     Section("sparse"),
     Section("rehydrate"),
@@ -179,6 +179,26 @@ def provenance(data: dict) -> str:
     return "\n".join(lines)
 
 
+def with_runs(data: dict) -> dict:
+    """A summary rebuilt from the rows of earlier runs (``runs``: each one's command, commit and date)
+    is shown as measured by those runs: their commands, then the summary's own; their commit when they
+    share one, and the span of their dates."""
+    runs = data.get("runs") or []
+    if not runs or "--summary-only" not in data.get("command", ""):
+        return data
+    commits = {r.get("commit") for r in runs}
+    dates = sorted(str(r.get("date", ""))[:10] for r in runs)
+    commands = [r["command"] for r in runs] + ["# the runs' rows joined into one rows file, then", data["command"]]
+    measured = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+    return data | {
+        "command": "\n".join(commands),
+        "commit": commits.pop() if len(commits) == 1 else data.get("commit"),
+        "dirty": any(r.get("dirty") for r in runs),
+        "measured": measured,
+        "date": measured,
+    }
+
+
 def load(section: Section, root: Path | None = None) -> dict | None:
     """The section's data (prepared), or None for an optional section without data."""
     path = (root or REPO / "docs" / "data") / section.name / section.file
@@ -189,6 +209,7 @@ def load(section: Section, root: Path | None = None) -> dict | None:
     else:  # a benchmark's own format (its own provenance keys), rendered by its own function
         data = {"section": section.name, "title": section.title or section.name} | json.loads(path.read_text())
         data.setdefault("measured", str(data.get("date", "(date not recorded)"))[:10])
+        data = with_runs(data)
     return section.prepare(data) if section.prepare else data
 
 
