@@ -12,8 +12,8 @@
 #          memory over steps (~4 min): about 16 min with the model loads (concurrency keeps its data)
 #   full:  accuracy on 20 puzzles (rows 900-919), ToT legal steps, arbor / h2o / streaming at 0.5x and
 #          0.25x, plus IO and CoT: ~5 h by those per-puzzle times (over the 2 h target; not run here);
-#          the concurrency grid (~3.3 h on one core); the two smallest-exact-budget
-#          searches (Game of 24 legal BFS-5, GSM8K best-first 50); sparse decode at 2K-32K
+#          the concurrency grid (~3.3 h on one core); controllers, trace replay and speed vs naive (~50 min);
+#          the two smallest-exact-budget searches (Game of 24 legal BFS-5, GSM8K best-first 50); sparse decode at 2K-32K
 set -euo pipefail
 SIZE=${1:-quick}
 DATA=${2:-../shared/data}
@@ -88,33 +88,35 @@ step memory-steps-arbor env OMP_NUM_THREADS=1 "$BIN/arbor-solve" "${ms[@]}" poli
 OMP_NUM_THREADS=1 arbor-solve ${ms[*]} policy=arbor policy.budget_tokens=557 run_dir=$OUT/memory-steps/arbor
 python -m benchmarks.memory_steps $OUT/memory-steps/full $OUT/memory-steps/arbor"
 
-# controllers (~10 min on one core): each controller's small search on 2 Game of 24 puzzles and 2 GSM8K questions
-rm -rf "$OUT/controllers"
-step controllers env OMP_NUM_THREADS=1 bash scripts/bench_controllers.sh "$OUT/controllers" "$DATA"
-"$PYTHON" -m benchmarks.results.collect controllers "$OUT/controllers" \
-  --command "OMP_NUM_THREADS=1 bash scripts/bench_controllers.sh $OUT/controllers $DATA"
-
-# trace replay and speed vs naive ToT (~10 min): full searches recorded as traces (Game of 24 rows 900-901,
-# GSM8K row 0), replayed teacher-forced under every policy and budget, and built three ways
-rm -rf "$OUT/traces" "$OUT/replay" "$OUT/speed"
-rec=(--threads 1 --out "$OUT/traces")
-record_traces() {
-  OMP_NUM_THREADS=1 "$PYTHON" scripts/record_trace.py "${rec[@]}" experiment=e2e_game24 paths.data_dir="$DATA" task.end=902
-  OMP_NUM_THREADS=1 "$PYTHON" scripts/record_trace.py "${rec[@]}" experiment=e2e_gsm8k paths.data_dir="$DATA" task.end=1
-}
-step traces record_traces
-step replay env OMP_NUM_THREADS=1 "$PYTHON" scripts/replay_trace.py "$OUT"/traces/*.json --threads 1 --out "$OUT/replay"
-"$PYTHON" -m benchmarks.results.collect replay "$OUT/replay" --command "python scripts/record_trace.py ${rec[*]} \
-experiment=e2e_game24 paths.data_dir=$DATA task.end=902
-python scripts/record_trace.py ${rec[*]} experiment=e2e_gsm8k paths.data_dir=$DATA task.end=1
-python scripts/replay_trace.py $OUT/traces/*.json --threads 1 --out $OUT/replay"
-sp_in=("$OUT/traces/game24-900.json" "$OUT/traces/gsm8k-0.json")
-step speed env OMP_NUM_THREADS=1 "$PYTHON" scripts/bench_speed.py "${sp_in[@]}" --threads 1 --repeats 3 \
-  --out "$OUT/speed/speed.json"
-"$PYTHON" -m benchmarks.results.collect speed "$OUT/speed" --command "(the traces of the replay section, then)
-python scripts/bench_speed.py ${sp_in[*]} --threads 1 --repeats 3 --out $OUT/speed/speed.json"
-
 if [ "$SIZE" = full ]; then
+  # controllers (20 min on one core beside another benchmark, measured 2026-12-03): each controller's small
+  # search on 2 Game of 24 puzzles and 2 GSM8K questions
+  rm -rf "$OUT/controllers"
+  step controllers env OMP_NUM_THREADS=1 bash scripts/bench_controllers.sh "$OUT/controllers" "$DATA"
+  "$PYTHON" -m benchmarks.results.collect controllers "$OUT/controllers" \
+    --command "OMP_NUM_THREADS=1 bash scripts/bench_controllers.sh $OUT/controllers $DATA"
+
+  # trace replay and speed vs naive ToT (traces 2 min, replay 17 min, speed 11 min on one core beside
+  # another benchmark, measured 2026-12-03): full searches recorded as traces (Game of 24 rows 900-901,
+  # GSM8K row 0), replayed teacher-forced under every policy and budget, and built three ways
+  rm -rf "$OUT/traces" "$OUT/replay" "$OUT/speed"
+  rec=(--threads 1 --out "$OUT/traces")
+  record_traces() {
+    OMP_NUM_THREADS=1 "$PYTHON" scripts/record_trace.py "${rec[@]}" experiment=e2e_game24 paths.data_dir="$DATA" task.end=902
+    OMP_NUM_THREADS=1 "$PYTHON" scripts/record_trace.py "${rec[@]}" experiment=e2e_gsm8k paths.data_dir="$DATA" task.end=1
+  }
+  step traces record_traces
+  step replay env OMP_NUM_THREADS=1 "$PYTHON" scripts/replay_trace.py "$OUT"/traces/*.json --threads 1 --out "$OUT/replay"
+  "$PYTHON" -m benchmarks.results.collect replay "$OUT/replay" --command "python scripts/record_trace.py ${rec[*]} \
+  experiment=e2e_game24 paths.data_dir=$DATA task.end=902
+  python scripts/record_trace.py ${rec[*]} experiment=e2e_gsm8k paths.data_dir=$DATA task.end=1
+  python scripts/replay_trace.py $OUT/traces/*.json --threads 1 --out $OUT/replay"
+  sp_in=("$OUT/traces/game24-900.json" "$OUT/traces/gsm8k-0.json")
+  step speed env OMP_NUM_THREADS=1 "$PYTHON" scripts/bench_speed.py "${sp_in[@]}" --threads 1 --repeats 3 \
+    --out "$OUT/speed/speed.json"
+  "$PYTHON" -m benchmarks.results.collect speed "$OUT/speed" --command "(the traces of the replay section, then)
+  python scripts/bench_speed.py ${sp_in[*]} --threads 1 --repeats 3 --out $OUT/speed/speed.json"
+
   # smallest exact budget per search (bench_budgets.py writes JSONL per search folder)
   b1=(--policies arbor --fractions 0.5,0.35 --threads 1 --out "$OUT/budgets/game24-legal-bfs5" model=smollm2
     task=game24 task.propose=legal task.start=901 task.end=902 controller=bfs controller.breadth=5
