@@ -270,3 +270,25 @@ def test_longctx_defaults_say_what_each_default_kept_and_which_reads_kept_95_per
     )
     assert text.splitlines()[1].endswith("no measured read share (50%) kept >= 95%.") and "read ?" in text
     assert defaults({"summary": summary[:1]}) == ""
+
+
+def test_long_context_summary_names_who_kept_most_and_fewest_answers_and_no_one_on_a_tie():
+    from benchmarks.results.summary import by_method, longctx
+
+    def cell(method, agree, length=2048, read=None):
+        policy, _, share = method.partition("@")
+        share = None if share in ("", "default") else float(share.rstrip("%")) / 100
+        return {"task": "all", "length": length, "method": method, "policy": policy, "share": share, "items": 20,
+                "agree": agree, "read_fraction": read}  # fmt: skip
+
+    cells = [cell("dense", 1.0), cell("lychee@50%", 0.9), cell("h2o@50%", 0.3), cell("quest@50%", 0.6),
+             cell("lychee@10%", 0.4), cell("h2o@10%", 0.4), cell("lychee@default", 1.0, read=1.0),
+             cell("lychee@50%", 0.7, 4096), cell("quest@50%", 0.7, 4096)]  # fmt: skip
+    data = {"longctx": {"summary": cells}}
+    text = longctx(data)
+    assert "2,048 tokens (n=20): 50% lychee 0.90; 10% lychee/h2o 0.40; defaults: lychee 1.00 reading 100%." in text
+    lines = by_method(data).splitlines()
+    assert "- **lychee** wins: most of dense's answers kept at 2,048 (50%) (Long context)." in lines
+    assert "- **h2o** loses: fewest of dense's answers kept at 2,048 (50%) (Long context)." in lines
+    assert not any("4,096" in line or "10%" in line for line in lines)  # ties name nobody
+    assert longctx({}) is None and by_method({}) == ""

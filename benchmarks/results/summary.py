@@ -356,9 +356,68 @@ def concurrency_verdicts(data: dict[str, dict]) -> list[Verdict]:
     return out
 
 
+def _longctx_cells(data: dict[str, dict]) -> dict[int, dict[float, list[dict]]]:
+    """length -> share -> the over-all-tasks entries of every method at that share (longctx section)."""
+    summary = data["longctx"]["summary"]
+    task = "all" if any(e["task"] == "all" for e in summary) else summary[0]["task"]
+    out: dict[int, dict[float, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for e in summary:
+        if e["task"] == task and e["share"]:
+            out[e["length"]][e["share"]].append(e)
+    return out
+
+
+def longctx(data: dict[str, dict]) -> str | None:
+    """Per length: which method kept the most of dense's answers at each read / kept share, and what the
+    sparse policies' defaults kept."""
+    if "longctx" not in data:
+        return None
+    summary = data["longctx"]["summary"]
+    task = "all" if any(e["task"] == "all" for e in summary) else summary[0]["task"]
+    parts = []
+    for length, shares in sorted(_longctx_cells(data).items()):
+        best = []
+        for share, cells in sorted(shares.items(), reverse=True):
+            top = max(e["agree"] for e in cells)
+            names = "/".join(e["policy"] for e in cells if e["agree"] == top)  # all of them on a tie
+            best.append(f"{share:.0%} {names} {top:.2f}")
+        text = "; ".join(best)
+        n = max(e["items"] for cells in shares.values() for e in cells)
+        mine = [e for e in summary if e["task"] == task and e["length"] == length]
+        defaults = [e for e in mine if e["method"].endswith("@default")]
+        kept = ", ".join(f"{e['policy']} {e['agree']:.2f} reading {e['read_fraction']:.0%}" for e in defaults
+                         if e.get("read_fraction") is not None)  # fmt: skip
+        parts.append(f"{length:,} tokens (n={n}): {text}" + (f"; defaults: {kept}" if kept else ""))
+    return (
+        "**Long context (RULER-style suite, SmolLM2).** Most of dense's answers kept at each read / kept share, "
+        "over all tasks: " + ". ".join(parts) + "."
+    )
+
+
+def longctx_verdicts(data: dict[str, dict]) -> list[Verdict]:
+    """At each length and share, the method that alone kept the most of dense's answers wins there and the
+    one that alone kept the fewest loses; one verdict per method and outcome, listing lengths and shares."""
+    if "longctx" not in data:
+        return []
+    where: dict[tuple[str, str], dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for length, shares in sorted(_longctx_cells(data).items()):
+        for share, cells in sorted(shares.items(), reverse=True):
+            rates = sorted(e["agree"] for e in cells)
+            for kind, rate in (("wins", rates[-1]), ("loses", rates[0])):
+                alone = [e for e in cells if e["agree"] == rate]
+                if len(alone) == 1 and rates[0] < rates[-1]:  # a tie names nobody
+                    where[(alone[0]["policy"], kind)][length].append(f"{share:.0%}")
+    words = {"wins": "most", "loses": "fewest"}
+    out: list[Verdict] = []
+    for (policy, kind), at in where.items():
+        cells = ", ".join(f"{length:,} ({'/'.join(shares)})" for length, shares in at.items())
+        out.append((policy, kind, f"{words[kind]} of dense's answers kept at {cells} (Long context)"))
+    return out
+
+
 VERDICTS = (
     budget_verdicts, accuracy_verdicts, kvp_verdicts, linear_verdicts, sparse_verdicts, rehydrate_verdicts,
-    concurrency_verdicts,
+    concurrency_verdicts, longctx_verdicts,
 )  # fmt: skip
 
 
@@ -375,7 +434,7 @@ def by_method(data: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-RULES: tuple[Rule, ...] = (accuracy, budgets, packing, kvp, linear, sparse, concurrency, speed, stale)
+RULES: tuple[Rule, ...] = (accuracy, budgets, packing, kvp, linear, sparse, longctx, concurrency, speed, stale)
 
 
 def summary(data: dict[str, dict]) -> str:
