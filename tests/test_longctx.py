@@ -182,6 +182,7 @@ def test_bench_runs_end_to_end(tmp_path, one_torch_thread):
         "dense", "lychee@25%", "lychee@1024", "h2o@25%", "h2o@1024", "kvp@25%", "kvp@1024"
     ]  # fmt: skip
     assert data["complete"] and data["rows"] == len(rows) == 2 * 7 and len(data["summary"]) == (2 + 1) * 7
+    assert all(r["rss_gb"] > 0 for r in rows)  # each row says how much memory the run held after its item
     assert len(data["commit"]) == 40 and data["date"] and data["machine"]["torch_threads"] == 1
     assert data["command"].startswith("python scripts/bench_longctx.py --model tiny-random")
     fields = {"accuracy", "accuracy_ci", "agree", "agree_ci", "first_agree", "first_agree_ci", "kl_first",
