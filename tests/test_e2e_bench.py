@@ -87,3 +87,28 @@ def test_section_data_is_written_with_the_command(tmp_path, monkeypatch):
     doc = json.loads((tmp_path / "docs-data" / "e2e-test" / "results.json").read_text())
     assert doc["command"] == "bash x.sh" and len(doc["tables"]["main"]["rows"]) == 2
     assert [c["key"] for c in doc["tables"]["main"]["columns"]][:4] == ["search", "policy", "setting", "budget"]
+
+
+def test_script_splits_the_policies_over_parallel_sweeps(tmp_path, data_dir):
+    """scripts/bench_e2e.sh through the console script on the tiny model: JOBS=2 runs the policies as two
+    sweeps side by side (sweep-1: h2o and arbor, sweep-2: streaming), each job a run dir the table reads."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    args = ["model=tiny-random", "task=gsm8k", "task.start=0", "task.end=1", "task.max_thought_tokens=4",
+            "controller=best_first", "controller.n_generate=2", "controller.max_expansions=2"]  # fmt: skip
+    env = os.environ | {"BIN": str(Path(sys.executable).parent), "POLICIES": "h2o,streaming,arbor", "RATIOS": "0.5",
+                        "SECTION": "0", "JOBS": "2"}  # fmt: skip
+    script = [str(repo / "scripts/bench_e2e.sh"), "gsm8k", str(tmp_path / "out"), str(data_dir), *args]
+    done = subprocess.run(["bash", *script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    sweeps = sorted(p.name for p in (tmp_path / "out" / "gsm8k").glob("sweep*"))
+    assert sweeps == ["sweep-1", "sweep-2"]
+    out = tmp_path / "out" / "gsm8k"
+    rows = table("gsm8k", out / "full", [out / s for s in sweeps])
+    assert sorted(r["policy"] for r in rows) == ["arbor", "full", "h2o", "streaming"]
+    assert sorted(policy for policy, _, _, _ in sweep_runs(out / "sweep-1")) == ["arbor", "h2o"]
+    assert all(r["problems"] == 1 and r["budget"] == ("none" if r["policy"] == "full" else "0.5x full peak")
+               for r in rows)  # fmt: skip
