@@ -292,3 +292,33 @@ def test_long_context_summary_names_who_kept_most_and_fewest_answers_and_no_one_
     assert "- **h2o** loses: fewest of dense's answers kept at 2,048 (50%) (Long context)." in lines
     assert not any("4,096" in line or "10%" in line for line in lines)  # ties name nobody
     assert longctx({}) is None and by_method({}) == ""
+
+
+def test_end_to_end_summary_names_who_kept_full_answers_rebuilt_its_tree_or_ran_out_of_memory():
+    """The e2e rule reads benchmarks/e2e.py's rows (reference first); a migrated table (no agree_n) is
+    left to the stale rule."""
+    from benchmarks.results.summary import by_method, e2e
+
+    def row(policy, ratio, agree, solved=10, oom=0, nodes=0.5):
+        return {"search": "gsm8k", "policy": policy, "setting": "", "ratio": ratio, "problems": 20,
+                "solved": format_rate(solved, 20), "solved_n": solved, "agree_n": agree, "oom_n": oom,
+                "nodes_as_full": nodes}  # fmt: skip
+
+    rows = [row("full", None, 20, nodes=1.0), row("arbor", 0.5, 20, nodes=1.0), row("h2o", 0.5, 12),
+            row("streaming", 0.5, 12), row("arbor", 0.25, 9, oom=3), row("h2o", 0.25, 9, solved=0),
+            row("kvp", 0.25, 0, solved=0, oom=20)]  # fmt: skip
+    data = {"e2e-gsm8k": {"tables": {"main": {"rows": rows}}}}
+    text = e2e(data)
+    assert text.startswith("**End to end (policy x budget, set from the start).** gsm8k (n=20): full solves 10/20")
+    assert "at 0.5x full's answer kept by arbor on 20/20, fewest h2o/streaming 12/20, full's whole tree " \
+           "rebuilt by arbor;" in text  # fmt: skip
+    assert "at 0.25x full's answer kept by arbor/h2o on 9/20, fewest kvp 0/20" in text
+    assert "beyond the 95% intervals: h2o/kvp" in text and "out of memory: arbor 3/20, kvp 20/20" in text
+    lines = by_method(data).splitlines()
+    assert ("- **arbor** wins: full's answer kept on the most problems at 0.5x on gsm8k (End to end); rebuilds "
+            "full's whole tree on every problem at 0.5x on gsm8k (End to end).") in lines  # fmt: skip
+    assert ("- **kvp** loses: full's answer kept on the fewest problems at 0.25x on gsm8k (End to end); out of "
+            "memory on every problem at 0.25x on gsm8k (End to end).") in lines  # fmt: skip
+    assert not any("h2o" in line for line in lines)  # a tie for the fewest at 0.5x names nobody
+    migrated = {"e2e-gsm8k": {"tables": {"main": {"rows": [{"policy": "full", "solved": 0}]}}}}
+    assert e2e(migrated) is None and by_method(migrated) == ""

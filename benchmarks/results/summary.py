@@ -415,9 +415,87 @@ def longctx_verdicts(data: dict[str, dict]) -> list[Verdict]:
     return out
 
 
+def _e2e_tables(data: dict[str, dict]) -> dict[str, list[dict]]:
+    """search -> the rows of each end-to-end section in benchmarks/e2e.py's format (reference first);
+    sections still in the migrated format (no ``agree_n``) are left to the stale rule."""
+    out: dict[str, list[dict]] = {}
+    for name, d in data.items():
+        rows = d["tables"]["main"]["rows"] if name.startswith("e2e-") and "tables" in d else []
+        if rows and all("agree_n" in r for r in rows):
+            for r in rows:
+                out.setdefault(r["search"], []).append(r)
+    return out
+
+
+def _e2e_label(r: dict) -> str:
+    return r["policy"] + (f" {r['setting']}" if r.get("setting") else "")
+
+
+def e2e(data: dict[str, dict]) -> str | None:
+    """Per search: full's solve rate; at each budget, which policies kept full's answer on the most and
+    fewest problems, which rebuilt full's whole tree, whose solve rate differs from full's beyond the
+    intervals, and which ran out of memory."""
+    parts = []
+    for search, rows in _e2e_tables(data).items():
+        ref = next(r for r in rows if r["ratio"] is None)
+        text = f"{search} (n={ref['problems']}): full solves {ref['solved']}"
+        for ratio in sorted({r["ratio"] for r in rows if r["ratio"] is not None}, reverse=True):
+            cells = [r for r in rows if r["ratio"] == ratio]
+            top, low = max(r["agree_n"] for r in cells), min(r["agree_n"] for r in cells)
+            best = "/".join(_e2e_label(r) for r in cells if r["agree_n"] == top)
+            text += f"; at {_share(ratio)} full's answer kept by {best} on {top}/{ref['problems']}"
+            if low < top:
+                worst = "/".join(_e2e_label(r) for r in cells if r["agree_n"] == low)
+                text += f", fewest {worst} {low}/{ref['problems']}"
+            whole = [_e2e_label(r) for r in cells if r["nodes_as_full"] == 1.0 and not r["oom_n"]]
+            if whole:
+                text += f", full's whole tree rebuilt by {'/'.join(whole)}"
+            differs = [_e2e_label(r) for r in cells
+                       if not overlap((r["solved_n"], r["problems"]), (ref["solved_n"], ref["problems"]))]  # fmt: skip
+            if differs:
+                text += f", solve rate differs from full's beyond the 95% intervals: {'/'.join(differs)}"
+            ooms = [f"{_e2e_label(r)} {r['oom_n']}/{r['problems']}" for r in cells if r["oom_n"]]
+            if ooms:
+                text += f", out of memory: {', '.join(ooms)}"
+        parts.append(text)
+    if not parts:
+        return None
+    return "**End to end (policy x budget, set from the start).** " + ". ".join(parts) + "."
+
+
+def e2e_verdicts(data: dict[str, dict]) -> list[Verdict]:
+    """At each search and budget, the policy that alone kept full's answer on the most problems wins there,
+    the one that alone kept it on the fewest loses; a policy that rebuilt full's whole tree on every
+    problem wins; one out of memory on every problem loses."""
+    where: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for search, rows in _e2e_tables(data).items():
+        for ratio in sorted({r["ratio"] for r in rows if r["ratio"] is not None}, reverse=True):
+            cells = [r for r in rows if r["ratio"] == ratio]
+            counts = sorted(r["agree_n"] for r in cells)
+            at = f"{_share(ratio)} on {search}"
+            for kind, n in (("most", counts[-1]), ("fewest", counts[0])):
+                alone = [r for r in cells if r["agree_n"] == n]
+                if len(alone) == 1 and counts[0] < counts[-1]:  # a tie names nobody
+                    where[(_e2e_label(alone[0]), kind)].append(at)
+            for r in cells:
+                if r["nodes_as_full"] == 1.0 and not r["oom_n"]:
+                    where[(_e2e_label(r), "tree")].append(at)
+                if r["oom_n"] == r["problems"]:
+                    where[(_e2e_label(r), "oom")].append(at)
+    words = {
+        "most": ("wins", "full's answer kept on the most problems at"),
+        "fewest": ("loses", "full's answer kept on the fewest problems at"),
+        "tree": ("wins", "rebuilds full's whole tree on every problem at"),
+        "oom": ("loses", "out of memory on every problem at"),
+    }
+    return [
+        (label, words[key][0], f"{words[key][1]} {', '.join(at)} (End to end)") for (label, key), at in where.items()
+    ]
+
+
 VERDICTS = (
     budget_verdicts, accuracy_verdicts, kvp_verdicts, linear_verdicts, sparse_verdicts, rehydrate_verdicts,
-    concurrency_verdicts, longctx_verdicts,
+    concurrency_verdicts, longctx_verdicts, e2e_verdicts,
 )  # fmt: skip
 
 
@@ -434,7 +512,9 @@ def by_method(data: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-RULES: tuple[Rule, ...] = (accuracy, budgets, packing, kvp, linear, sparse, longctx, concurrency, speed, stale)
+RULES: tuple[Rule, ...] = (
+    accuracy, budgets, e2e, packing, kvp, linear, sparse, longctx, concurrency, speed, stale,
+)  # fmt: skip
 
 
 def summary(data: dict[str, dict]) -> str:
