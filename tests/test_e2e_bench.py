@@ -91,7 +91,7 @@ def test_section_data_is_written_with_the_command(tmp_path, monkeypatch):
 
 def test_script_splits_the_policies_over_parallel_sweeps(tmp_path, data_dir):
     """scripts/bench_e2e.sh through the console script on the tiny model: JOBS=2 runs the policies as two
-    sweeps side by side (sweep-1: h2o and arbor, sweep-2: streaming), each job a run dir the table reads."""
+    sweeps side by side (sweep-1: h2o, sweep-2: arbor), each job a run dir the table reads."""
     import os
     import subprocess
     import sys
@@ -99,7 +99,7 @@ def test_script_splits_the_policies_over_parallel_sweeps(tmp_path, data_dir):
     repo = Path(__file__).resolve().parents[1]
     args = ["model=tiny-random", "task=gsm8k", "task.start=0", "task.end=1", "task.max_thought_tokens=4",
             "controller=best_first", "controller.n_generate=2", "controller.max_expansions=2"]  # fmt: skip
-    env = os.environ | {"BIN": str(Path(sys.executable).parent), "POLICIES": "h2o,streaming,arbor", "RATIOS": "0.5",
+    env = os.environ | {"BIN": str(Path(sys.executable).parent), "POLICIES": "h2o,arbor", "RATIOS": "0.5",
                         "SECTION": "0", "JOBS": "2"}  # fmt: skip
     script = [str(repo / "scripts/bench_e2e.sh"), "gsm8k", str(tmp_path / "out"), str(data_dir), *args]
     done = subprocess.run(["bash", *script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -108,7 +108,30 @@ def test_script_splits_the_policies_over_parallel_sweeps(tmp_path, data_dir):
     assert sweeps == ["sweep-1", "sweep-2"]
     out = tmp_path / "out" / "gsm8k"
     rows = table("gsm8k", out / "full", [out / s for s in sweeps])
-    assert sorted(r["policy"] for r in rows) == ["arbor", "full", "h2o", "streaming"]
-    assert sorted(policy for policy, _, _, _ in sweep_runs(out / "sweep-1")) == ["arbor", "h2o"]
+    assert sorted(r["policy"] for r in rows) == ["arbor", "full", "h2o"]
+    assert sorted(policy for policy, _, _, _ in sweep_runs(out / "sweep-1")) == ["h2o"]
     assert all(r["problems"] == 1 and r["budget"] == ("none" if r["policy"] == "full" else "0.5x full peak")
                for r in rows)  # fmt: skip
+
+
+def test_config_l_sweeps_breadth_at_full_peak(tmp_path, data_dir):
+    """experiment=configl_game24 through the script (tiny model, one puzzle, breadth 1 and 2):
+    the reference at one breadth, then (SWEEP, the sweep only) full and arbor at 1.0x its peak for every
+    breadth, each row naming its setting."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    args = ["model=tiny-random", "experiment=configl_game24", "task.start=900", "task.end=901",
+            "controller.breadth=1", "controller.n_generate=1"]  # fmt: skip
+    env = os.environ | {"BIN": str(Path(sys.executable).parent), "POLICIES": "full,arbor", "RATIOS": "1.0",
+                        "SECTION": "0", "SWEEP": "controller.breadth=1,2"}  # fmt: skip
+    script = [str(repo / "scripts/bench_e2e.sh"), "configl", str(tmp_path / "out"), str(data_dir), *args]
+    done = subprocess.run(["bash", *script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = tmp_path / "out" / "configl"
+    rows = table("configl", out / "full", [out / "sweep"])
+    got = sorted((r["policy"], r["budget"], r["setting"]) for r in rows)
+    grid = ["controller.breadth=1", "controller.breadth=2"]
+    assert got == sorted([("full", "none", "")] + [(p, "1x full peak", g) for p in ("full", "arbor") for g in grid])
