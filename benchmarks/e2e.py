@@ -7,7 +7,8 @@ budget is the ratio x full's peak on that problem, set from the start). This mod
 dirs back (``results.jsonl`` and ``trees/<index>.json``) and writes one row per policy and budget:
 
 - solved: problems solved (with its 95% Wilson interval);
-- agrees with full: the same final answer as full's on the same problem (no answer = no answer);
+- agrees with full: the same final answer as full's on the same problem (no answer = no answer, but a
+  search that ran out of memory never agrees);
 - nodes as full: the share of full's tree nodes the run rebuilt with the same text along the same
   path (mean over problems; 1.00 = full's whole tree);
 - peak device KV (mean MB over problems), seconds (p50 / p95 over problems), rehydrations (mean),
@@ -94,7 +95,8 @@ def summarise(
     if not shared:
         raise ValueError(f"{run_dir}: no problem in common with the reference {ref}")
     solved = sum(bool(rows[i]["solved"]) for i in shared)
-    agree = sum(rows[i].get("answer") == ref_rows[i].get("answer") for i in shared)
+    # an out-of-memory search answers nothing: it never agrees, even where full gave no answer either
+    agree = sum(not rows[i].get("oom") and rows[i].get("answer") == ref_rows[i].get("answer") for i in shared)
     oom = sum(bool(rows[i].get("oom")) for i in shared)
     share = []
     for i in shared:

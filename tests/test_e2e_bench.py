@@ -46,6 +46,7 @@ def test_rows_compare_each_run_with_full_on_the_same_problems(tmp_path):
     job(sweep, "0", ["policy=arbor", "policy.budget_ratio=0.5"], same, FULL_TREES)
     # h2o at 0.25x: problem 0 takes another branch below "a" (3 of full's 4 nodes), problem 1 runs out of memory
     other = {0: [(1, None, "q"), (2, 1, "a"), (3, 1, "b"), (5, 2, "d")], 1: [(1, None, "q")]}
+    # (full answered "7" there; an out-of-memory run never agrees, even with a full that gave no answer)
     bad = [row(0, "23", False, 250, 1.0), row(1, None, False, 750, 0.5, oom=True)]
     job(sweep, "1", ["policy=h2o", "policy.budget_ratio=0.25", "controller.breadth=5"], bad, other)
     rows = table("game24", full, [sweep])
@@ -62,6 +63,10 @@ def test_rows_compare_each_run_with_full_on_the_same_problems(tmp_path):
     assert h2o["agree_n"] == 0 and h2o["oom_n"] == 1 and h2o["solved_n"] == 0
     assert h2o["nodes_as_full"] == (3 / 4 + 1 / 2) / 2  # per problem, then the mean
     assert h2o["solved"].startswith("0/2") and "[" in h2o["solved"]  # a rate with its interval
+    no_answer = run_dir(tmp_path / "none", [row(0, None, False, 1000, 2.0)], {0: FULL_TREES[0]})
+    oom = job(tmp_path / "sweep2", "0", ["policy=arbor", "policy.budget_ratio=0.25"],
+              [row(0, None, False, 0, 0.0, oom=True)], {})  # fmt: skip
+    assert table("x", no_answer, [oom.parent])[1]["agree_n"] == 0
 
 
 def test_tree_paths_name_nodes_by_their_path_texts(tmp_path):
