@@ -49,9 +49,10 @@ def test_readme_results_block_is_the_data():
     readme = (REPO / "README.md").read_text()
     block = readme.split(results_page.BEGIN, 1)[1].split(results_page.END, 1)[0]
     assert block.strip("\n") == results_page.headline().strip("\n")
-    rows = load_section("accuracy")["tables"]["main"]["rows"]
-    full = next(r for r in rows if r["policy"] == "full" and r["mode"].startswith("ToT BFS, legal"))
-    assert f"| full | none | {format_rate(full['solved'], full['problems'])} | {full['peak_kv_tok']:,} |" in block
+    rows = load_section(results_page.HEADLINE)["tables"]["main"]["rows"]
+    full = next(r for r in rows if r["ratio"] is None)
+    assert f"| full | none | {format_rate(full['solved_n'], full['problems'])} | {full['agree']} | 1.00 |" in block
+    assert f"n = {full['problems']} problems per row" in block
 
 
 def test_accuracy_cells_show_their_wilson_interval():

@@ -137,10 +137,10 @@ SECTIONS: tuple[Section, ...] = (
     Section("e2e-game24"),
     Section("e2e-game24-full"),
     Section("e2e-gsm8k"),
-    Section("e2e-gsm8k-full"),
     Section("replay"),
     Section("memory-steps"),
     Section("scaling"),
+    Section("e2e-configl-gsm8k", optional=True),
     Section("speed"),
     Section("controllers"),
 )
