@@ -143,6 +143,11 @@ if [ "$SIZE" = full ]; then
   rm -rf "$OUT/e2e/gsm8k"
   step e2e-gsm8k env JOBS=2 BIN="$BIN" TITLE="End to end: GSM8K best-first (Table 1 analog), policy x budget" \
     bash scripts/bench_e2e.sh gsm8k "$OUT/e2e" "$DATA" experiment=table1_gsm8k
+  # fixed-memory scaling on GSM8K (Config-L analog; ~38 min on one core, measured 2026-12-03)
+  rm -rf "$OUT/e2e/configl-gsm8k"
+  step e2e-configl-gsm8k env JOBS=2 POLICIES=full,h2o,arbor RATIOS=1.0 SWEEP="controller.breadth=2,4,8" BIN="$BIN" \
+    TITLE="Fixed-memory scaling (Config-L analog, GSM8K): BFS width within full's breadth-2 peak" \
+    bash scripts/bench_e2e.sh configl-gsm8k "$OUT/e2e" "$DATA" experiment=configl_gsm8k
 fi
 
 # Not wired yet: these benchmarks write bench/ formats, not docs/data; their sections keep the data
@@ -153,6 +158,6 @@ cat <<'TODO'
    linear (scripts/bench_linear.py, scripts/bench_stats_cost.py), kvp (scripts/bench_kvp.py, kvp_train.py),
    e2e-game24 (the Table 1 analog on Game of 24, rows 900-919 at breadth 5: ~100 s a puzzle and run, 19 runs,
      ~5 h with JOBS=2): JOBS=2 bash scripts/bench_e2e.sh game24 OUT DATA experiment=table1_game24
-   scaling (the Config-L analog, rows 900-929, full and arbor at full-b5's peak, breadth 5/10/20 x n_generate
-     5/10: many hours): see conf/experiment/configl_game24.yaml for the command
+   the Config-L analog on Game of 24 (rows 900-929, full and arbor at full-b5's peak, breadth 5/10/20 x
+     n_generate 5/10: many hours): see conf/experiment/configl_game24.yaml for the command
 TODO

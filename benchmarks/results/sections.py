@@ -139,8 +139,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("e2e-gsm8k"),
     Section("replay"),
     Section("memory-steps"),
-    Section("scaling"),
-    Section("e2e-configl-gsm8k", optional=True),
+    Section("e2e-configl-gsm8k"),
     Section("speed"),
     Section("controllers"),
 )

@@ -463,6 +463,11 @@ def e2e(data: dict[str, dict]) -> str | None:
     return "**End to end (policy x budget, set from the start).** " + ". ".join(parts) + "."
 
 
+def _e2e_where(r: dict, search: str) -> str:
+    """Where a verdict holds: the budget and search, with the search's shape when the sweep varied it."""
+    return f"{_share(r['ratio'])} on {search}" + (f" ({r['setting']})" if r.get("setting") else "")
+
+
 def e2e_verdicts(data: dict[str, dict]) -> list[Verdict]:
     """At each search and budget, the policy that alone kept full's answer on the most problems wins there,
     the one that alone kept it on the fewest loses; a policy that rebuilt full's whole tree on every
@@ -472,16 +477,16 @@ def e2e_verdicts(data: dict[str, dict]) -> list[Verdict]:
         for ratio in sorted({r["ratio"] for r in rows if r["ratio"] is not None}, reverse=True):
             cells = [r for r in rows if r["ratio"] == ratio]
             counts = sorted(r["agree_n"] for r in cells)
-            at = f"{_share(ratio)} on {search}"
+
             for kind, n in (("most", counts[-1]), ("fewest", counts[0])):
                 alone = [r for r in cells if r["agree_n"] == n]
                 if len(alone) == 1 and counts[0] < counts[-1]:  # a tie names nobody
-                    where[(_e2e_label(alone[0]), kind)].append(at)
+                    where[(alone[0]["policy"], kind)].append(_e2e_where(alone[0], search))
             for r in cells:
                 if r["nodes_as_full"] == 1.0 and not r["oom_n"]:
-                    where[(_e2e_label(r), "tree")].append(at)
+                    where[(r["policy"], "tree")].append(_e2e_where(r, search))
                 if r["oom_n"] == r["problems"]:
-                    where[(_e2e_label(r), "oom")].append(at)
+                    where[(r["policy"], "oom")].append(_e2e_where(r, search))
     words = {
         "most": ("wins", "full's answer kept on the most problems at"),
         "fewest": ("loses", "full's answer kept on the fewest problems at"),
@@ -489,7 +494,7 @@ def e2e_verdicts(data: dict[str, dict]) -> list[Verdict]:
         "oom": ("loses", "out of memory on every problem at"),
     }
     return [
-        (label, words[key][0], f"{words[key][1]} {', '.join(at)} (End to end)") for (label, key), at in where.items()
+        (policy, words[key][0], f"{words[key][1]} {', '.join(at)} (End to end)") for (policy, key), at in where.items()
     ]
 
 
