@@ -427,6 +427,15 @@ def _e2e_tables(data: dict[str, dict]) -> dict[str, list[dict]]:
     return out
 
 
+def _e2e_cells(data: dict[str, dict]):
+    """(search, its reference row, budget ratio, the rows at that ratio) per end-to-end search, budgets
+    from large to small."""
+    for search, rows in _e2e_tables(data).items():
+        ref = next(r for r in rows if r["ratio"] is None)
+        for ratio in sorted({r["ratio"] for r in rows if r["ratio"] is not None}, reverse=True):
+            yield search, ref, ratio, [r for r in rows if r["ratio"] == ratio]
+
+
 def _e2e_label(r: dict) -> str:
     return r["policy"] + (f" {r['setting']}" if r.get("setting") else "")
 
@@ -435,32 +444,30 @@ def e2e(data: dict[str, dict]) -> str | None:
     """Per search: full's solve rate; at each budget, which policies kept full's answer on the most and
     fewest problems, which rebuilt full's whole tree, whose solve rate differs from full's beyond the
     intervals, and which ran out of memory."""
-    parts = []
-    for search, rows in _e2e_tables(data).items():
-        ref = next(r for r in rows if r["ratio"] is None)
-        text = f"{search} (n={ref['problems']}): full solves {ref['solved']}"
-        for ratio in sorted({r["ratio"] for r in rows if r["ratio"] is not None}, reverse=True):
-            cells = [r for r in rows if r["ratio"] == ratio]
-            top, low = max(r["agree_n"] for r in cells), min(r["agree_n"] for r in cells)
-            best = "/".join(_e2e_label(r) for r in cells if r["agree_n"] == top)
-            text += f"; at {_share(ratio)} full's answer kept by {best} on {top}/{ref['problems']}"
-            if low < top:
-                worst = "/".join(_e2e_label(r) for r in cells if r["agree_n"] == low)
-                text += f", fewest {worst} {low}/{ref['problems']}"
-            whole = [_e2e_label(r) for r in cells if r["nodes_as_full"] == 1.0 and not r["oom_n"]]
-            if whole:
-                text += f", full's whole tree rebuilt by {'/'.join(whole)}"
-            differs = [_e2e_label(r) for r in cells
-                       if not overlap((r["solved_n"], r["problems"]), (ref["solved_n"], ref["problems"]))]  # fmt: skip
-            if differs:
-                text += f", solve rate differs from full's beyond the 95% intervals: {'/'.join(differs)}"
-            ooms = [f"{_e2e_label(r)} {r['oom_n']}/{r['problems']}" for r in cells if r["oom_n"]]
-            if ooms:
-                text += f", out of memory: {', '.join(ooms)}"
-        parts.append(text)
-    if not parts:
+    texts: dict[str, str] = {}
+    for search, ref, ratio, cells in _e2e_cells(data):
+        if search not in texts:
+            texts[search] = f"{search} (n={ref['problems']}): full solves {ref['solved']}"
+        top, low = max(r["agree_n"] for r in cells), min(r["agree_n"] for r in cells)
+        best = "/".join(_e2e_label(r) for r in cells if r["agree_n"] == top)
+        text = f"; at {_share(ratio)} full's answer kept by {best} on {top}/{ref['problems']}"
+        if low < top:
+            worst = "/".join(_e2e_label(r) for r in cells if r["agree_n"] == low)
+            text += f", fewest {worst} {low}/{ref['problems']}"
+        whole = [_e2e_label(r) for r in cells if r["nodes_as_full"] == 1.0 and not r["oom_n"]]
+        if whole:
+            text += f", full's whole tree rebuilt by {'/'.join(whole)}"
+        differs = [_e2e_label(r) for r in cells
+                   if not overlap((r["solved_n"], r["problems"]), (ref["solved_n"], ref["problems"]))]  # fmt: skip
+        if differs:
+            text += f", solve rate differs from full's beyond the 95% intervals: {'/'.join(differs)}"
+        ooms = [f"{_e2e_label(r)} {r['oom_n']}/{r['problems']}" for r in cells if r["oom_n"]]
+        if ooms:
+            text += f", out of memory: {', '.join(ooms)}"
+        texts[search] += text
+    if not texts:
         return None
-    return "**End to end (policy x budget, set from the start).** " + ". ".join(parts) + "."
+    return "**End to end (policy x budget, set from the start).** " + ". ".join(texts.values()) + "."
 
 
 def _e2e_where(r: dict, search: str) -> str:
@@ -473,20 +480,17 @@ def e2e_verdicts(data: dict[str, dict]) -> list[Verdict]:
     the one that alone kept it on the fewest loses; a policy that rebuilt full's whole tree on every
     problem wins; one out of memory on every problem loses."""
     where: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for search, rows in _e2e_tables(data).items():
-        for ratio in sorted({r["ratio"] for r in rows if r["ratio"] is not None}, reverse=True):
-            cells = [r for r in rows if r["ratio"] == ratio]
-            counts = sorted(r["agree_n"] for r in cells)
-
-            for kind, n in (("most", counts[-1]), ("fewest", counts[0])):
-                alone = [r for r in cells if r["agree_n"] == n]
-                if len(alone) == 1 and counts[0] < counts[-1]:  # a tie names nobody
-                    where[(alone[0]["policy"], kind)].append(_e2e_where(alone[0], search))
-            for r in cells:
-                if r["nodes_as_full"] == 1.0 and not r["oom_n"]:
-                    where[(r["policy"], "tree")].append(_e2e_where(r, search))
-                if r["oom_n"] == r["problems"]:
-                    where[(r["policy"], "oom")].append(_e2e_where(r, search))
+    for search, _, _, cells in _e2e_cells(data):
+        counts = sorted(r["agree_n"] for r in cells)
+        for kind, n in (("most", counts[-1]), ("fewest", counts[0])):
+            alone = [r for r in cells if r["agree_n"] == n]
+            if len(alone) == 1 and counts[0] < counts[-1]:  # a tie names nobody
+                where[(alone[0]["policy"], kind)].append(_e2e_where(alone[0], search))
+        for r in cells:
+            if r["nodes_as_full"] == 1.0 and not r["oom_n"]:
+                where[(r["policy"], "tree")].append(_e2e_where(r, search))
+            if r["oom_n"] == r["problems"]:
+                where[(r["policy"], "oom")].append(_e2e_where(r, search))
     words = {
         "most": ("wins", "full's answer kept on the most problems at"),
         "fewest": ("loses", "full's answer kept on the fewest problems at"),
