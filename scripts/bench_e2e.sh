@@ -23,6 +23,10 @@ env_used() {  # the settings given in the environment, as the command's prefix
   done
 }
 given=$(env_used)  # recorded with the command, before the defaults below
+if ! [[ ${JOBS:-1} =~ ^[1-9][0-9]*$ ]]; then
+  echo "bench_e2e.sh: error: JOBS=${JOBS}: expected a whole number >= 1 (sweeps side by side)" >&2
+  exit 2
+fi
 POLICIES=${POLICIES:-h2o,streaming,snapkv,thinkv,kvp,arbor}
 RATIOS=${RATIOS:-0.5,0.35,0.25}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}

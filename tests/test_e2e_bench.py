@@ -140,3 +140,16 @@ def test_config_l_sweeps_breadth_at_full_peak(tmp_path, data_dir):
     got = sorted((r["policy"], r["budget"], r["setting"]) for r in rows)
     grid = ["controller.breadth=1", "controller.breadth=2"]
     assert got == sorted([("full", "none", "")] + [(p, "1x full peak", g) for p in ("full", "arbor") for g in grid])
+
+
+def test_script_refuses_a_bad_jobs_value_before_any_search(tmp_path):
+    import os
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    env = os.environ | {"JOBS": "two", "BIN": str(tmp_path / "no-bin")}  # no arbor-solve there: nothing may run
+    done = subprocess.run(["bash", str(repo / "scripts/bench_e2e.sh"), "x", str(tmp_path), str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "bench_e2e.sh: error: JOBS=two: expected a whole number >= 1 (sweeps side by side)"
+    ]
