@@ -50,7 +50,8 @@ gpu-rehearsal:
 # alone (no model, no .venv: a bare python3 does it in about a second). `make results`: rerun the
 # benchmarks that write docs/data/<section>/results.json (scripts/results_all.sh; SIZE=quick about
 # 20 min on 2 cores, SIZE=full longer: its header gives the estimates), then the page. Every data file
-# records the command, commit, date and machine it was measured with.
+# records the command, commit, date and machine it was measured with. Interrupted, `make results`
+# resumes (the steps done at the same runtime code are kept; RESTART=1 starts over).
 .PHONY: results-page results-plots results
 SIZE ?= quick
 DATA_DIR ?= ../shared/data

@@ -6,6 +6,11 @@
 # (benchmarks/results/data.py). Sections whose benchmark does not write docs/data yet are listed at the
 # end with the command that measured them; they keep their committed (migrated) data until it does.
 #
+# Interrupted, it resumes: the same command skips the steps done at the same runtime code and goes on
+# with the one that stopped (scripts/results_steps.sh, benchmarks/results/steps.py keep OUT/steps/);
+# RESTART=1 begins anew. At the end, docs/data/make-results-SIZE/ gets every step's wall time and the total
+# (summed over sittings), which the results page shows.
+#
 # Estimated wall time on the 2-core CPU machine, from the committed per-puzzle seconds of the accuracy
 # table (ToT BFS with legal steps: ~85 s under full, 100-160 s under a budget, ~70 s for the oracle):
 #   quick: accuracy on 2 puzzles (rows 900-901), ToT legal steps, arbor / h2o / streaming at 0.5x (~12 min);
@@ -13,7 +18,9 @@
 #   full:  accuracy on 20 puzzles (rows 900-919), ToT legal steps, arbor / h2o / streaming at 0.5x and
 #          0.25x, plus IO and CoT: ~5 h by those per-puzzle times (over the 2 h target; not run here);
 #          the concurrency grid (~3.3 h on one core); controllers, trace replay and speed vs naive (~50 min);
-#          the two smallest-exact-budget searches (Game of 24 legal BFS-5, GSM8K best-first 50); sparse decode at 2K-32K
+#          the two smallest-exact-budget searches (Game of 24 legal BFS-5, GSM8K best-first 50); sparse decode at 2K-32K;
+#          the Table 1 analogs (GSM8K ~1.5 h, Game of 24 ~2.5 h with JOBS=2) and the Config-L analogs (GSM8K ~40 min,
+#          Game of 24 several hours): well over the 2 h target, so it runs over several sittings (it resumes)
 set -euo pipefail
 SIZE=${1:-quick}
 DATA=${2:-../shared/data}
@@ -27,16 +34,12 @@ case $SIZE in
   *) echo "results_all.sh: error: SIZE=$SIZE; valid: quick, full" >&2; exit 2 ;;
 esac
 
-step() {  # name, then the command; prints its wall time
-  local name=$1 start=$SECONDS
-  shift
-  echo "== $name: $*"
-  "$@"
-  echo "== $name: $((SECONDS - start)) s"
-}
+[ "${RESTART:-0}" = 0 ] || rm -rf "$OUT/steps"
+# shellcheck source=scripts/results_steps.sh
+source scripts/results_steps.sh
 
 # accuracy: Game of 24, the ToT test slice (writes docs/data/accuracy/results.json)
-step accuracy env MODES="$ACC_MODES" POLICIES="arbor h2o streaming" RATIOS="$ACC_RATIOS" \
+step accuracy "$OUT/accuracy" -- env MODES="$ACC_MODES" POLICIES="arbor h2o streaming" RATIOS="$ACC_RATIOS" \
   bash scripts/bench_accuracy.sh "$OUT/accuracy" "$DATA" 900 "$ACC_END"
 
 # concurrency (issue 23's grid; SIZE=full only: ~3.3 h on one core of this machine, measured 2026-12-02):
@@ -47,7 +50,7 @@ concurrency_grid() {  # search name, then the arbor-solve overrides
   local name=$1 dir="$OUT/concurrency/$1" bench=(env OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 "$PYTHON"
     scripts/bench_concurrency.py --levels 1,2,4,8)
   shift
-  step "concurrency-$name-full" "${bench[@]}" --naive --policies "policy=full;policy=full share_prefixes=false" \
+  step "concurrency-$name-full" "$dir-full" -- "${bench[@]}" --naive --policies "policy=full;policy=full share_prefixes=false" \
     --out "$dir-full" "$@"
   local sum pols=() f
   sum=$("$PYTHON" -c "import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]
@@ -56,19 +59,18 @@ print(next(r['peak_device_tokens_sum'] for r in rows if r['policy'] == 'policy=f
   for f in 1 0.5 0.25 0.1; do
     pols+=("policy=arbor policy.budget_tokens=$("$PYTHON" -c "print(int($sum * $f))")")
   done
-  step "concurrency-$name-arbor" "${bench[@]}" --policies "$(IFS=';'; echo "${pols[*]}")" --out "$dir-arbor" "$@"
+  step "concurrency-$name-arbor" "$dir-arbor" -- "${bench[@]}" --policies "$(IFS=';'; echo "${pols[*]}")" --out "$dir-arbor" "$@"
   local off=("${pols[@]/%/ share_prefixes=false}")
-  step "concurrency-$name-noshare" "${bench[@]}" --policies "$(IFS=';'; echo "${off[*]}")" --out "$dir-noshare" "$@"
+  step "concurrency-$name-noshare" "$dir-noshare" -- "${bench[@]}" --policies "$(IFS=';'; echo "${off[*]}")" --out "$dir-noshare" "$@"
   mkdir -p "$OUT/concurrency-final/$name"
   cat "$dir"-{full,arbor,noshare}/concurrency.jsonl > "$OUT/concurrency-final/$name/concurrency.jsonl"
 }
 if [ "$SIZE" = full ]; then
-  rm -rf "$OUT/concurrency" "$OUT/concurrency-final"
   concurrency_grid game24-900-915 model=smollm2 task=game24 task.start=900 task.end=916 controller=bfs \
     controller.breadth=2 controller.n_generate=3 paths.data_dir="$DATA"
   concurrency_grid gsm8k-0-7 model=smollm2 task=gsm8k task.start=0 task.end=8 task.max_thought_tokens=32 \
     controller=best_first controller.n_generate=2 controller.max_expansions=8 paths.data_dir="$DATA"
-  "$PYTHON" -m benchmarks.results.collect concurrency "$OUT/concurrency-final" --command \
+  step concurrency-data -- "$PYTHON" -m benchmarks.results.collect concurrency "$OUT/concurrency-final" --command \
     "bash scripts/results_all.sh full (concurrency_grid: bench_concurrency.py --levels 1,2,4,8 for full on/off with --naive,
 then arbor at 1, 0.5, 0.25 and 0.1x full's summed concurrency-1 peaks, sharing on and off; Game of 24 rows 900-915
 and GSM8K rows 0-7; the JSONL of each search joined, then python -m benchmarks.results.collect concurrency)"
@@ -79,11 +81,10 @@ fi
 ms=(model=smollm2 task=gsm8k task.start=0 task.end=1 task.max_thought_tokens=32 controller=best_first
   controller.n_generate=2 controller.max_expansions=50 controller.vote_quorum=0 controller.release_pruned=false
   paths.data_dir=$DATA)
-rm -rf "$OUT/memory-steps"
-step memory-steps-full env OMP_NUM_THREADS=1 "$BIN/arbor-solve" "${ms[@]}" policy=full run_dir="$OUT/memory-steps/full"
-step memory-steps-arbor env OMP_NUM_THREADS=1 "$BIN/arbor-solve" "${ms[@]}" policy=arbor policy.budget_tokens=557 \
+step memory-steps-full "$OUT/memory-steps/full" -- env OMP_NUM_THREADS=1 "$BIN/arbor-solve" "${ms[@]}" policy=full run_dir="$OUT/memory-steps/full"
+step memory-steps-arbor "$OUT/memory-steps/arbor" -- env OMP_NUM_THREADS=1 "$BIN/arbor-solve" "${ms[@]}" policy=arbor policy.budget_tokens=557 \
   run_dir="$OUT/memory-steps/arbor"
-"$PYTHON" -m benchmarks.memory_steps "$OUT/memory-steps/full" "$OUT/memory-steps/arbor" --command \
+step memory-steps-data -- "$PYTHON" -m benchmarks.memory_steps "$OUT/memory-steps/full" "$OUT/memory-steps/arbor" --command \
   "OMP_NUM_THREADS=1 arbor-solve ${ms[*]} policy=full run_dir=$OUT/memory-steps/full
 OMP_NUM_THREADS=1 arbor-solve ${ms[*]} policy=arbor policy.budget_tokens=557 run_dir=$OUT/memory-steps/arbor
 python -m benchmarks.memory_steps $OUT/memory-steps/full $OUT/memory-steps/arbor"
@@ -91,30 +92,28 @@ python -m benchmarks.memory_steps $OUT/memory-steps/full $OUT/memory-steps/arbor
 if [ "$SIZE" = full ]; then
   # controllers (20 min on one core beside another benchmark, measured 2026-12-03): each controller's small
   # search on 2 Game of 24 puzzles and 2 GSM8K questions
-  rm -rf "$OUT/controllers"
-  step controllers env OMP_NUM_THREADS=1 bash scripts/bench_controllers.sh "$OUT/controllers" "$DATA"
-  "$PYTHON" -m benchmarks.results.collect controllers "$OUT/controllers" \
+  step controllers "$OUT/controllers" -- env OMP_NUM_THREADS=1 bash scripts/bench_controllers.sh "$OUT/controllers" "$DATA"
+  step controllers-data -- "$PYTHON" -m benchmarks.results.collect controllers "$OUT/controllers" \
     --command "OMP_NUM_THREADS=1 bash scripts/bench_controllers.sh $OUT/controllers $DATA"
 
   # trace replay and speed vs naive ToT (traces 2 min, replay 17 min, speed 11 min on one core beside
   # another benchmark, measured 2026-12-03): full searches recorded as traces (Game of 24 rows 900-901,
   # GSM8K row 0), replayed teacher-forced under every policy and budget, and built three ways
-  rm -rf "$OUT/traces" "$OUT/replay" "$OUT/speed"
   rec=(--threads 1 --out "$OUT/traces")
   record_traces() {
     OMP_NUM_THREADS=1 "$PYTHON" scripts/record_trace.py "${rec[@]}" experiment=e2e_game24 paths.data_dir="$DATA" task.end=902
     OMP_NUM_THREADS=1 "$PYTHON" scripts/record_trace.py "${rec[@]}" experiment=e2e_gsm8k paths.data_dir="$DATA" task.end=1
   }
-  step traces record_traces
-  step replay env OMP_NUM_THREADS=1 "$PYTHON" scripts/replay_trace.py "$OUT"/traces/*.json --threads 1 --out "$OUT/replay"
-  "$PYTHON" -m benchmarks.results.collect replay "$OUT/replay" --command "python scripts/record_trace.py ${rec[*]} \
+  step traces "$OUT/traces" -- record_traces
+  step replay "$OUT/replay" -- env OMP_NUM_THREADS=1 "$PYTHON" scripts/replay_trace.py "$OUT"/traces/*.json --threads 1 --out "$OUT/replay"
+  step replay-data -- "$PYTHON" -m benchmarks.results.collect replay "$OUT/replay" --command "python scripts/record_trace.py ${rec[*]} \
   experiment=e2e_game24 paths.data_dir=$DATA task.end=902
   python scripts/record_trace.py ${rec[*]} experiment=e2e_gsm8k paths.data_dir=$DATA task.end=1
   python scripts/replay_trace.py $OUT/traces/*.json --threads 1 --out $OUT/replay"
   sp_in=("$OUT/traces/game24-900.json" "$OUT/traces/gsm8k-0.json")
-  step speed env OMP_NUM_THREADS=1 "$PYTHON" scripts/bench_speed.py "${sp_in[@]}" --threads 1 --repeats 3 \
+  step speed "$OUT/speed" -- env OMP_NUM_THREADS=1 "$PYTHON" scripts/bench_speed.py "${sp_in[@]}" --threads 1 --repeats 3 \
     --out "$OUT/speed/speed.json"
-  "$PYTHON" -m benchmarks.results.collect speed "$OUT/speed" --command "(the traces of the replay section, then)
+  step speed-data -- "$PYTHON" -m benchmarks.results.collect speed "$OUT/speed" --command "(the traces of the replay section, then)
   python scripts/bench_speed.py ${sp_in[*]} --threads 1 --repeats 3 --out $OUT/speed/speed.json"
 
   # smallest exact budget per search (bench_budgets.py writes JSONL per search folder)
@@ -124,28 +123,38 @@ if [ "$SIZE" = full ]; then
   b2=(--policies arbor --fractions 0.5 --threads 2 --out "$OUT/budgets/gsm8k-best-first50" model=smollm2 task=gsm8k
     task.start=0 task.end=1 task.max_thought_tokens=32 controller=best_first controller.n_generate=2
     controller.max_expansions=50 controller.vote_quorum=0 controller.release_pruned=false paths.data_dir=$DATA)
-  step budgets-game24 env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_budgets.py "${b1[@]}"
-  step budgets-gsm8k env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_budgets.py "${b2[@]}"
-  "$PYTHON" -m benchmarks.results.collect budgets "$OUT/budgets" \
+  step budgets-game24 "$OUT/budgets/game24-legal-bfs5" -- env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_budgets.py "${b1[@]}"
+  step budgets-gsm8k "$OUT/budgets/gsm8k-best-first50" -- env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_budgets.py "${b2[@]}"
+  step budgets-data -- "$PYTHON" -m benchmarks.results.collect budgets "$OUT/budgets" \
     --command "python scripts/bench_budgets.py ${b1[*]}; python scripts/bench_budgets.py ${b2[*]}"
   # sparse decode attention vs dense by context (bench_sparse.py writes sparse.jsonl); the int8 before/after
   # table is not rerun (it needs the parent commit's checkout) and is kept, marked as such
   sp=(--threads 1 --data-dir "$DATA" --contexts 2048,4096,8192 --random-contexts 16384,32768 --decode 16 --repeats 2
     --fidelity-steps 12 --out "$OUT/sparse")
-  step sparse env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_sparse.py "${sp[@]}"
-  "$PYTHON" -m benchmarks.results.collect sparse "$OUT/sparse" \
+  step sparse "$OUT/sparse" -- env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_sparse.py "${sp[@]}"
+  step sparse-data -- "$PYTHON" -m benchmarks.results.collect sparse "$OUT/sparse" \
     --command "OMP_WAIT_POLICY=PASSIVE python scripts/bench_sparse.py ${sp[*]}"
 fi
 
 if [ "$SIZE" = full ]; then
   # the Table 1 analog on GSM8K (best-first, test rows 0-19; every policy at 0.5, 0.35, 0.25x of full's peak,
   # set from the start, through arbor-solve): ~85 min with JOBS=2 on this machine, measured 2026-12-03
-  rm -rf "$OUT/e2e/gsm8k"
-  step e2e-gsm8k env JOBS=2 BIN="$BIN" TITLE="End to end: GSM8K best-first (Table 1 analog), policy x budget" \
+  step e2e-gsm8k "$OUT/e2e/gsm8k" -- env JOBS=2 BIN="$BIN" TITLE="End to end: GSM8K best-first (Table 1 analog), policy x budget" \
     bash scripts/bench_e2e.sh gsm8k "$OUT/e2e" "$DATA" experiment=table1_gsm8k
+  # the Table 1 analog on Game of 24 (the ToT setup: 5-shot, BFS breadth 5, legal proposals ranked by the
+  # model, llm_value; rows 900-919; every policy at 0.5, 0.35, 0.25x of full's peak): the reference ~14 min
+  # (41 s a puzzle), then the sweeps side by side with JOBS=2, measured 2026-12-03
+  step e2e-game24 "$OUT/e2e/game24" -- env JOBS=2 BIN="$BIN" \
+    TITLE="End to end: Game of 24 ToT BFS (Table 1 analog), policy x budget" \
+    bash scripts/bench_e2e.sh game24 "$OUT/e2e" "$DATA" experiment=table1_game24
+  # fixed-memory scaling on Game of 24 (the Config-L analog: rows 900-929, full and arbor at full-b5's peak,
+  # breadth 5/10/20 x n_generate 5/10; the longest step, several hours with JOBS=2)
+  step e2e-configl-game24 "$OUT/e2e/configl-game24" -- env JOBS=2 POLICIES=full,arbor RATIOS=1.0 BIN="$BIN" \
+    SWEEP="controller.breadth=5,10,20 controller.n_generate=5,10" \
+    TITLE="Fixed-memory scaling (Config-L analog, Game of 24): breadth and thoughts per state within full's breadth-5 peak" \
+    bash scripts/bench_e2e.sh configl-game24 "$OUT/e2e" "$DATA" experiment=configl_game24
   # fixed-memory scaling on GSM8K (Config-L analog; ~38 min on one core, measured 2026-12-03)
-  rm -rf "$OUT/e2e/configl-gsm8k"
-  step e2e-configl-gsm8k env JOBS=2 POLICIES=full,h2o,arbor RATIOS=1.0 SWEEP="controller.breadth=2,4,8" BIN="$BIN" \
+  step e2e-configl-gsm8k "$OUT/e2e/configl-gsm8k" -- env JOBS=2 POLICIES=full,h2o,arbor RATIOS=1.0 SWEEP="controller.breadth=2,4,8" BIN="$BIN" \
     TITLE="Fixed-memory scaling (Config-L analog, GSM8K): BFS width within full's breadth-2 peak" \
     bash scripts/bench_e2e.sh configl-gsm8k "$OUT/e2e" "$DATA" experiment=configl_gsm8k
 fi
@@ -155,9 +164,8 @@ fi
 cat <<'TODO'
 == not rerun (no docs/data writer yet; commands as in each section of docs/results.md):
    wide (scripts/bench_memory.py), longctx (scripts/bench_longctx.py), rehydrate (scripts/bench_rehydrate.py),
-   linear (scripts/bench_linear.py, scripts/bench_stats_cost.py), kvp (scripts/bench_kvp.py, kvp_train.py),
-   e2e-game24 (the Table 1 analog on Game of 24, rows 900-919 at breadth 5: ~100 s a puzzle and run, 19 runs,
-     ~5 h with JOBS=2): JOBS=2 bash scripts/bench_e2e.sh game24 OUT DATA experiment=table1_game24
-   the Config-L analog on Game of 24 (rows 900-929, full and arbor at full-b5's peak, breadth 5/10/20 x
-     n_generate 5/10: many hours): see conf/experiment/configl_game24.yaml for the command
+   linear (scripts/bench_linear.py, scripts/bench_stats_cost.py), kvp (scripts/bench_kvp.py, kvp_train.py)
 TODO
+
+# every step's wall time and the total (docs/data/make-results-SIZE/results.json, a section of the page)
+report_steps "$SIZE"

@@ -139,9 +139,12 @@ SECTIONS: tuple[Section, ...] = (
     Section("e2e-gsm8k"),
     Section("replay"),
     Section("memory-steps"),
+    Section("e2e-configl-game24", optional=True),
     Section("e2e-configl-gsm8k"),
     Section("speed"),
     Section("controllers"),
+    Section("make-results-full", optional=True),
+    Section("make-results-quick", optional=True),
 )
 
 

@@ -1,0 +1,168 @@
+"""The steps of ``make results`` (scripts/results_all.sh): kept across interruptions, timed, reported.
+
+A full rerun takes longer than one sitting on a 2-core machine, so every step records itself under
+``OUT/steps/<name>.json``: when it began, at which runtime code, and, once it finished, its wall
+seconds. Rerunning the same command skips the steps already done at the same runtime code and
+resumes the one that was interrupted (its outputs are kept: the benchmarks that resume, arbor-solve's
+run dirs and the long-context rows, pick up where they stopped); a step begun or done at other
+runtime code starts over from empty outputs. The *runtime code* is the tracked tree of the packages
+that decide what a benchmark measures (:data:`RUNTIME`), uncommitted changes to them included, so a
+results-page or benchmark-script fix does not throw away hours of measurement while a change to the
+runtime does.
+
+    python -m benchmarks.results.steps done OUT NAME              # exit 0 (and say so) when done at this code
+    python -m benchmarks.results.steps begin OUT NAME [DIR ...]   # DIRs emptied unless resuming this code
+    python -m benchmarks.results.steps end OUT NAME SECONDS
+    python -m benchmarks.results.steps report OUT SIZE NAME ...   # docs/data/make-results-SIZE/results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .data import REPO, commit, write_section_data
+
+#: what a benchmark's numbers depend on: a change here makes every step start over
+RUNTIME = ("arbor_cli", "arbor_runtime", "conf", "controllers", "research", "tasks", "verifiers", "pyproject.toml")
+
+
+def runtime_code(repo: Path = REPO) -> str | None:
+    """12 hex digits naming the runtime's code: the committed trees of :data:`RUNTIME` and the uncommitted
+    changes to them; None outside a git checkout (then no step counts as done)."""
+    try:
+        trees = [
+            subprocess.run(["git", "rev-parse", f"HEAD:{p}"], cwd=repo, capture_output=True, text=True).stdout
+            for p in RUNTIME
+        ]
+        diff = subprocess.run(["git", "diff", "HEAD", "--", *RUNTIME], cwd=repo, capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    h = hashlib.sha1("".join(trees).encode())
+    h.update(diff.stdout)
+    return h.hexdigest()[:12]
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def record_path(out: Path, name: str) -> Path:
+    return out / "steps" / f"{name}.json"
+
+
+def load(out: Path, name: str) -> dict | None:
+    path = record_path(out, name)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _save(out: Path, record: dict) -> None:
+    path = record_path(out, record["name"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def is_done(out: Path, name: str, code: str | None) -> dict | None:
+    """The step's record when it finished at runtime code ``code`` (None: never)."""
+    rec = load(out, name)
+    ok = code is not None and rec is not None and rec.get("status") == "done" and rec.get("runtime") == code
+    return rec if ok else None
+
+
+def begin(out: Path, name: str, dirs: list[Path], code: str | None) -> bool:
+    """Start (or resume) a step. Its ``dirs`` are emptied unless an attempt at this runtime code was
+    interrupted (then they hold what it got to). Returns True when resuming."""
+    rec = load(out, name)
+    resuming = code is not None and rec is not None and rec.get("status") == "started" and rec.get("runtime") == code
+    if not resuming:
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        rec = {"name": name, "status": "started", "runtime": code, "commit": commit(), "started": _now()}
+    rec["attempts"] = rec.get("attempts", 0) + 1
+    _save(out, rec)
+    return resuming
+
+
+def end(out: Path, name: str, seconds: float) -> dict:
+    """Mark a step done; its seconds add up over the attempts (an interrupted attempt's time counts)."""
+    rec = load(out, name)
+    if rec is None or rec.get("status") != "started":
+        raise SystemExit(f"steps: error: step {name!r} was not begun under {out}")
+    rec |= {"status": "done", "seconds": rec.get("seconds_before", 0) + seconds, "finished": _now()}
+    _save(out, rec)
+    return rec
+
+
+def interrupted(out: Path, name: str, seconds: float) -> None:
+    """An attempt that stopped (failed or killed): its seconds so far are kept for the total."""
+    rec = load(out, name)
+    if rec is not None and rec.get("status") == "started":
+        rec["seconds_before"] = rec.get("seconds_before", 0) + seconds
+        _save(out, rec)
+
+
+def report(out: Path, size: str, names: list[str], code: str | None, data_root: Path | None = None) -> Path:
+    """docs/data/make-results-SIZE/results.json: each step's wall seconds and where it ran, and the total.
+
+    Every step must be done at the same runtime code: the total is then the wall time of one
+    rerun of everything at that code (summed over sittings when it was interrupted)."""
+    rows = []
+    for name in names:
+        rec = is_done(out, name, code)
+        if rec is None:
+            raise SystemExit(f"steps: error: step {name!r} is not done at runtime code {code} under {out}")
+        rows.append({
+            "step": name, "minutes": round(rec["seconds"] / 60, 1), "attempts": rec.get("attempts", 1),
+            "commit": (rec.get("commit") or "")[:12], "finished": rec["finished"],
+        })  # fmt: skip
+    total = sum(r["minutes"] for r in rows)
+    facts = {"total_minutes": round(total, 1), "total_hours": round(total / 60, 2), "steps": len(rows)}
+    facts["sittings"] = max(r["attempts"] for r in rows) if rows else 0
+    return write_section_data(
+        f"make-results-{size}", rows, f"make results SIZE={size}", {"size": size, "runtime_code": code},
+        title=f"How long `make results SIZE={size}` takes", facts=facts, root=data_root,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for cmd in ("done", "begin", "end", "interrupted", "report"):
+        p = sub.add_parser(cmd)
+        p.add_argument("out", type=Path, help="the run's output folder (results_all.sh's OUT)")
+        if cmd == "report":
+            p.add_argument("size", choices=("quick", "full"))
+            p.add_argument("names", nargs="+", help="the steps of the run, in order")
+            p.add_argument("--data-root", type=Path, default=None, help="docs/data by default")
+        else:
+            p.add_argument("name")
+        if cmd == "begin":
+            p.add_argument("dirs", nargs="*", type=Path, help="the step's outputs (emptied on a fresh start)")
+        if cmd in ("end", "interrupted"):
+            p.add_argument("seconds", type=float)
+    args = ap.parse_args(argv)
+    code = runtime_code()
+    if args.cmd == "done":
+        rec = is_done(args.out, args.name, code)
+        if rec is None:
+            sys.exit(1)
+        print(f"== {args.name}: done {rec['finished']} at runtime code {code} in {rec['seconds']:.0f} s; kept")
+    elif args.cmd == "begin":
+        if begin(args.out, args.name, args.dirs, code):
+            print(f"== {args.name}: resuming the attempt begun {load(args.out, args.name)['started']}")
+    elif args.cmd == "end":
+        end(args.out, args.name, args.seconds)
+    elif args.cmd == "interrupted":
+        interrupted(args.out, args.name, args.seconds)
+    else:
+        print(f"wrote {report(args.out, args.size, args.names, code, args.data_root)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""`make results` resumes (issue 27): a step done at the same runtime code is kept, an interrupted one
+resumes with its outputs, one begun at other runtime code starts from empty outputs, and the wall
+times of the steps add up into the make-results section's data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.results import steps
+from benchmarks.results.data import load_section
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_step_done_at_this_code_is_kept_and_at_other_code_is_not(tmp_path):
+    out = tmp_path / "out"
+    assert steps.is_done(out, "a", "code1") is None
+    assert steps.begin(out, "a", [], "code1") is False
+    steps.end(out, "a", 12.0)
+    assert steps.is_done(out, "a", "code1")["seconds"] == 12.0
+    assert steps.is_done(out, "a", "code2") is None
+    assert steps.is_done(out, "a", None) is None  # outside git nothing counts as done
+
+
+def test_an_interrupted_step_resumes_with_its_outputs_and_counts_all_its_time(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    steps.begin(out, "a", [work], "code1")
+    work.mkdir()
+    (work / "rows.jsonl").write_text("{}\n")
+    steps.interrupted(out, "a", 100.0)
+    assert steps.begin(out, "a", [work], "code1") is True  # same code: resume, outputs kept
+    assert (work / "rows.jsonl").is_file()
+    rec = steps.end(out, "a", 50.0)
+    assert rec["seconds"] == 150.0 and rec["attempts"] == 2
+
+
+def test_a_step_begun_at_other_code_starts_from_empty_outputs(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    steps.begin(out, "a", [work], "code1")
+    work.mkdir()
+    (work / "rows.jsonl").write_text("{}\n")
+    steps.interrupted(out, "a", 100.0)
+    assert steps.begin(out, "a", [work], "code2") is False
+    assert not work.exists()
+    rec = steps.end(out, "a", 5.0)
+    assert rec["seconds"] == 5.0 and rec["attempts"] == 1 and rec["runtime"] == "code2"
+
+
+def test_the_report_sums_the_steps_and_refuses_one_not_done(tmp_path):
+    out, data = tmp_path / "out", tmp_path / "data"
+    for name, seconds in (("a", 600.0), ("b", 1800.0)):
+        steps.begin(out, name, [], "code1")
+        steps.end(out, name, seconds)
+    steps.report(out, "quick", ["a", "b"], "code1", data_root=data)
+    doc = load_section("make-results-quick", data)
+    assert [r["minutes"] for r in doc["tables"]["main"]["rows"]] == [10.0, 30.0]
+    assert doc["facts"]["total_minutes"] == 40.0 and doc["facts"]["total_hours"] == 0.67
+    assert doc["command"] == "make results SIZE=quick" and doc["settings"]["runtime_code"] == "code1"
+    steps.begin(out, "c", [], "code1")
+    with pytest.raises(SystemExit, match="'c' is not done"):
+        steps.report(out, "quick", ["a", "c"], "code1", data_root=data)
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+
+def test_runtime_code_follows_the_runtime_and_not_the_docs(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "arbor_runtime").mkdir(parents=True)
+    (repo / "docs").mkdir()
+    (repo / "arbor_runtime" / "x.py").write_text("A = 1\n")
+    (repo / "docs" / "page.md").write_text("page\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    first = steps.runtime_code(repo)
+    (repo / "docs" / "page.md").write_text("another page\n")
+    assert steps.runtime_code(repo) == first
+    (repo / "arbor_runtime" / "x.py").write_text("A = 2\n")  # uncommitted runtime changes count
+    changed = steps.runtime_code(repo)
+    assert changed != first
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "two")
+    assert steps.runtime_code(repo) not in (first, None)
+
+
+STEP_SCRIPT = """
+source scripts/results_steps.sh
+step a "$OUT/a" -- bash -c 'mkdir -p "$OUT/a"; echo ran >> "$OUT/runs-a"'
+step b "$OUT/b" -- bash -c 'mkdir -p "$OUT/b"; echo ran >> "$OUT/runs-b"; [ -e "$OUT/b-may-pass" ]'
+touch "$OUT/reached-the-end"
+"""
+
+
+def _run_steps(out: Path) -> subprocess.CompletedProcess:
+    env = {"OUT": str(out), "PYTHON": sys.executable, "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", STEP_SCRIPT], cwd=REPO, env=env, text=True,
+                          capture_output=True)  # fmt: skip
+
+
+def test_results_steps_sh_skips_done_steps_and_resumes_a_failed_one(tmp_path):
+    """scripts/results_steps.sh as results_all.sh sources it: the first run does `a`, fails in `b` (the
+    script stops there); the second keeps `a` without running it again and reruns `b` with its
+    outputs, which now passes."""
+    out = tmp_path / "out"
+    first = _run_steps(out)
+    assert first.returncode != 0 and not (out / "reached-the-end").exists()
+    assert json.loads((out / "steps" / "b.json").read_text())["status"] == "started"
+    (out / "b-may-pass").touch()
+    second = _run_steps(out)
+    assert second.returncode == 0, second.stderr
+    assert "== a: done" in second.stdout and "== b: resuming" in second.stdout
+    assert (out / "runs-a").read_text() == "ran\n"
+    assert (out / "runs-b").read_text() == "ran\nran\n"
+    assert json.loads((out / "steps" / "b.json").read_text())["attempts"] == 2
