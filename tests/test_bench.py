@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from fixtures.synthetic import synthetic_search
@@ -13,6 +16,8 @@ from benchmarks.plots import memory_panels, plot_memory
 from benchmarks.replay import budgets_for
 from benchmarks.speed import BUILDERS, expected_prefill_tokens, max_logprob_diff, speed_compare
 from benchmarks.trace import record_trace
+
+REPO = Path(__file__).resolve().parents[1]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -128,3 +133,78 @@ def test_speed_and_replay_outputs_become_their_sections(tiny, trace, tmp_path):
     for name, section in (("speed", speed), ("replay", replay)):
         text = render_section(Section(name), section)
         assert "Not current" not in text and "| synthetic" in text
+
+
+def test_bench_memory_output_becomes_the_wide_section(tmp_path):
+    """scripts/bench_memory.py on the tiny model -> docs/data/wide (benchmarks.results.collect): the `after`
+    columns are this run's, the `before` ones (the commit before issue 8, not rerun) are kept from the
+    committed row of the same policy and rows, and the section's provenance says they are kept."""
+    from benchmarks.results.collect import write as collect
+    from benchmarks.results.data import load_section
+    from benchmarks.results.sections import Section, render_section
+
+    out = tmp_path / "wide" / "after.json"
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_memory.py"), "--model", "tiny-random", "--prefix", "40",
+           "--new-tokens", "4", "--rows", "1,8", "--policies", "full", "--repeats", "1", "--threads", "1",
+           "--out", str(out)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, cwd=REPO)
+    measured = {(r["policy"], r["rows"]): r for r in json.loads(out.read_text())}
+    collect("wide", tmp_path / "wide", "python scripts/bench_memory.py", data_root=tmp_path / "data")
+    data = load_section("wide", tmp_path / "data")
+    committed = {(r["policy"], r["rows"]): r for r in load_section("wide")["tables"]["main"]["rows"]}
+    rows = data["tables"]["main"]["rows"]
+    assert [(r["policy"], r["rows"]) for r in rows] == [("full", 1), ("full", 8)]
+    for r in rows:
+        assert r["peak_alloc_mb_after"] == measured[("full", r["rows"])]["peak_alloc_mb"]
+        assert r["decode_tok_s_after"] == measured[("full", r["rows"])]["decode_tokens_per_s"]
+        assert r["peak_alloc_mb_before"] == committed[("full", r["rows"])]["peak_alloc_mb_before"]
+    assert data["carried"]["columns"] == ["peak_alloc_tree_kv_before", "peak_alloc_mb_before", "decode_tok_s_before"]
+    text = render_section(Section("wide"), data)
+    assert "not rerun: column `peak_alloc_tree_kv_before`" in text and "Not current" not in text
+
+
+def _rehydrate_row(problem, config, name, pool, match, status="ok"):
+    """A line of bench_rehydrate.py's rehydrate.jsonl."""
+    ran = status == "ok"
+    return {"problem": problem, "config": config, "pool_name": name, "pool": pool, "status": status,
+            "match": match if ran else None, "prefix": 10.0 * match if ran else None,
+            "rehydrated": 100 if ran else None, "host_at_return": 300 if ran else None,
+            "peak_device": pool or 1888 if ran else None, "return_s": 6.04 if ran else None}  # fmt: skip
+
+
+def test_bench_rehydrate_rows_become_the_rehydrate_section(tmp_path):
+    """bench_rehydrate.py's rows -> docs/data/rehydrate (--section): a row per configuration and pool with
+    means over the trees that ran, the per-tree ranked-vs-position count the prose quotes, and the first
+    version's figures (not measured any more) kept and named as kept; the template renders it."""
+    from argparse import Namespace
+
+    from benchmarks.rehydrate import section_facts, section_rows, write_section
+    from benchmarks.results.data import load_section
+    from benchmarks.results.sections import Section, render_section
+
+    rows = []
+    for p in range(3):
+        rows += [_rehydrate_row(p, "full", "-", None, 1.0), _rehydrate_row(p, "lychee", "-", None, 0.5)]
+        rows.append(_rehydrate_row(p, "whole", "hi", 1616, 0.5))
+        for name, pool in (("mid", 1520), ("lo", 1480)):
+            rows.append(_rehydrate_row(p, "whole", name, pool, 0.5, "ok" if name == "mid" else "OOM (1500 needed)"))
+            rows.append(_rehydrate_row(p, "ranked", name, pool, 0.4 + 0.1 * p))
+            rows.append(_rehydrate_row(p, "position", name, pool, 0.5))
+            rows.append(_rehydrate_row(p, "none", name, pool, 0.1))
+    table = section_rows(rows)
+    assert [(r["configuration"], r["pool_tokens"]) for r in table][:4] == [
+        ("full", None), ("lychee", None), ("whole", "hi (1616)"), ("whole", "mid (1520)")]  # fmt: skip
+    lo_whole = next(r for r in table if r["configuration"] == "whole" and r["pool_tokens"] == "lo (1480)")
+    assert lo_whole["ran"] == "0/3" and lo_whole["tokens_full"] is None
+    ranked_mid = next(r for r in table if r["configuration"] == "ranked" and r["pool_tokens"] == "mid (1520)")
+    assert ranked_mid["tokens_full"] == 0.5 and ranked_mid["ran"] == "3/3" and ranked_mid["return_s"] == 6.0
+    facts = section_facts(rows)  # ranked 0.4 / 0.5 / 0.6 against position's 0.5, at two pools
+    assert facts == {"ranked_beats_position_pairs": 2, "tree_pool_pairs": 6, "tree2_mid_ranked": 0.6,
+                     "tree2_mid_position": 0.5}  # fmt: skip
+    args = Namespace(model="smollm2", root=1024, branch_a=448, branch_b=192, answer=32, rows=4, problems=3)
+    write_section(rows, args, "python scripts/bench_rehydrate.py --section", root=tmp_path)
+    data = load_section("rehydrate", tmp_path)
+    assert data["facts"]["no_probe_ranked_mid"] == load_section("rehydrate")["facts"]["no_probe_ranked_mid"]
+    assert data["carried"]["facts"] == ["no_probe_ranked_mid", "no_probe_ranked_lo"]
+    text = render_section(Section("rehydrate"), data)
+    assert "3 trees" in text and "not rerun: the figures its prose quotes" in text

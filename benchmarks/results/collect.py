@@ -38,6 +38,10 @@ class Collector:
     columns: list[tuple[str, str, str]] | None = None
     #: one benchmark record -> the records the keys read (a record per row); None: the record itself
     expand: Callable[[dict], list[dict]] | None = None
+    #: columns this benchmark does not remeasure (a "before" measured at an older commit), kept from the
+    #: committed row with the same values in ``match``; the page names them as kept
+    kept_columns: tuple[str, ...] = ()
+    match: tuple[str, ...] = ()
 
 
 def replay_records(record: dict) -> list[dict]:
@@ -94,6 +98,16 @@ COLLECTORS = {
             "top_1_math": "top1_math500", "kl_math": "kl_math500",
         },
         scale={"read": 100.0},
+    ),
+    "wide": Collector(  # bench_memory.py's JSON list (the runtime now); the "before" columns are kept
+        "after.json",
+        {
+            "policy": "policy", "rows": "rows", "peak_alloc_tree_kv_after": "peak_over_tree_kv",
+            "peak_alloc_mb_after": "peak_alloc_mb", "decode_tok_s_after": "decode_tokens_per_s",
+        },
+        rows_at="",
+        kept_columns=("peak_alloc_tree_kv_before", "peak_alloc_mb_before", "decode_tok_s_before"),
+        match=("policy", "rows"),
     ),
     "linear": Collector(  # bench_linear.py's comparison table; its other tables are kept (carried)
         "linear.json",
@@ -203,7 +217,10 @@ def write(name: str, root: Path, command: str, settings: dict | None = None, dat
     if not found:
         raise SystemExit(f"collect: error: no {COLLECTORS[name].pattern} under {root}")
     committed = load_section(name, DATA)  # its columns and title are what the template expects
-    kept = carried(committed, settings or {})
+    spec = COLLECTORS[name]
+    if spec.kept_columns:
+        found = keep_columns(found, committed["tables"]["main"]["rows"], spec.kept_columns, spec.match)
+    kept = carried(committed, settings or {}, spec.kept_columns)
     return write_section_data(
         name,
         found,
@@ -227,18 +244,34 @@ def _columns(spec: Collector, committed: dict, found: list[dict]) -> list[dict]:
     return out
 
 
-def carried(committed: dict, settings: dict) -> dict:
-    """What a rerun of the main table does not remeasure (other tables, figures the prose quotes, settings
-    the caller did not give), kept from the committed data with where it came from, so the section's
-    template still renders and its provenance line says which parts are older."""
+def keep_columns(
+    found: list[dict], committed: list[dict], columns: tuple[str, ...], match: tuple[str, ...]
+) -> list[dict]:
+    """``found`` with ``columns`` taken from the committed row whose ``match`` values are the same (None
+    where no committed row matches)."""
+    by_key = {tuple(r.get(k) for k in match): r for r in committed}
+    out = []
+    for row in found:
+        old = by_key.get(tuple(row.get(k) for k in match), {})
+        out.append(row | {c: old.get(c) for c in columns})
+    return out
+
+
+def carried(committed: dict, settings: dict, columns: tuple[str, ...] = ()) -> dict:
+    """What a rerun of the main table does not remeasure (other tables, ``columns`` of the main one,
+    figures the prose quotes, settings the caller did not give), kept from the committed data with where
+    it came from, so the section's template still renders and its provenance line says which parts are
+    older (a section rerun twice keeps naming the first measurement of what it keeps)."""
     tables = {k: v for k, v in committed["tables"].items() if k != "main"}
     old_settings = sorted(set(committed.get("settings", {})) - set(settings))
-    if not tables and not committed.get("facts") and not old_settings:
+    if not tables and not committed.get("facts") and not old_settings and not columns:
         return {}
-    when = committed.get("commit") or committed.get("committed_in") or "?"
-    origin = {"measured": committed.get("measured"), "commit": when[:12], "tables": sorted(tables)}
-    origin["facts"] = sorted(committed.get("facts", {}))
-    origin["settings"] = old_settings
+    before = committed.get("carried") or {}
+    when = before.get("commit") or committed.get("commit") or committed.get("committed_in") or "?"
+    origin = {"measured": before.get("measured") or committed.get("measured"), "commit": when[:12]}
+    origin |= {"tables": sorted(tables), "facts": sorted(committed.get("facts", {})), "settings": old_settings}
+    if columns:
+        origin["columns"] = list(columns)
     return {"tables": tables, "facts": committed.get("facts", {}), "carried": origin}
 
 

@@ -170,7 +170,9 @@ def provenance(data: dict) -> str:
     if data.get("carried"):
         c = data["carried"]
         kept = ", ".join(
-            [f"table `{t}`" for t in c["tables"]] + (["the figures its prose quotes"] if c["facts"] else [])
+            [f"table `{t}`" for t in c["tables"]]
+            + [f"column `{col}`" for col in c.get("columns", [])]
+            + (["the figures its prose quotes"] if c["facts"] else [])
         )
         if kept:  # only settings were carried over: nothing measured is older than the header says
             lines += ["", f"Kept from the measurement of {c['measured']} (`{c['commit']}`), not rerun: {kept}."]
