@@ -63,12 +63,18 @@ def tree_paths(run_dir: Path, index: int) -> set[tuple[str, ...]]:
 SETTING_KEYS = ("controller.breadth", "controller.n_generate", "controller.max_expansions")
 
 
-def sweep_runs(sweep_dir: Path) -> list[tuple[str, float | None, str, Path]]:
-    """(policy, budget ratio, the search-shape overrides that differ between the sweep's jobs as text,
-    run dir) of every job of a Hydra sweep (:func:`arbor_cli.sweep.find_jobs`: its ``.hydra/overrides.yaml``);
-    an override every job has alike (the search both runs share) names no setting."""
+def varying_settings(jobs) -> set[str]:
+    """The search-shape overrides (:data:`SETTING_KEYS`) that differ between ``jobs``."""
+    return {k for k in SETTING_KEYS if len({j.overrides.get(k) for j in jobs}) > 1}
+
+
+def sweep_runs(sweep_dir: Path, varying: set[str] | None = None) -> list[tuple[str, float | None, str, Path]]:
+    """(policy, budget ratio, the search-shape overrides that differ between the jobs as text, run dir) of
+    every job of a Hydra sweep (:func:`arbor_cli.sweep.find_jobs`: its ``.hydra/overrides.yaml``); an
+    override every job has alike (the search both runs share) names no setting. ``varying``: the keys
+    that differ, when the jobs of several sweeps are compared (default: those of this sweep's jobs)."""
     jobs = find_jobs(sweep_dir)
-    varying = {k for k in SETTING_KEYS if len({j.overrides.get(k) for j in jobs}) > 1}
+    varying = varying_settings(jobs) if varying is None else varying
     out = []
     for job in jobs:
         found = dict(job.overrides)
@@ -123,7 +129,9 @@ def table(search: str, full_dir: Path, sweep_dirs: Iterable[Path]) -> list[dict[
     large to small)."""
     ref_rows = load_done(full_dir)
     out = [summarise(search, "full", None, full_dir, full_dir, ref_rows)]
-    runs = [r for d in sweep_dirs for r in sweep_runs(d)]
+    sweep_dirs = list(sweep_dirs)
+    varying = varying_settings([j for d in sweep_dirs for j in find_jobs(d)])  # over every sweep: one naming
+    runs = [r for d in sweep_dirs for r in sweep_runs(d, varying)]
     order = list(dict.fromkeys(p for p, _, _, _ in runs))
     shapes = list(dict.fromkeys(o for _, _, o, _ in runs))
     for policy, ratio, other, run_dir in sorted(

@@ -8,10 +8,12 @@
 # Both steps resume (run dirs keep their results.jsonl): an interrupted run is rerun with the same command.
 # POLICIES and RATIOS override the sweep (defaults: the paper's policies at 0.5, 0.35 and 0.25x); SWEEP adds
 # overrides to the sweep only (the reference keeps the experiment's search), e.g. the Config-L analog's
-# SWEEP="controller.breadth=5,10,20 controller.n_generate=5,10" (conf/experiment/configl_game24.yaml);
-# SECTION=0 skips writing docs/data (a trial run). JOBS=N splits the policies over N sweeps run side by side
-# (OUT/NAME/sweep-1..N, each pinned to its own CPU with taskset when there are that many): the same jobs
-# with the same settings, so the same rows, in 1/N of the time on an N-core machine.
+# SWEEP="controller.breadth=5,10,20 controller.n_generate=5;controller.breadth=5,10 controller.n_generate=10"
+# (conf/experiment/configl_game24.yaml): groups separated by ";" are swept one after the other (a grid
+# without its costliest corner). SECTION=0 skips writing docs/data (a trial run). JOBS=N splits the
+# (policy, group) pairs over N sweeps run side by side (OUT/NAME/sweep-1..N, each pinned to its own CPU with
+# taskset when there are that many): the same jobs with the same settings, so the same rows, in about
+# 1/N of the time on an N-core machine.
 set -euo pipefail
 NAME=$1 OUT=$2 DATA=$3
 shift 3
@@ -34,17 +36,35 @@ dir=$OUT/$NAME
 "$BIN/arbor-solve" "$@" paths.data_dir="$DATA" policy=full run_dir="$dir/full"
 JOBS=${JOBS:-1}
 IFS=, read -ra pols <<< "$POLICIES"
+groups=("")
+[ -z "${SWEEP:-}" ] || IFS=';' read -ra groups <<< "$SWEEP"
+units=()  # (group index, policy), policy by policy: pair k goes to sweep (k mod JOBS) + 1, so with as many
+for p in "${pols[@]}"; do  # groups as sweeps every sweep gets one group of each policy
+  for ((g = 0; g < ${#groups[@]}; g++)); do units+=("$g:$p"); done
+done
+one_sweep() {  # sweep dir, then its units: one arbor-solve -m per group, policies of the group as a list
+  local sweep=$1 g u mine
+  shift
+  for ((g = 0; g < ${#groups[@]}; g++)); do
+    mine=()
+    for u in "$@"; do [ "${u%%:*}" != "$g" ] || mine+=("${u#*:}"); done
+    [ ${#mine[@]} -gt 0 ] || continue
+    # shellcheck disable=SC2086  # a group is a list of overrides, split on spaces
+    "$BIN/arbor-solve" -m "${args[@]}" paths.data_dir="$DATA" policy="$(IFS=,; echo "${mine[*]}")" \
+      policy.budget_ratio="$RATIOS" "policy.budget_reference='$dir/full'" hydra.sweep.dir="$sweep" ${groups[g]}
+  done
+}
+args=("$@")
 sweeps=()
-for ((j = 0; j < JOBS; j++)); do  # policies j, j+JOBS, ... go to sweep j+1
+for ((j = 0; j < JOBS; j++)); do
   mine=()
-  for ((i = j; i < ${#pols[@]}; i += JOBS)); do mine+=("${pols[i]}"); done
+  for ((k = j; k < ${#units[@]}; k += JOBS)); do mine+=("${units[k]}"); done
   [ ${#mine[@]} -gt 0 ] || continue
   sweep=$dir/sweep && [ "$JOBS" = 1 ] || sweep=$dir/sweep-$((j + 1))
   sweeps+=("$sweep")
-  pin=() && [ "$JOBS" = 1 ] || [ "$(nproc)" -lt "$JOBS" ] || pin=(taskset -c "$j")
-  # shellcheck disable=SC2086  # SWEEP is a list of overrides, split on spaces
-  "${pin[@]}" "$BIN/arbor-solve" -m "$@" paths.data_dir="$DATA" policy="$(IFS=,; echo "${mine[*]}")" \
-    policy.budget_ratio="$RATIOS" "policy.budget_reference='$dir/full'" hydra.sweep.dir="$sweep" ${SWEEP:-} &
+  pin=0 && [ "$JOBS" = 1 ] || [ "$(nproc)" -lt "$JOBS" ] || pin=1
+  # the sweep's shell pins itself to CPU j first, so every arbor-solve it starts runs there
+  ( [ "$pin" = 0 ] || taskset -p -c "$j" "$BASHPID" > /dev/null; one_sweep "$sweep" "${mine[@]}" ) &
 done
 for ((j = 0; j < ${#sweeps[@]}; j++)); do wait -n || { echo "bench_e2e.sh: a sweep failed" >&2; exit 1; }; done
 if [ "${SECTION:-1}" != 0 ]; then

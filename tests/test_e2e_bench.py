@@ -120,9 +120,10 @@ def test_script_splits_the_policies_over_parallel_sweeps(tmp_path, data_dir):
 
 
 def test_config_l_sweeps_breadth_at_full_peak(tmp_path, data_dir):
-    """experiment=configl_game24 through the script (tiny model, one puzzle, breadth 1 and 2):
-    the reference at one breadth, then (SWEEP, the sweep only) full and arbor at 1.0x its peak for every
-    breadth, each row naming its setting."""
+    """experiment=configl_game24 through the script (tiny model, one puzzle): the reference at breadth 1
+    with 1 thought per state, then (SWEEP, the sweep only) full and arbor at 1.0x its peak over two groups
+    of settings (breadth 1 and 2 with 1 thought; breadth 1 with 2 thoughts: a grid without its corner)
+    split over JOBS=2 sweeps a group each, every row naming its setting by what varies over both."""
     import os
     import subprocess
     import sys
@@ -131,14 +132,20 @@ def test_config_l_sweeps_breadth_at_full_peak(tmp_path, data_dir):
     args = ["model=tiny-random", "experiment=configl_game24", "task.start=900", "task.end=901",
             "controller.breadth=1", "controller.n_generate=1"]  # fmt: skip
     env = os.environ | {"BIN": str(Path(sys.executable).parent), "POLICIES": "full,arbor", "RATIOS": "1.0",
-                        "SECTION": "0", "SWEEP": "controller.breadth=1,2"}  # fmt: skip
+                        "SECTION": "0", "JOBS": "2",
+                        "SWEEP": "controller.breadth=1,2 controller.n_generate=1;controller.n_generate=2"}  # fmt: skip
     script = [str(repo / "scripts/bench_e2e.sh"), "configl", str(tmp_path / "out"), str(data_dir), *args]
     done = subprocess.run(["bash", *script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     out = tmp_path / "out" / "configl"
-    rows = table("configl", out / "full", [out / "sweep"])
+    for sweep, thoughts in (("sweep-1", {"1"}), ("sweep-2", {"2"})):  # one group per sweep, both policies
+        runs = sweep_runs(out / sweep, {"controller.n_generate"})
+        assert sorted(p for p, _, _, _ in runs) == sorted(["arbor", "full"] * (2 if thoughts == {"1"} else 1))
+        assert {o.split("=")[-1] for _, _, o, _ in runs} == thoughts
+    rows = table("configl", out / "full", [out / "sweep-1", out / "sweep-2"])
     got = sorted((r["policy"], r["budget"], r["setting"]) for r in rows)
-    grid = ["controller.breadth=1", "controller.breadth=2"]
+    grid = ["controller.breadth=1 controller.n_generate=1", "controller.breadth=2 controller.n_generate=1",
+            "controller.breadth=1 controller.n_generate=2"]  # fmt: skip
     assert got == sorted([("full", "none", "")] + [(p, "1x full peak", g) for p in ("full", "arbor") for g in grid])
 
 
