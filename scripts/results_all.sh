@@ -14,7 +14,9 @@
 # Estimated wall time on the 2-core CPU machine, from the committed per-puzzle seconds of the accuracy
 # table (ToT BFS with legal steps: ~85 s under full, 100-160 s under a budget, ~70 s for the oracle):
 #   quick: accuracy on 2 puzzles (rows 900-901), ToT legal steps, arbor / h2o / streaming at 0.5x (~12 min);
-#          memory over steps (~4 min): about 16 min with the model loads (concurrency keeps its data)
+#          memory over steps (~4 min): about 16 min with the model loads. A smoke run of the pipeline: its
+#          sections go to OUT/data, not over docs/data's full-size ones; only its wall time is committed
+#          (docs/data/make-results-quick)
 #   full:  accuracy on 20 puzzles (rows 900-919), ToT legal steps, arbor / h2o / streaming at 0.5x and
 #          0.25x, plus IO and CoT: ~5 h by those per-puzzle times (over the 2 h target; not run here);
 #          the concurrency grid (~3.3 h on one core); controllers, trace replay and speed vs naive (~50 min);
@@ -29,8 +31,8 @@ OUT=${OUT:-bench/results-$SIZE}
 BIN=${BIN:-$(dirname "$PYTHON")}
 export BIN PYTHON
 case $SIZE in
-  quick) ACC_END=902 ACC_MODES="tot_legal" ACC_RATIOS="0.5" ;;
-  full) ACC_END=920 ACC_MODES="io cot tot_legal" ACC_RATIOS="0.5 0.25" ;;
+  quick) ACC_END=902 ACC_MODES="tot_legal" ACC_RATIOS="0.5" SECTIONS="$OUT/data" ;;
+  full) ACC_END=920 ACC_MODES="io cot tot_legal" ACC_RATIOS="0.5 0.25" SECTIONS="" ;;
   *) echo "results_all.sh: error: SIZE=$SIZE; valid: quick, full" >&2; exit 2 ;;
 esac
 
@@ -40,6 +42,7 @@ source scripts/results_steps.sh
 
 # accuracy: Game of 24, the ToT test slice (writes docs/data/accuracy/results.json)
 step accuracy "$OUT/accuracy" -- env MODES="$ACC_MODES" POLICIES="arbor h2o streaming" RATIOS="$ACC_RATIOS" \
+  DATA_ROOT="$SECTIONS" \
   bash scripts/bench_accuracy.sh "$OUT/accuracy" "$DATA" 900 "$ACC_END"
 
 # concurrency (issue 23's grid; SIZE=full only: ~3.3 h on one core of this machine, measured 2026-12-02):
@@ -84,7 +87,8 @@ ms=(model=smollm2 task=gsm8k task.start=0 task.end=1 task.max_thought_tokens=32 
 step memory-steps-full "$OUT/memory-steps/full" -- env OMP_NUM_THREADS=1 "$BIN/arbor-solve" "${ms[@]}" policy=full run_dir="$OUT/memory-steps/full"
 step memory-steps-arbor "$OUT/memory-steps/arbor" -- env OMP_NUM_THREADS=1 "$BIN/arbor-solve" "${ms[@]}" policy=arbor policy.budget_tokens=557 \
   run_dir="$OUT/memory-steps/arbor"
-step memory-steps-data -- "$PYTHON" -m benchmarks.memory_steps "$OUT/memory-steps/full" "$OUT/memory-steps/arbor" --command \
+step memory-steps-data -- "$PYTHON" -m benchmarks.memory_steps "$OUT/memory-steps/full" "$OUT/memory-steps/arbor" \
+  ${SECTIONS:+--data-root "$SECTIONS"} --command \
   "OMP_NUM_THREADS=1 arbor-solve ${ms[*]} policy=full run_dir=$OUT/memory-steps/full
 OMP_NUM_THREADS=1 arbor-solve ${ms[*]} policy=arbor policy.budget_tokens=557 run_dir=$OUT/memory-steps/arbor
 python -m benchmarks.memory_steps $OUT/memory-steps/full $OUT/memory-steps/arbor"

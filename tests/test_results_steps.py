@@ -118,3 +118,12 @@ def test_results_steps_sh_skips_done_steps_and_resumes_a_failed_one(tmp_path):
     assert (out / "runs-a").read_text() == "ran\n"
     assert (out / "runs-b").read_text() == "ran\nran\n"
     assert json.loads((out / "steps" / "b.json").read_text())["attempts"] == 2
+
+
+def test_results_all_parses_and_refuses_a_bad_size_before_any_step(tmp_path):
+    assert subprocess.run(["bash", "-n", "scripts/results_all.sh"], cwd=REPO).returncode == 0
+    env = {"OUT": str(tmp_path / "out"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["bash", "scripts/results_all.sh", "huge", str(tmp_path), "no-python"], cwd=REPO,
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.strip() == "results_all.sh: error: SIZE=huge; valid: quick, full"
+    assert not (tmp_path / "out").exists()
