@@ -27,12 +27,17 @@ def test_a_step_done_at_this_code_is_kept_and_at_other_code_is_not(tmp_path):
     assert steps.is_done(out, "a", None) is None  # outside git nothing counts as done
 
 
-def test_an_interrupted_step_resumes_with_its_outputs_and_counts_all_its_time(tmp_path):
-    out, work = tmp_path / "out", tmp_path / "work"
+def _interrupted_attempt(out: Path, work: Path) -> None:
+    """Step `a` begun at runtime code `code1`, its outputs partly written, then stopped after 100 s."""
     steps.begin(out, "a", [work], "code1")
     work.mkdir()
     (work / "rows.jsonl").write_text("{}\n")
     steps.interrupted(out, "a", 100.0)
+
+
+def test_an_interrupted_step_resumes_with_its_outputs_and_counts_all_its_time(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    _interrupted_attempt(out, work)
     assert steps.begin(out, "a", [work], "code1") is True  # same code: resume, outputs kept
     assert (work / "rows.jsonl").is_file()
     rec = steps.end(out, "a", 50.0)
@@ -41,10 +46,7 @@ def test_an_interrupted_step_resumes_with_its_outputs_and_counts_all_its_time(tm
 
 def test_a_step_begun_at_other_code_starts_from_empty_outputs(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
-    steps.begin(out, "a", [work], "code1")
-    work.mkdir()
-    (work / "rows.jsonl").write_text("{}\n")
-    steps.interrupted(out, "a", 100.0)
+    _interrupted_attempt(out, work)
     assert steps.begin(out, "a", [work], "code2") is False
     assert not work.exists()
     rec = steps.end(out, "a", 5.0)
