@@ -21,7 +21,7 @@
 #          0.25x, plus IO and CoT: ~5 h by those per-puzzle times (over the 2 h target; not run here);
 #          the concurrency grid (~3.3 h on one core); controllers, trace replay and speed vs naive (~50 min);
 #          the two smallest-exact-budget searches (Game of 24 legal BFS-5, GSM8K best-first 50); sparse decode at 2K-32K;
-#          the Table 1 analogs (GSM8K ~1.5 h, Game of 24 ~2.5 h with JOBS=2) and the Config-L analogs (GSM8K ~40 min,
+#          the Table 1 analogs (GSM8K ~1.5 h, Game of 24 ~2.4 h with JOBS=2) and the Config-L analogs (GSM8K ~40 min,
 #          Game of 24 several hours): well over the 2 h target, so it runs over several sittings (it resumes)
 set -euo pipefail
 SIZE=${1:-quick}
@@ -175,8 +175,9 @@ if [ "$SIZE" = full ]; then
   done
   step kvp-data -- "$PYTHON" -m benchmarks.results.collect kvp "$OUT/kvp" --command "$kvp_cmds"
   # the Table 1 analog on Game of 24 (the ToT setup: 5-shot, BFS breadth 5, legal proposals ranked by the
-  # model, llm_value; rows 900-919; every policy at 0.5, 0.35, 0.25x of full's peak): the reference ~14 min
-  # (41 s a puzzle), then the sweeps side by side with JOBS=2, measured 2026-12-03
+  # model, llm_value; rows 900-919; every policy at 0.5, 0.35, 0.25x of full's peak): the reference 14 min
+  # (41 s a puzzle), then the sweeps side by side with JOBS=2 (~17 min a policy and budget): 2 h 25 min in
+  # all on this machine, measured 2026-12-03
   step e2e-game24 "$OUT/e2e/game24" -- env JOBS=2 BIN="$BIN" \
     TITLE="End to end: Game of 24 ToT BFS (Table 1 analog), policy x budget" \
     bash scripts/bench_e2e.sh game24 "$OUT/e2e" "$DATA" experiment=table1_game24

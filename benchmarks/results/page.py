@@ -48,7 +48,7 @@ def page(root: Path = DATA, notes: Path = NOTES) -> str:
 
 
 #: the end-to-end section README's headline table shows
-HEADLINE = "e2e-gsm8k"
+HEADLINE = "e2e-game24"
 
 
 def headline(root: Path = DATA) -> str:

@@ -135,7 +135,6 @@ SECTIONS: tuple[Section, ...] = (
     Section("linear"),
     Section("kvp"),
     Section("e2e-game24"),
-    Section("e2e-game24-full"),
     Section("e2e-gsm8k"),
     Section("replay"),
     Section("memory-steps"),
