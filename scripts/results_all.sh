@@ -14,7 +14,7 @@
 # Estimated wall time on the 2-core CPU machine, from the committed per-puzzle seconds of the accuracy
 # table (ToT BFS with legal steps: ~85 s under full, 100-160 s under a budget, ~70 s for the oracle):
 #   quick: accuracy on 2 puzzles (rows 900-901), ToT legal steps, arbor / h2o / streaming at 0.5x (~12 min);
-#          memory over steps (~4 min): about 16 min with the model loads. A smoke run of the pipeline: its
+#          memory over steps (~8 min): 13 min measured 2026-12-03 (docs/data/make-results-quick). A smoke run: its
 #          sections go to OUT/data, not over docs/data's full-size ones; only its wall time is committed
 #          (docs/data/make-results-quick)
 #   full:  accuracy on 20 puzzles (rows 900-919), ToT legal steps, arbor / h2o / streaming at 0.5x and

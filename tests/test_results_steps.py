@@ -62,7 +62,7 @@ def test_the_report_sums_the_steps_and_refuses_one_not_done(tmp_path):
     doc = load_section("make-results-quick", data)
     assert [r["minutes"] for r in doc["tables"]["main"]["rows"]] == [10.0, 30.0]
     assert doc["facts"]["total_minutes"] == 40.0 and doc["facts"]["total_hours"] == 0.67
-    assert doc["command"] == "make results SIZE=quick" and doc["settings"]["runtime_code"] == "code1"
+    assert doc["command"].startswith("bash scripts/results_all.sh quick") and doc["settings"]["runtime_code"] == "code1"
     steps.begin(out, "c", [], "code1")
     with pytest.raises(SystemExit, match="'c' is not done"):
         steps.report(out, "quick", ["a", "c"], "code1", data_root=data)

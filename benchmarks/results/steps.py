@@ -125,7 +125,8 @@ def report(out: Path, size: str, names: list[str], code: str | None, data_root: 
     facts = {"total_minutes": round(total, 1), "total_hours": round(total / 60, 2), "steps": len(rows)}
     facts["sittings"] = max(r["attempts"] for r in rows) if rows else 0
     return write_section_data(
-        f"make-results-{size}", rows, f"make results SIZE={size}", {"size": size, "runtime_code": code},
+        f"make-results-{size}", rows, f"bash scripts/results_all.sh {size} (what `make results SIZE={size}` runs)",
+        {"size": size, "runtime_code": code},
         title=f"How long `make results SIZE={size}` takes", facts=facts, root=data_root,
     )  # fmt: skip
 
