@@ -247,16 +247,12 @@ def section_facts(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def write_section(rows: list[dict[str, Any]], args: argparse.Namespace, command: str, root: Path | None = None) -> Path:
     """docs/data/rehydrate/results.json from this run's rows; the first version's figures are kept."""
+    from benchmarks.results.collect import kept_from
     from benchmarks.results.data import load_section, write_section_data
 
     committed = load_section("rehydrate")  # the repository's: its title, columns and first-version figures
     kept = {k: committed.get("facts", {}).get(k) for k in FIRST_VERSION_FACTS}
-    origin = committed.get("carried") or {
-        "measured": committed.get("measured"),
-        "commit": (committed.get("commit") or committed.get("committed_in") or "?")[:12],
-    }
-    carried = {"measured": origin["measured"], "commit": origin["commit"], "tables": [], "settings": []}
-    carried["facts"] = list(FIRST_VERSION_FACTS)
+    carried = kept_from(committed) | {"tables": [], "settings": [], "facts": list(FIRST_VERSION_FACTS)}
     settings = {
         "model": SMOLLM2 if args.model == "smollm2" else args.model,
         "root_tokens": args.root, "branch_a_tokens": args.branch_a, "branch_b_tokens": args.branch_b,

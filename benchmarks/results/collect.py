@@ -257,18 +257,24 @@ def keep_columns(
     return out
 
 
+def kept_from(committed: dict) -> dict:
+    """When what a rerun keeps was measured: the committed data's own date and commit, or, when it kept
+    parts of an earlier measurement already, that one's (a section rerun twice names the first)."""
+    before = committed.get("carried") or {}
+    when = before.get("commit") or committed.get("commit") or committed.get("committed_in") or "?"
+    return {"measured": before.get("measured") or committed.get("measured"), "commit": when[:12]}
+
+
 def carried(committed: dict, settings: dict, columns: tuple[str, ...] = ()) -> dict:
     """What a rerun of the main table does not remeasure (other tables, ``columns`` of the main one,
     figures the prose quotes, settings the caller did not give), kept from the committed data with where
-    it came from, so the section's template still renders and its provenance line says which parts are
-    older (a section rerun twice keeps naming the first measurement of what it keeps)."""
+    it came from (:func:`kept_from`), so the section's template still renders and its provenance line says
+    which parts are older."""
     tables = {k: v for k, v in committed["tables"].items() if k != "main"}
     old_settings = sorted(set(committed.get("settings", {})) - set(settings))
     if not tables and not committed.get("facts") and not old_settings and not columns:
         return {}
-    before = committed.get("carried") or {}
-    when = before.get("commit") or committed.get("commit") or committed.get("committed_in") or "?"
-    origin = {"measured": before.get("measured") or committed.get("measured"), "commit": when[:12]}
+    origin = kept_from(committed)
     origin |= {"tables": sorted(tables), "facts": sorted(committed.get("facts", {})), "settings": old_settings}
     if columns:
         origin["columns"] = list(columns)
