@@ -39,7 +39,10 @@ def test_every_section_names_its_command_and_when_it_was_measured():
     assert {s.split("\n", 1)[0] for s in sections[1:]} == titles
     for body in sections[1:]:
         head = body.split("\n\n", 2)[1]
-        when = r"Measured \d{4}-\d\d-\d\d (at commit `\w{7,}|\(commit not recorded; rows committed in `\w{7})"
+        when = (
+            r"Measured \d{4}-\d\d-\d\d( to \d{4}-\d\d-\d\d)? "
+            r"(at commit `\w{7,}|by runs at commits `\w{7,}|\(commit not recorded; rows committed in `\w{7})"
+        )
         assert re.match(when, head), head
         assert "```bash\n" in body.split("\n\n", 3)[2] and "\n```" in body
 
@@ -251,6 +254,31 @@ def test_a_summary_of_joined_runs_shows_the_runs_commands_commit_and_dates(tmp_p
     text = render_section(section, data)
     assert "--lengths 2048\npython scripts/bench_longctx.py --lengths 8160\n# the runs' rows joined" in text
     assert text.index("--lengths 8160") < text.index("--summary-only") and "`cdcdcdcdcdcd`" in text
+
+
+def test_joined_runs_resumed_at_several_commits_show_each_command_once_and_every_commit(tmp_path):
+    """A run resumed at later commits (the same command again) is listed once with how many times it ran,
+    and the header names every commit the rows were measured at, not the summary's own."""
+    from benchmarks.longctx.report import measured_at
+    from benchmarks.results.sections import load
+
+    def run(n, commit, day, dirty=False):
+        return {"command": f"python scripts/bench_longctx.py --lengths {n}", "commit": commit * 20, "dirty": dirty,
+                "date": f"2026-12-0{day}T05:40:14+00:00"}  # fmt: skip
+
+    runs = [run(2048, "aa", 3), run(8160, "aa", 3), run(2048, "bb", 4, dirty=True), run(2048, "cc", 5)]
+    summary = {"command": "python scripts/bench_longctx.py --summary-only --runs-from a.json,b.json",
+               "commit": "ef" * 20, "dirty": False, "date": "2026-12-06T01:00:00+00:00", "runs": runs}  # fmt: skip
+    (tmp_path / "longctx").mkdir()
+    (tmp_path / "longctx" / "s.json").write_text(json.dumps(summary | {"machine": {"cpu": "x86_64"}}))
+    section = Section("longctx", render="json:dumps", optional=True, file="s.json", title="Long")
+    data = load(section, tmp_path)
+    assert data["commits"] == ["aa" * 20, "bb" * 20, "cc" * 20] and data["commit"] == "cc" * 20 and data["dirty"]
+    text = render_section(section, data)
+    command = text.split("```bash\n")[1].split("```")[0]
+    assert command.count("--lengths 2048") == 1 and "--lengths 2048  # run 3 times" in command
+    assert "by runs at commits `aaaaaaaaaaaa`, `bbbbbbbbbbbb`, `cccccccccccc`" in text and "efefefef" not in text
+    assert measured_at(data) == "commits aaaaaaaaaa, bbbbbbbbbb, cccccccccc"
 
 
 def test_longctx_defaults_say_what_each_default_kept_and_which_reads_kept_95_percent():

@@ -125,6 +125,14 @@ def _one(value: Any) -> str:
     return ", ".join(str(v) for v in value) if isinstance(value, list) else str(value)
 
 
+def measured_at(data: dict[str, Any]) -> str:
+    """The commit the rows were measured at, or every commit when they come from runs at several."""
+    several = data.get("commits") or []
+    if len(several) > 1:
+        return "commits " + ", ".join(str(c)[:10] for c in several)
+    return f"commit {str(data.get('commit', '?'))[:10]}"
+
+
 def render(data: dict[str, Any]) -> str:
     """The whole report: provenance, the overview, and the per-task accuracy and agreement tables."""
     settings = data.get("settings", {})
@@ -133,7 +141,7 @@ def render(data: dict[str, Any]) -> str:
     prompt = "; questions end in RULER's answer prefix" if prefix is True or prefix == [True] else ""
     head = (
         f"Model {_one(settings.get('model', '?'))}, greedy {_one(settings.get('max_new', '?'))} answer tokens{prompt}, "
-        f"commit {str(data.get('commit', '?'))[:10]}{' (dirty)' if data.get('dirty') else ''}, "
+        f"{measured_at(data)}{' (dirty)' if data.get('dirty') else ''}, "
         f"{data.get('date', '?')}, "
         f"{machine.get('cpu', '?')}, {machine.get('torch_threads', '?')} thread(s); "
         f"{data.get('rows', '?')} rows{' (run not complete)' if data.get('complete') is False else ''}."

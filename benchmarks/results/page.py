@@ -37,7 +37,7 @@ def page(root: Path = DATA, notes: Path = NOTES) -> str:
     """The whole results page as text."""
     data = load_all(root)
     dates = sorted({d.get("measured", "?") for d in data.values()})
-    commits = sorted({d["commit"][:12] for d in data.values() if d.get("commit")})
+    commits = sorted({c[:12] for d in data.values() for c in d.get("commits") or [d.get("commit")] if c})
     unrecorded = [n for n, d in data.items() if not d.get("commit")]
     commit_text = ", ".join(f"`{c}`" for c in commits) if commits else "none recorded"
     if unrecorded:

@@ -150,7 +150,10 @@ SECTIONS: tuple[Section, ...] = (
 def provenance(data: dict) -> str:
     """Where the section's numbers come from: date, commit (or that it was not recorded), machine, command."""
     measured = data.get("measured") or data.get("date", "(date not recorded)")
-    if data.get("commit"):
+    if len(data.get("commits") or []) > 1:  # rows joined from runs made at several commits
+        shown = ", ".join(f"`{c[:12]}`" for c in data["commits"])
+        when = f"Measured {measured} by runs at commits {shown}"
+    elif data.get("commit"):
         when = f"Measured {measured} at commit `{data['commit'][:12]}`"
     elif data.get("committed_in"):
         when = f"Measured {measured} (commit not recorded; rows committed in `{data['committed_in'][:7]}`)"
@@ -184,22 +187,31 @@ def provenance(data: dict) -> str:
 
 def with_runs(data: dict) -> dict:
     """A summary rebuilt from the rows of earlier runs (``runs``: each one's command, commit and date)
-    is shown as measured by those runs: their commands, then the summary's own; their commit when they
-    share one, and the span of their dates."""
+    is shown as measured by those runs: their commands (a command rerun to resume it once, with how many
+    times it ran), then the summary's own; their commit when they share one, else every commit they ran
+    at (``commits``, oldest first; ``commit`` the latest), and the span of their dates."""
     runs = data.get("runs") or []
     if not runs or "--summary-only" not in data.get("command", ""):
         return data
-    commits = {r.get("commit") for r in runs}
-    dates = sorted(str(r.get("date", ""))[:10] for r in runs)
-    commands = [r["command"] for r in runs] + ["# the runs' rows joined into one rows file, then", data["command"]]
+    runs = sorted(runs, key=lambda r: str(r.get("date", "")))
+    commits = list(dict.fromkeys(r.get("commit") for r in runs if r.get("commit")))
+    dates = [str(r.get("date", ""))[:10] for r in runs]
+    times = {}
+    for r in runs:  # first-seen order of the commands as given (the parallel runs' order), counted
+        times[r["command"]] = times.get(r["command"], 0) + 1
+    commands = [c if n == 1 else f"{c}  # run {n} times, each resuming the rows file" for c, n in times.items()]
+    commands += ["# the runs' rows joined into one rows file, then", data["command"]]
     measured = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
-    return data | {
+    out = data | {
         "command": "\n".join(commands),
-        "commit": commits.pop() if len(commits) == 1 else data.get("commit"),
+        "commit": commits[-1] if commits else data.get("commit"),
         "dirty": any(r.get("dirty") for r in runs),
         "measured": measured,
         "date": measured,
     }
+    if len(commits) > 1:
+        out["commits"] = commits
+    return out
 
 
 def load(section: Section, root: Path | None = None) -> dict | None:
