@@ -5,14 +5,8 @@ One :class:`SparseAttention` per runtime holds an index per block (built the fir
 step reads the block, updated lazily when the block gains tokens, dropped with the block). For a
 decode batch, :meth:`SparseAttention.prepare` lays out the step once (every context block's
 chunks and the pool slots of their resident tokens, which chunks each row must read); then at
-every layer :meth:`SparseStep.attend`:
-
-1. retrieval: each indexed block ranks its chunks for the rows that hold it, per KV head
-   (batched over rows and heads); with the forced chunks (sinks, window, blocks read whole)
-   they are sorted and taken until ``token_budget`` resident tokens per row and head;
-2. attention: the chosen chunks' K/V are gathered from the pool (rows x heads x budget: bounded
-   scratch, never rows x context), attended with the row's own tokens, and merged by
-   log-sum-exp exactly as the dense path merges its pieces.
+every layer :meth:`SparseStep.attend` selects each row's chunks per KV head and attends them (step.py says
+how, in two passes: retrieval, then gather and attention merged by log-sum-exp).
 
 Retrieval is over what is resident: chunks whose tokens a memory policy evicted are skipped, a
 partly evicted chunk is read for the tokens it still has (its bound still holds for them).
@@ -39,9 +33,6 @@ split stay importable from here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
-
 import torch
 
 from arbor_runtime.batch import BatchView
@@ -56,9 +47,6 @@ from arbor_runtime.sparse.index import (
     _GroupPlan,
 )
 from arbor_runtime.sparse.step import SparseStep, _gather_heads, _layout
-
-if TYPE_CHECKING:
-    from arbor_runtime.kv.store import KVStore
 
 __all__ = [
     "BlockIndex",
@@ -89,18 +77,8 @@ class SparseAttention(BlockIndexes):
         on_demand: rank the active path's evicted chunks for rehydration (module docstring).
     """
 
-    def __init__(
-        self,
-        builder: IndexBuilder,
-        select: SelectConfig,
-        store: KVStore,
-        token_ids: Callable[[int], Sequence[int]],
-        decode: Callable[[list[int]], str] | None = None,
-        reserve_bytes: int | None = None,
-        on_demand: bool = False,
-    ) -> None:
-        super().__init__(builder, select, store, token_ids, decode, reserve_bytes, on_demand)
-        self.last_step: SparseStep | None = None
+    #: the step :meth:`prepare` laid out last (None before the first)
+    last_step: SparseStep | None = None
 
     # ---- per step ------------------------------------------------------------------------------
     def prepare(self, batch: BatchView, positions: torch.Tensor) -> SparseStep | None:
