@@ -14,6 +14,10 @@ dirs back (``results.jsonl`` and ``trees/<index>.json``) and writes one row per 
 - peak device KV (mean MB over problems), seconds (p50 / p95 over problems), rehydrations (mean),
   out of memory (problems whose search ended in a KV budget error, with its interval).
 
+The section's commit is the code its rows were searched with (each row's ``code``), not the checkout
+that writes the section: the run dirs of a benchmark resumed over several sittings may hold rows of
+several commits, and the section then names each with its count (:func:`row_codes`).
+
     python -m benchmarks.e2e SEARCH FULL_RUN_DIR SWEEP_DIR [--section e2e-game24] --command "..."
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -141,6 +146,25 @@ def table(search: str, full_dir: Path, sweep_dirs: Iterable[Path]) -> list[dict[
     return out
 
 
+#: how a row written before rows recorded their code is counted
+UNRECORDED = "not recorded"
+
+
+def row_codes(run_dirs: Iterable[Path]) -> dict[str, int]:
+    """How many results rows of ``run_dirs`` each code searched (the row's ``code``, see
+    :func:`arbor_cli.provenance.code_version`; :data:`UNRECORDED` for older rows), most rows first."""
+    counts = Counter(str(row.get("code") or UNRECORDED) for d in run_dirs for row in load_done(d).values())
+    return dict(counts.most_common())
+
+
+def measured_by(codes: dict[str, int]) -> dict[str, Any]:
+    """The section's commit fields from :func:`row_codes`: ``commit`` the code of most rows (None when
+    no row names one); ``row_codes`` (each code's rows) too unless every row names that one code."""
+    recorded = [c for c in codes if c != UNRECORDED]
+    commit = {"commit": recorded[0] if recorded else None}
+    return commit if len(codes) == 1 and recorded else commit | {"row_codes": codes}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks.results.data import write_section_data
 
@@ -159,7 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.section:
         columns = [{"key": k, "header": h, "fmt": f, "numeric": f != "text"} for k, h, f in COLUMNS]
         settings = dict(s.split("=", 1) for s in args.setting)
-        path = write_section_data(args.section, rows, args.command, settings, title=args.title, columns=columns)
+        dirs = [args.full] + [run_dir for d in args.sweeps for *_, run_dir in sweep_runs(d)]
+        extra = measured_by(row_codes(dirs)) | {"title": args.title, "columns": columns}
+        path = write_section_data(args.section, rows, args.command, settings, **extra)
         print(f"wrote {path}")
     return 0
 

@@ -8,7 +8,7 @@
 # Both steps resume (run dirs keep their results.jsonl): an interrupted run is rerun with the same command.
 # POLICIES and RATIOS override the sweep (defaults: the paper's policies at 0.5, 0.35 and 0.25x); SWEEP adds
 # overrides to the sweep only (the reference keeps the experiment's search), e.g. the Config-L analog's
-# SWEEP="controller.breadth=5,10,20 controller.n_generate=5;controller.breadth=5,10 controller.n_generate=10"
+# SWEEP="controller.breadth=20 controller.n_generate=5;controller.breadth=5,10 controller.n_generate=5;controller.breadth=5 controller.n_generate=10"
 # (conf/experiment/configl_game24.yaml): groups separated by ";" are swept one after the other (a grid
 # without its costliest corner). SECTION=0 skips writing docs/data (a trial run). JOBS=N splits the
 # (policy, group) pairs over N sweeps run side by side (OUT/NAME/sweep-1..N, each pinned to its own CPU with

@@ -182,10 +182,10 @@ if [ "$SIZE" = full ]; then
     TITLE="End to end: Game of 24 ToT BFS (Table 1 analog), policy x budget" \
     bash scripts/bench_e2e.sh game24 "$OUT/e2e" "$DATA" experiment=table1_game24
   # fixed-memory scaling on Game of 24 (the Config-L analog: rows 900-929, full and arbor at full-b5's peak,
-  # breadth 5/10/20 with 5 thoughts per state, breadth 5/10 with 10; the longest step, ~13x the reference's
-  # work for arbor: about 2.5 h with JOBS=2 by the Table 1 run's 41 s a puzzle)
+  # breadth 5/10/20 with 5 thoughts per state, breadth 5 with 10: three groups dealt to the two sweeps by
+  # policy and group; the longest step: ~2 h with JOBS=2, measured 2026-12-03)
   step e2e-configl-game24 "$OUT/e2e/configl-game24" -- env JOBS=2 POLICIES=full,arbor RATIOS=1.0 BIN="$BIN" \
-    SWEEP="controller.breadth=5,10,20 controller.n_generate=5;controller.breadth=5,10 controller.n_generate=10" \
+    SWEEP="controller.breadth=20 controller.n_generate=5;controller.breadth=5,10 controller.n_generate=5;controller.breadth=5 controller.n_generate=10" \
     TITLE="Fixed-memory scaling (Config-L analog, Game of 24): breadth and thoughts per state within full's breadth-5 peak" \
     bash scripts/bench_e2e.sh configl-game24 "$OUT/e2e" "$DATA" experiment=configl_game24
   # fixed-memory scaling on GSM8K (Config-L analog; ~38 min on one core, measured 2026-12-03)

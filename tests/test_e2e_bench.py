@@ -4,11 +4,12 @@ per policy and budget; on hand-made run dirs in arbor-solve's formats, no model.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
 
-from benchmarks.e2e import main, sweep_runs, table, tree_paths
+from benchmarks.e2e import main, row_codes, sweep_runs, table, tree_paths
 
 
 def run_dir(path: Path, rows: list[dict], trees: dict[int, list[tuple[int, int | None, str]]]) -> Path:
@@ -94,6 +95,30 @@ def test_section_data_is_written_with_the_command(tmp_path, monkeypatch):
     assert [c["key"] for c in doc["tables"]["main"]["columns"]][:4] == ["search", "policy", "setting", "budget"]
 
 
+def test_the_section_is_measured_by_the_code_of_its_rows_not_the_writing_checkout(tmp_path, monkeypatch):
+    """Rows searched by one code: that is the section's commit. Rows of several codes, or rows written
+    before rows named their code: each code with its count, the commit that of most rows."""
+    import benchmarks.results.data as data
+
+    monkeypatch.setattr(data, "DATA", tmp_path / "docs-data")
+    a, b = "a" * 40, "b" * 40 + "+dirty"
+
+    def section(name: str, full_codes: list, sweep_codes: list) -> dict:
+        full = run_dir(tmp_path / name / "full", [row(i, "24", True, 9, 1.0, code=c) for i, c in enumerate(full_codes)],
+                       FULL_TREES)  # fmt: skip
+        rows = [row(i, "24", True, 5, 1.0, code=c) for i, c in enumerate(sweep_codes)]
+        job(tmp_path / name / "sweep", "0", ["policy=arbor", "policy.budget_ratio=0.5"], rows, {})
+        assert main([name, str(full), str(tmp_path / name / "sweep"), "--section", name, "--command", "x"]) == 0
+        return json.loads((tmp_path / "docs-data" / name / "results.json").read_text())
+
+    one = section("one", [a, a], [a, a])
+    assert one["commit"] == a and "row_codes" not in one
+    mixed = section("mixed", [None, None], [b, a])
+    assert mixed["row_codes"] == {"not recorded": 2, b: 1, a: 1} and mixed["commit"] == b
+    none = section("none", [None], [None])
+    assert none["commit"] is None and none["row_codes"] == {"not recorded": 2}
+
+
 def test_script_splits_the_policies_over_parallel_sweeps(tmp_path, data_dir):
     """scripts/bench_e2e.sh through the console script on the tiny model: JOBS=2 runs the policies as two
     sweeps side by side (sweep-1: h2o, sweep-2: arbor), each job a run dir the table reads."""
@@ -117,6 +142,9 @@ def test_script_splits_the_policies_over_parallel_sweeps(tmp_path, data_dir):
     assert sorted(policy for policy, _, _, _ in sweep_runs(out / "sweep-1")) == ["h2o"]
     assert all(r["problems"] == 1 and r["budget"] == ("none" if r["policy"] == "full" else "0.5x full peak")
                for r in rows)  # fmt: skip
+    codes = row_codes([out / "full"] + [d for s in sweeps for *_, d in sweep_runs(out / s)])
+    assert len(codes) == 1 and re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", next(iter(codes)))  # the checkout's commit
+    assert sum(codes.values()) == 3  # every row of the reference and both sweeps names it
 
 
 def test_config_l_sweeps_breadth_at_full_peak(tmp_path, data_dir):

@@ -41,7 +41,8 @@ def test_every_section_names_its_command_and_when_it_was_measured():
         head = body.split("\n\n", 2)[1]
         when = (
             r"Measured \d{4}-\d\d-\d\d( to \d{4}-\d\d-\d\d)? "
-            r"(at commit `\w{7,}|by runs at commits `\w{7,}|\(commit not recorded; rows committed in `\w{7})"
+            r"(at commit `\w{7,}|by runs at commits `\w{7,}|by rows of several codes: "
+            r"|\(commit not recorded; rows committed in `\w{7})"
         )
         assert re.match(when, head), head
         assert "```bash\n" in body.split("\n\n", 3)[2] and "\n```" in body
@@ -279,6 +280,22 @@ def test_joined_runs_resumed_at_several_commits_show_each_command_once_and_every
     assert command.count("--lengths 2048") == 1 and "--lengths 2048  # run 3 times" in command
     assert "by runs at commits `aaaaaaaaaaaa`, `bbbbbbbbbbbb`, `cccccccccccc`" in text and "efefefef" not in text
     assert measured_at(data) == "commits aaaaaaaaaa, bbbbbbbbbb, cccccccccc"
+
+
+def test_the_header_says_a_dirty_tree_and_rows_searched_by_several_codes():
+    """``+dirty`` is shown as uncommitted changes (the 12-digit sha alone hid it); a section whose rows
+    name several codes lists each with its rows, and the page header counts every one of them."""
+    from benchmarks.results.sections import commits_of, provenance
+
+    base = {"section": "s", "measured": "2026-12-03", "machine": "m", "command": "c"}
+    dirty = provenance(base | {"commit": "ab" * 20 + "+dirty"})
+    assert dirty.startswith("Measured 2026-12-03 at commit `abababababab` (with uncommitted changes) on m.")
+    rows = base | {"commit": "cd" * 20, "row_codes": {"cd" * 20: 40, "not recorded": 30, "ef" * 20 + "+dirty": 2}}
+    assert provenance(rows).startswith(
+        "Measured 2026-12-03 by rows of several codes: `cdcdcdcdcdcd` (40 rows), not recorded (30 rows), "
+        "`efefefefefef` (with uncommitted changes) (2 rows) on m."
+    )
+    assert commits_of(rows) == ["cd" * 20, "ef" * 20 + "+dirty"] and commits_of(base | {"commit": None}) == []
 
 
 def test_longctx_defaults_say_what_each_default_kept_and_which_reads_kept_95_percent():

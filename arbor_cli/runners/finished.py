@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from arbor_cli.provenance import code_version
+
 if TYPE_CHECKING:
     from arbor_cli.build import Setup
     from arbor_runtime.tasks.base import Problem
@@ -58,9 +60,9 @@ def unrun_row(setup: Setup, problem: Problem, why: str, oom: bool) -> dict[str, 
 
 
 def search_fields(setup: Setup) -> dict[str, Any]:
-    """What scored and proposed the search: every row records its verifier (an oracle's label too)
-    and, for tasks with propose modes, the mode."""
-    fields = {"verifier": setup.verifier.name}
+    """What scored and proposed the search: every row records its verifier (an oracle's label too),
+    for tasks with propose modes the mode, and the code that ran it (:func:`code_version`)."""
+    fields = {"verifier": setup.verifier.name, "code": code_version()}
     if setup.verifier.label:
         fields["verifier_label"] = setup.verifier.label
     if hasattr(setup.task, "propose_mode"):

@@ -82,14 +82,20 @@ def write_section_data(
     facts: dict[str, Any] | None = None,
     carried: dict[str, Any] | None = None,
     root: Path | None = None,
+    **measured: Any,
 ) -> Path:
     """Write ``docs/data/<name>/results.json`` for one results section, with this run's provenance.
 
     ``rows`` is the section's main table (``columns`` from :func:`columns_for` unless given; extra
     tables go in ``tables``); commit, date (UTC) and machine are added here so every benchmark
     records them the same way. ``carried`` names what was kept from an earlier measurement (its date,
-    commit, tables and facts); the page says so. Returns the path written.
+    commit, tables and facts); the page says so. ``measured``: what the rows say of the code that
+    measured them, over this checkout's commit (``commit``, and ``row_codes``: rows per code, when
+    they came from several). Returns the path written.
     """
+    unknown = set(measured) - {"commit", "row_codes"}
+    if unknown:
+        raise TypeError(f"write_section_data: unexpected {sorted(unknown)}")
     path = (root or DATA) / name / "results.json"
     old = load_section(name, root) if path.is_file() else {}
     all_tables = {"main": {"columns": columns or columns_for(rows), "rows": rows}} | (tables or {})
@@ -105,7 +111,7 @@ def write_section_data(
         "tables": all_tables,
         "facts": facts or {},
         "source": "run",
-    }
+    } | measured
     if carried:
         doc["carried"] = carried
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from .data import DATA, REPO
-from .sections import NOTES, SECTIONS, load, render_section
+from .sections import NOTES, SECTIONS, commits_of, load, render_section
 from .summary import summary
 
 HEADER = """# Results
@@ -37,8 +37,8 @@ def page(root: Path = DATA, notes: Path = NOTES) -> str:
     """The whole results page as text."""
     data = load_all(root)
     dates = sorted({d.get("measured", "?") for d in data.values()})
-    commits = sorted({c[:12] for d in data.values() for c in d.get("commits") or [d.get("commit")] if c})
-    unrecorded = [n for n, d in data.items() if not d.get("commit")]
+    commits = sorted({c[:12] for d in data.values() for c in commits_of(d)})
+    unrecorded = [n for n, d in data.items() if not commits_of(d)]
     commit_text = ", ".join(f"`{c}`" for c in commits) if commits else "none recorded"
     if unrecorded:
         commit_text += f" (not recorded for {len(unrecorded)} of {len(data)} sections, migrated from the old page)"

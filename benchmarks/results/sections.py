@@ -150,11 +150,14 @@ SECTIONS: tuple[Section, ...] = (
 def provenance(data: dict) -> str:
     """Where the section's numbers come from: date, commit (or that it was not recorded), machine, command."""
     measured = data.get("measured") or data.get("date", "(date not recorded)")
-    if len(data.get("commits") or []) > 1:  # rows joined from runs made at several commits
-        shown = ", ".join(f"`{c[:12]}`" for c in data["commits"])
+    if data.get("row_codes"):  # a benchmark's rows searched by several codes (or some not recorded)
+        shown = ", ".join(f"{_code(c)} ({n} rows)" for c, n in data["row_codes"].items())
+        when = f"Measured {measured} by rows of several codes: {shown}"
+    elif len(data.get("commits") or []) > 1:  # rows joined from runs made at several commits
+        shown = ", ".join(_code(c) for c in data["commits"])
         when = f"Measured {measured} by runs at commits {shown}"
     elif data.get("commit"):
-        when = f"Measured {measured} at commit `{data['commit'][:12]}`"
+        when = f"Measured {measured} at commit {_code(data['commit'])}"
     elif data.get("committed_in"):
         when = f"Measured {measured} (commit not recorded; rows committed in `{data['committed_in'][:7]}`)"
     else:
@@ -183,6 +186,22 @@ def provenance(data: dict) -> str:
     if data.get("images") and data.get("source", "").startswith("migrated"):
         lines += ["", "Plots: the committed PNGs; their input traces are not in docs/data, so the page keeps them."]
     return "\n".join(lines)
+
+
+def _code(code: str) -> str:
+    """A commit as the page shows it: its first 12 hex digits, and whether the tree had uncommitted
+    changes (``+dirty``); anything else (``not recorded``, a package version) as it is."""
+    sha, dirty = code.removesuffix("+dirty"), code.endswith("+dirty")
+    if not all(ch in "0123456789abcdef" for ch in sha) or len(sha) < 7:
+        return code
+    return f"`{sha[:12]}`" + (" (with uncommitted changes)" if dirty else "")
+
+
+def commits_of(data: dict) -> list[str]:
+    """Every commit a section's numbers were measured at: its runs' or its rows' when they name
+    several, else its own (none when not recorded)."""
+    several = data.get("commits") or [c for c in data.get("row_codes") or {} if _code(c) != c]
+    return several or ([data["commit"]] if data.get("commit") else [])
 
 
 def with_runs(data: dict) -> dict:
