@@ -11,6 +11,8 @@ dirs back (``results.jsonl`` and ``trees/<index>.json``) and writes one row per 
   search that ran out of memory never agrees);
 - nodes as full: the share of full's tree nodes the run rebuilt with the same text along the same
   path (mean over problems; 1.00 = full's whole tree);
+- solved where full did not / not solved where full did (``gained_n`` / ``lost_n``: the pairs an exact
+  sign test reads; not table columns);
 - peak device KV (mean MB over problems), seconds (p50 / p95 over problems), rehydrations (mean),
   out of memory (problems whose search ended in a KV budget error, with its interval).
 
@@ -106,6 +108,9 @@ def summarise(
     if not shared:
         raise ValueError(f"{run_dir}: no problem in common with the reference {ref}")
     solved = sum(bool(rows[i]["solved"]) for i in shared)
+    # paired with the reference, problem by problem: what a solve rate alone cannot separate at this n
+    gained = sum(bool(rows[i]["solved"]) and not ref_rows[i]["solved"] for i in shared)
+    lost = sum(not rows[i]["solved"] and bool(ref_rows[i]["solved"]) for i in shared)
     # an out-of-memory search answers nothing: it never agrees, even where full gave no answer either
     agree = sum(not rows[i].get("oom") and rows[i].get("answer") == ref_rows[i].get("answer") for i in shared)
     oom = sum(bool(rows[i].get("oom")) for i in shared)
@@ -120,6 +125,7 @@ def summarise(
         "search": search, "policy": label, "setting": setting,
         "budget": "none" if ratio is None else f"{ratio:g}x full peak",
         "ratio": ratio, "problems": len(shared), "solved": format_rate(solved, len(shared)), "solved_n": solved,
+        "gained_n": gained, "lost_n": lost,
         "agree": format_rate(agree, len(shared)), "agree_n": agree,
         "nodes_as_full": statistics.mean(share), "peak_kv_mb": statistics.mean(peak) / 2**20,
         "x_full_kv": sum(peak) / sum(ref_peak) if sum(ref_peak) else None,

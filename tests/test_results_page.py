@@ -368,3 +368,45 @@ def test_end_to_end_summary_names_who_kept_full_answers_rebuilt_its_tree_or_ran_
     assert not any("h2o" in line for line in lines)  # a tie for the fewest at 0.5x names nobody
     migrated = {"e2e-gsm8k": {"tables": {"main": {"rows": [{"policy": "full", "solved": 0}]}}}}
     assert e2e(migrated) is None and by_method(migrated) == ""
+
+
+def test_sign_test_is_mcnemars_exact_two_sided_p():
+    from benchmarks.results.stats import sign_test
+
+    assert sign_test(0, 0) == 1.0 and sign_test(3, 1) == 2 * (1 + 4) / 16
+    assert sign_test(5, 0) == sign_test(0, 5) == 2 / 32 and sign_test(6, 0) == 2 / 64 < 0.05
+    with pytest.raises(ValueError):
+        sign_test(-1, 2)
+
+
+def test_scaling_summary_names_what_full_cannot_run_and_tests_wider_searches_on_the_same_problems():
+    """The fixed-memory rule reads an e2e-configl section: the reference, the shapes full runs out of memory
+    at in its own peak, every shape that ran best first with its paired sign test, and whether any solves
+    more than the reference beyond chance."""
+    from benchmarks.results.summary import scaling
+
+    def row(policy, setting, solved, ratio=1.0, oom=0, gained=None, lost=None, p50=40.0):
+        r = {"search": "configl-game24", "policy": policy, "setting": setting, "ratio": ratio, "problems": 30,
+             "solved": format_rate(solved, 30), "solved_n": solved, "oom_n": oom, "p50_s": p50}  # fmt: skip
+        return r | ({} if gained is None else {"gained_n": gained, "lost_n": lost})
+
+    b = "controller.breadth={} controller.n_generate=5"
+    rows = [
+        row("full", "", 12, ratio=None),
+        row("full", b.format(5), 12, gained=0, lost=0),
+        row("full", b.format(20), 0, oom=30, gained=0, lost=12),
+        row("arbor", b.format(20), 17, gained=7, lost=2, p50=106),
+        row("arbor", b.format(10), 19, gained=7, lost=0),
+    ]
+
+    text = scaling({"e2e-configl-game24": {"tables": {"main": {"rows": rows}}}})
+    assert text.startswith("**Fixed-memory scaling (Config-L analog, within full's reference peak).** configl-game24 "
+                           "(n=30): full at the reference search solves 12/30 40% [25-58%] (p50 40 s); in that memory "
+                           "full runs out of memory on every problem at breadth=20 n_generate=5; within it arbor "
+                           "breadth=10 n_generate=5 solves 19/30")  # fmt: skip
+    assert "arbor breadth=20 n_generate=5 solves 17/30 57% [39-73%] (p50 106 s; 7 solved that full did not, 2 the " \
+           "reverse: exact sign test p = 0.18)" in text  # fmt: skip
+    assert text.endswith("beyond chance (p < 0.05): arbor breadth=10 n_generate=5.")
+    rows[-1] |= {"gained_n": 3, "lost_n": 0}
+    assert "No search here solves more" in scaling({"e2e-configl-x": {"tables": {"main": {"rows": rows}}}})
+    assert scaling({"e2e-game24": {"tables": {"main": {"rows": rows}}}}) is None  # a Table 1 section: not this rule

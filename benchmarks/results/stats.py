@@ -36,3 +36,14 @@ def overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
     """Whether the 95% Wilson intervals of two ``(successes, n)`` rates overlap (no evidence of a difference)."""
     (lo_a, hi_a), (lo_b, hi_b) = wilson(*a), wilson(*b)
     return lo_a <= hi_b and lo_b <= hi_a
+
+
+def sign_test(gained: int, lost: int) -> float:
+    """Two-sided exact p-value that two methods run on the same problems solve equally often (McNemar's
+    exact test): ``gained`` problems only the first solves, ``lost`` only the second; problems both or
+    neither solve say nothing. 1.0 when no problem differs."""
+    if gained < 0 or lost < 0:
+        raise ValueError(f"sign_test: need counts >= 0, got {gained}, {lost}")
+    n = gained + lost
+    tail = sum(math.comb(n, k) for k in range(min(gained, lost) + 1)) / 2**n
+    return min(1.0, 2 * tail)

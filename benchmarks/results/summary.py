@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from .stats import format_rate, overlap
+from .stats import format_rate, overlap, sign_test
 from .tables import cell
 
 Rule = Callable[[dict[str, dict]], str | None]
@@ -470,6 +470,55 @@ def e2e(data: dict[str, dict]) -> str | None:
     return "**End to end (policy x budget, set from the start).** " + ". ".join(texts.values()) + "."
 
 
+def _shape(setting: str) -> str:
+    """A search shape as the summary names it: ``controller.breadth=20 controller.n_generate=5`` ->
+    ``breadth=20 n_generate=5``."""
+    return setting.replace("controller.", "")
+
+
+def _paired(r: dict) -> str:
+    """What the same problems say of a row against the reference (when its data holds the pairs)."""
+    if "gained_n" not in r:
+        return ""
+    p = sign_test(r["gained_n"], r["lost_n"])
+    return f"; {r['gained_n']} solved that full did not, {r['lost_n']} the reverse: exact sign test p = {p:.2f}"
+
+
+def scaling(data: dict[str, dict]) -> str | None:
+    """Per fixed-memory scaling section (``e2e-configl-*``): the reference's solve rate; the wider searches
+    full cannot run in its own peak memory (out of memory on every problem); every search that did run
+    there, best solve rate first, with its p50 time and, problem by problem against the reference, an
+    exact sign test: a difference the test does not find is reported as none."""
+    texts = []
+    for name, d in data.items():
+        rows = d["tables"]["main"]["rows"] if name.startswith("e2e-configl-") and "tables" in d else []
+        ref = next((r for r in rows if r.get("ratio") is None), None)
+        if ref is None or not all("solved_n" in r for r in rows):
+            continue
+        text = f"{ref['search']} (n={ref['problems']}): full at the reference search solves {ref['solved']}"
+        text += f" (p50 {ref['p50_s']:.0f} s)"
+        ran = [r for r in rows if r["ratio"] is not None and r["oom_n"] < r["problems"]]
+        no_room = [_shape(r["setting"]) for r in rows if r["policy"] == "full" and r not in ran and r is not ref]
+        if no_room:
+            text += f"; in that memory full runs out of memory on every problem at {', '.join(no_room)}"
+        ran.sort(key=lambda r: -r["solved_n"])
+        each = [f"{_e2e_label(r).replace('controller.', '')} solves {r['solved']} (p50 {r['p50_s']:.0f} s{_paired(r)})"
+                for r in ran]  # fmt: skip
+        text += "; within it " + ", ".join(each)
+        tested = [r for r in ran if "gained_n" in r]
+        if tested:
+            better = [f"{r['policy']} {_shape(r['setting'])}" for r in tested
+                      if r["gained_n"] > r["lost_n"] and sign_test(r["gained_n"], r["lost_n"]) < 0.05]  # fmt: skip
+            if better:
+                text += ". Solves more than full's reference beyond chance (p < 0.05): " + ", ".join(better)
+            else:
+                text += ". No search here solves more than full's reference beyond chance at this n (p < 0.05)"
+        texts.append(text)
+    if not texts:
+        return None
+    return "**Fixed-memory scaling (Config-L analog, within full's reference peak).** " + ". ".join(texts) + "."
+
+
 def _e2e_where(r: dict, search: str) -> str:
     """Where a verdict holds: the budget and search, with the search's shape when the sweep varied it."""
     return f"{_share(r['ratio'])} on {search}" + (f" ({r['setting']})" if r.get("setting") else "")
@@ -522,7 +571,7 @@ def by_method(data: dict[str, dict]) -> str:
 
 
 RULES: tuple[Rule, ...] = (
-    accuracy, budgets, e2e, packing, kvp, linear, sparse, longctx, concurrency, speed, stale,
+    accuracy, budgets, e2e, scaling, packing, kvp, linear, sparse, longctx, concurrency, speed, stale,
 )  # fmt: skip
 
 
