@@ -183,7 +183,7 @@ if [ "$SIZE" = full ]; then
     bash scripts/bench_e2e.sh game24 "$OUT/e2e" "$DATA" experiment=table1_game24
   # fixed-memory scaling on Game of 24 (the Config-L analog: rows 900-929, full and arbor at full-b5's peak,
   # breadth 5/10/20 with 5 thoughts per state, breadth 5 with 10: three groups dealt to the two sweeps by
-  # policy and group; the longest step: ~2 h with JOBS=2, measured 2026-12-03)
+  # policy and group; the longest step: ~2.5 h with JOBS=2 (reference 22 min, sweeps ~2 h), measured 2026-12-03)
   step e2e-configl-game24 "$OUT/e2e/configl-game24" -- env JOBS=2 POLICIES=full,arbor RATIOS=1.0 BIN="$BIN" \
     SWEEP="controller.breadth=20 controller.n_generate=5;controller.breadth=5,10 controller.n_generate=5;controller.breadth=5 controller.n_generate=10" \
     TITLE="Fixed-memory scaling (Config-L analog, Game of 24): breadth and thoughts per state within full's breadth-5 peak" \

@@ -397,16 +397,18 @@ def test_scaling_summary_names_what_full_cannot_run_and_tests_wider_searches_on_
         row("full", b.format(20), 0, oom=30, gained=0, lost=12),
         row("arbor", b.format(20), 17, gained=7, lost=2, p50=106),
         row("arbor", b.format(10), 19, gained=7, lost=0),
+        row("arbor", b.format(5), 11, oom=1, gained=0, lost=1),
     ]
 
     text = scaling({"e2e-configl-game24": {"tables": {"main": {"rows": rows}}}})
     assert text.startswith("**Fixed-memory scaling (Config-L analog, within full's reference peak).** configl-game24 "
                            "(n=30): full at the reference search solves 12/30 40% [25-58%] (p50 40 s); in that memory "
-                           "full runs out of memory on every problem at breadth=20 n_generate=5; within it arbor "
+                           "out of memory: full breadth=20 n_generate=5 on 30/30, arbor breadth=5 n_generate=5 on "
+                           "1/30; within it arbor "
                            "breadth=10 n_generate=5 solves 19/30")  # fmt: skip
     assert "arbor breadth=20 n_generate=5 solves 17/30 57% [39-73%] (p50 106 s; 7 solved that full did not, 2 the " \
            "reverse: exact sign test p = 0.18)" in text  # fmt: skip
     assert text.endswith("beyond chance (p < 0.05): arbor breadth=10 n_generate=5.")
-    rows[-1] |= {"gained_n": 3, "lost_n": 0}
+    rows[4] |= {"gained_n": 3, "lost_n": 0}  # arbor at breadth 10: 3 vs 0 is p = 0.25
     assert "No search here solves more" in scaling({"e2e-configl-x": {"tables": {"main": {"rows": rows}}}})
     assert scaling({"e2e-game24": {"tables": {"main": {"rows": rows}}}}) is None  # a Table 1 section: not this rule

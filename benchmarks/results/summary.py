@@ -485,10 +485,10 @@ def _paired(r: dict) -> str:
 
 
 def scaling(data: dict[str, dict]) -> str | None:
-    """Per fixed-memory scaling section (``e2e-configl-*``): the reference's solve rate; the wider searches
-    full cannot run in its own peak memory (out of memory on every problem); every search that did run
-    there, best solve rate first, with its p50 time and, problem by problem against the reference, an
-    exact sign test: a difference the test does not find is reported as none."""
+    """Per fixed-memory scaling section (``e2e-configl-*``): the reference's solve rate; the searches that
+    ran out of memory in its peak (on how many problems); every search that ran there on every problem,
+    best solve rate first, with its p50 time and, problem by problem against the reference, an exact
+    sign test: a difference the test does not find is reported as none."""
     texts = []
     for name, d in data.items():
         rows = d["tables"]["main"]["rows"] if name.startswith("e2e-configl-") and "tables" in d else []
@@ -497,10 +497,10 @@ def scaling(data: dict[str, dict]) -> str | None:
             continue
         text = f"{ref['search']} (n={ref['problems']}): full at the reference search solves {ref['solved']}"
         text += f" (p50 {ref['p50_s']:.0f} s)"
-        ran = [r for r in rows if r["ratio"] is not None and r["oom_n"] < r["problems"]]
-        no_room = [_shape(r["setting"]) for r in rows if r["policy"] == "full" and r not in ran and r is not ref]
+        ran = [r for r in rows if r["ratio"] is not None and not r["oom_n"]]
+        no_room = [f"{_shape(_e2e_label(r))} on {r['oom_n']}/{r['problems']}" for r in rows if r["oom_n"]]
         if no_room:
-            text += f"; in that memory full runs out of memory on every problem at {', '.join(no_room)}"
+            text += f"; in that memory out of memory: {', '.join(no_room)}"
         ran.sort(key=lambda r: -r["solved_n"])
         each = [f"{_e2e_label(r).replace('controller.', '')} solves {r['solved']} (p50 {r['p50_s']:.0f} s{_paired(r)})"
                 for r in ran]  # fmt: skip
