@@ -238,19 +238,26 @@ def test_a_benchmark_with_its_own_format_renders_its_own_section(tmp_path):
     assert load(section, tmp_path / "nothing") is None
 
 
-def test_a_summary_of_joined_runs_shows_the_runs_commands_commit_and_dates(tmp_path):
-    """A longctx summary rebuilt from the rows of two parallel runs (--summary-only --runs-from) is shown
-    as measured by those runs: both commands before the summary's own, their shared commit, their dates."""
+def _joined_summary(tmp_path, runs: list[dict], dirty: bool, date: str) -> tuple[Section, dict]:
+    """A longctx summary rebuilt with --summary-only from ``runs`` (at commit ef..., on ``date``), written
+    under ``tmp_path`` and loaded as the page loads it: (its section, its prepared data)."""
     from benchmarks.results.sections import load
 
-    runs = [{"command": f"python scripts/bench_longctx.py --lengths {n}", "commit": "cd" * 20, "dirty": False,
-             "date": f"2026-12-0{d}T05:40:14+00:00"} for n, d in ((2048, 3), (8160, 4))]  # fmt: skip
     summary = {"command": "python scripts/bench_longctx.py --summary-only --runs-from a.json,b.json",
-               "commit": "ef" * 20, "dirty": True, "date": "2026-12-05T01:00:00+00:00", "runs": runs}  # fmt: skip
+               "commit": "ef" * 20, "dirty": dirty, "date": f"{date}T01:00:00+00:00", "runs": runs}  # fmt: skip
     (tmp_path / "longctx").mkdir()
     (tmp_path / "longctx" / "s.json").write_text(json.dumps(summary | {"machine": {"cpu": "x86_64"}}))
     section = Section("longctx", render="json:dumps", optional=True, file="s.json", title="Long")
-    data = load(section, tmp_path)
+    return section, load(section, tmp_path)
+
+
+def test_a_summary_of_joined_runs_shows_the_runs_commands_commit_and_dates(tmp_path):
+    """A longctx summary rebuilt from the rows of two parallel runs (--summary-only --runs-from) is shown
+    as measured by those runs: both commands before the summary's own, their shared commit, their dates."""
+
+    runs = [{"command": f"python scripts/bench_longctx.py --lengths {n}", "commit": "cd" * 20, "dirty": False,
+             "date": f"2026-12-0{d}T05:40:14+00:00"} for n, d in ((2048, 3), (8160, 4))]  # fmt: skip
+    section, data = _joined_summary(tmp_path, runs, dirty=True, date="2026-12-05")
     assert data["commit"] == "cd" * 20 and data["dirty"] is False and data["measured"] == "2026-12-03 to 2026-12-04"
     text = render_section(section, data)
     assert "--lengths 2048\npython scripts/bench_longctx.py --lengths 8160\n# the runs' rows joined" in text
@@ -261,19 +268,13 @@ def test_joined_runs_resumed_at_several_commits_show_each_command_once_and_every
     """A run resumed at later commits (the same command again) is listed once with how many times it ran,
     and the header names every commit the rows were measured at, not the summary's own."""
     from benchmarks.longctx.report import measured_at
-    from benchmarks.results.sections import load
 
     def run(n, commit, day, dirty=False):
         return {"command": f"python scripts/bench_longctx.py --lengths {n}", "commit": commit * 20, "dirty": dirty,
                 "date": f"2026-12-0{day}T05:40:14+00:00"}  # fmt: skip
 
     runs = [run(2048, "aa", 3), run(8160, "aa", 3), run(2048, "bb", 4, dirty=True), run(2048, "cc", 5)]
-    summary = {"command": "python scripts/bench_longctx.py --summary-only --runs-from a.json,b.json",
-               "commit": "ef" * 20, "dirty": False, "date": "2026-12-06T01:00:00+00:00", "runs": runs}  # fmt: skip
-    (tmp_path / "longctx").mkdir()
-    (tmp_path / "longctx" / "s.json").write_text(json.dumps(summary | {"machine": {"cpu": "x86_64"}}))
-    section = Section("longctx", render="json:dumps", optional=True, file="s.json", title="Long")
-    data = load(section, tmp_path)
+    section, data = _joined_summary(tmp_path, runs, dirty=False, date="2026-12-06")
     assert data["commits"] == ["aa" * 20, "bb" * 20, "cc" * 20] and data["commit"] == "cc" * 20 and data["dirty"]
     text = render_section(section, data)
     command = text.split("```bash\n")[1].split("```")[0]
