@@ -59,7 +59,8 @@ gpu-rehearsal:
 # benchmarks that write docs/data/<section>/results.json (scripts/results_all.sh; SIZE=quick about
 # 20 min on 2 cores, SIZE=full longer: its header gives the estimates), then the page. Every data file
 # records the command, commit, date and machine it was measured with. Interrupted, `make results`
-# resumes (the steps done at the same runtime code are kept; RESTART=1 starts over).
+# resumes (the steps done at the same runtime code are kept; RESTART=1 starts over); ONLY=NAME,...
+# runs just those steps this sitting (`LIST_STEPS=1 bash scripts/results_all.sh full` lists them).
 .PHONY: results-page results-plots results
 SIZE ?= quick
 DATA_DIR ?= ../shared/data

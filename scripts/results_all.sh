@@ -8,8 +8,9 @@
 #
 # Interrupted, it resumes: the same command skips the steps done at the same runtime code and goes on
 # with the one that stopped (scripts/results_steps.sh, benchmarks/results/steps.py keep OUT/steps/);
-# RESTART=1 begins anew. At the end, docs/data/make-results-SIZE/ gets every step's wall time and the total
-# (summed over sittings), which the results page shows.
+# RESTART=1 begins anew; ONLY=STEP[,STEP ...] runs just those steps this sitting (ONLY=wide,kvp: the
+# steps named so or NAME-*). At the end of a sitting without ONLY, docs/data/make-results-SIZE/ gets every
+# step's wall time and the total (summed over sittings), which the results page shows.
 #
 # Estimated wall time on the 2-core CPU machine, from the committed per-puzzle seconds of the accuracy
 # table (ToT BFS with legal steps: ~85 s under full, 100-160 s under a budget, ~70 s for the oracle):
@@ -36,9 +37,10 @@ case $SIZE in
   *) echo "results_all.sh: error: SIZE=$SIZE; valid: quick, full" >&2; exit 2 ;;
 esac
 
-[ "${RESTART:-0}" = 0 ] || rm -rf "$OUT/steps"
 # shellcheck source=scripts/results_steps.sh
 source scripts/results_steps.sh
+check_only "$0" "$@"
+[ "${RESTART:-0}" = 0 ] || [ -n "${LIST_STEPS:-}" ] || rm -rf "$OUT/steps"
 
 # accuracy: Game of 24, the ToT test slice (writes docs/data/accuracy/results.json)
 step accuracy "$OUT/accuracy" -- env MODES="$ACC_MODES" POLICIES="arbor h2o streaming" RATIOS="$ACC_RATIOS" \
@@ -55,8 +57,9 @@ concurrency_grid() {  # search name, then the arbor-solve overrides
   shift
   step "concurrency-$name-full" "$dir-full" -- "${bench[@]}" --naive --policies "policy=full;policy=full share_prefixes=false" \
     --out "$dir-full" "$@"
-  local sum pols=() f
-  sum=$("$PYTHON" -c "import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]
+  local sum=0 pols=() f
+  # full's peaks size arbor's budgets: read only when this sitting runs the grid's steps
+  group_runs "concurrency-$name" && sum=$("$PYTHON" -c "import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]
 print(next(r['peak_device_tokens_sum'] for r in rows if r['policy'] == 'policy=full' and r['concurrency'] == 1))" \
     "$dir-full/concurrency.jsonl")
   for f in 1 0.5 0.25 0.1; do
@@ -65,6 +68,7 @@ print(next(r['peak_device_tokens_sum'] for r in rows if r['policy'] == 'policy=f
   step "concurrency-$name-arbor" "$dir-arbor" -- "${bench[@]}" --policies "$(IFS=';'; echo "${pols[*]}")" --out "$dir-arbor" "$@"
   local off=("${pols[@]/%/ share_prefixes=false}")
   step "concurrency-$name-noshare" "$dir-noshare" -- "${bench[@]}" --policies "$(IFS=';'; echo "${off[*]}")" --out "$dir-noshare" "$@"
+  group_runs "concurrency-$name" || return 0
   mkdir -p "$OUT/concurrency-final/$name"
   cat "$dir"-{full,arbor,noshare}/concurrency.jsonl > "$OUT/concurrency-final/$name/concurrency.jsonl"
 }

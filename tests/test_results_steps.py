@@ -129,3 +129,50 @@ def test_results_all_parses_and_refuses_a_bad_size_before_any_step(tmp_path):
                           env=env, capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2 and done.stderr.strip() == "results_all.sh: error: SIZE=huge; valid: quick, full"
     assert not (tmp_path / "out").exists()
+
+
+
+ONLY_SCRIPT = """
+source scripts/results_steps.sh
+check_only "$0" "$@"
+for name in wide kvp-collect kvp-train-listnet kvp-data sparse; do
+  step "$name" -- bash -c "echo $name >> '$OUT/ran'"
+done
+report_steps full
+"""
+
+
+def _run_only(tmp_path: Path, only: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "steps.sh"
+    script.write_text(ONLY_SCRIPT)
+    env = {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "ONLY": only}
+    return subprocess.run(["bash", "-euo", "pipefail", str(script)], cwd=REPO, env=env, text=True,
+                          capture_output=True)  # fmt: skip
+
+
+def test_only_runs_the_named_steps_and_their_group_and_reports_no_total(tmp_path):
+    done = _run_only(tmp_path, "kvp,sparse")
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "out"
+    assert (out / "ran").read_text().split() == ["kvp-collect", "kvp-train-listnet", "kvp-data", "sparse"]
+    assert "the wall-time total needs a sitting without ONLY" in done.stdout
+    assert not (out / "steps" / "wide.json").exists()  # left for another sitting: not begun
+    assert json.loads((out / "steps" / "sparse.json").read_text())["status"] == "done"
+
+
+def test_only_naming_no_step_fails_before_any_step_runs(tmp_path):
+    done = _run_only(tmp_path, "wide,kvpp")
+    assert done.returncode == 2 and not (tmp_path / "out").exists()
+    assert done.stderr.strip() == ("results_all.sh: error: ONLY=wide,kvpp: no step named kvpp (or NAME-...); "
+                                   "the steps: wide kvp-collect kvp-train-listnet kvp-data sparse")  # fmt: skip
+
+
+def test_results_all_lists_its_full_steps_without_running_or_writing_anything(tmp_path):
+    env = {"OUT": str(tmp_path / "out"), "PATH": "/usr/bin:/bin", "LIST_STEPS": "1", "RESTART": "1"}
+    done = subprocess.run(["bash", "scripts/results_all.sh", "full", str(tmp_path), sys.executable], cwd=REPO,
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    names = [line.removeprefix("step: ") for line in done.stdout.splitlines() if line.startswith("step: ")]
+    assert names[0] == "accuracy" and len(names) == len(set(names)) > 30
+    assert {"wide", "kvp-collect", "concurrency-gsm8k-0-7-arbor", "e2e-configl-game24"} <= set(names)
+    assert not (tmp_path / "out").exists()
