@@ -104,6 +104,11 @@ def test_a_placeholder_that_matches_no_row_is_an_error():
         render("{{main[p=b].p}}", data)
     with pytest.raises(ValueError, match="no column 'q'"):
         render("{{main[q=a].p}}", data)
+    kept = data | {"carried": {"measured": "2026-11-30", "commit": "abcdef012345"}}
+    text = render("kept since {{carried.measured}} (`{{carried.commit}}`)", kept)
+    assert text == "kept since 2026-11-30 (`abcdef012345`)"
+    with pytest.raises(ValueError, match="carried"):
+        render("{{carried.measured}}", data)  # nothing was kept: an error, not an empty date
 
 
 def test_prose_figures_come_from_the_data():
@@ -197,6 +202,7 @@ def test_the_plots_drawn_from_data_are_on_the_page(tmp_path):
 def test_a_rerun_keeps_what_it_did_not_remeasure_and_says_so(tmp_path):
     """bench_sparse's JSONL replaces the sparse main table; the int8 before/after table and the prose's
     figures are kept from the committed data, named in the provenance line, and the template renders."""
+    from benchmarks.results.collect import kept_from
     from benchmarks.results.collect import write as collect
 
     committed = load_section("sparse")
@@ -213,12 +219,14 @@ def test_a_rerun_keeps_what_it_did_not_remeasure_and_says_so(tmp_path):
     collect("sparse", tmp_path / "bench", "python scripts/bench_sparse.py --contexts 2048", data_root=tmp_path)
     data = load_section("sparse", tmp_path)
     assert data["tables"]["table2"] == committed["tables"]["table2"] and data["facts"] == committed["facts"]
-    assert data["carried"]["tables"] == ["table2"] and data["carried"]["measured"] == committed["measured"]
+    first = kept_from(committed)["measured"]  # table2's own date, however many reruns kept it since
+    assert data["carried"]["tables"] == ["table2"] and data["carried"]["measured"] == first
     text = render_section(Section("sparse"), data)
-    assert f"Kept from the measurement of {committed['measured']}" in text and "table `table2`" in text
+    assert f"Kept from the measurement of {first}" in text and "table `table2`" in text
     lychee_8k = next(r for r in committed["tables"]["main"]["rows"] if (r["context"], r["method"]) == (8192, "lychee"))
-    assert f"lychee decodes at **{lychee_8k['x_dense'] * 1.5:.2f}x" in text  # the prose follows the new table
-    assert "| 12.6% |" in text  # read_fraction 0.126 shown as a percentage again
+    assert f"**{lychee_8k['x_dense'] * 1.5:.2f}x dense**" in text  # the prose follows the new table
+    read_8k = f"| {lychee_8k['read']:.1f}% |"
+    assert read_8k in text  # read_fraction shown as a percentage again
 
 
 def test_a_benchmark_with_its_own_format_renders_its_own_section(tmp_path):

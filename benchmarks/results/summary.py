@@ -112,20 +112,25 @@ def linear(data: dict[str, dict]) -> str | None:
 
 
 def sparse(data: dict[str, dict]) -> str | None:
-    """Where sparse decoding is faster or slower than dense, and its fidelity range."""
+    """Per method, where sparse decoding is faster or slower than dense end to end; its fidelity range."""
     if "sparse" not in data:
         return None
     rows = [r for r in data["sparse"]["tables"]["main"]["rows"] if r["method"] != "dense"]
-    wins = sorted({(r["model"], r["context"]) for r in rows if r["x_dense"] > 1})
-    loses = sorted({(r["model"], r["context"]) for r in rows if r["x_dense"] <= 1})
     top1 = [r[k] for r in rows for k in ("top_1_gsm8k", "top_1_math") if r.get(k) is not None]
 
     def ctx(pairs: list) -> str:
-        return ", ".join(f"{c:,} ({m})" for m, c in pairs) or "none"
+        return ", ".join(f"{c:,} ({m})" for m, c in sorted(pairs, key=lambda mc: mc[1])) or "none"
 
+    parts = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+        mine = [r for r in rows if r["method"] == method]
+        faster = ctx([(r["model"], r["context"]) for r in mine if r["x_dense"] > 1])
+        slower = ctx([(r["model"], r["context"]) for r in mine if r["x_dense"] <= 1])
+        parts.append(f"{method} faster end to end at {faster}, slower at {slower}")
+    low, high = f"{min(top1):.2f}", f"{max(top1):.2f}"
     return (
-        f"**Sparse decode (lychee, quest) vs dense.** Faster end to end at {ctx(wins)}; slower at {ctx(loses)}; "
-        f"top-1 agreement with dense {min(top1):.2f}-{max(top1):.2f}."
+        f"**Sparse decode (lychee, quest) vs dense.** {'; '.join(parts)}; "
+        f"top-1 agreement with dense {low if low == high else f'{low}-{high}'}."
     )
 
 
@@ -273,12 +278,12 @@ def linear_verdicts(data: dict[str, dict]) -> list[Verdict]:
         worst = max(rows, key=lambda r: r["xpress"])
         if worst["xpress"] > 1:
             out.append(
-                (policy, "loses", f"{worst['xpress']:.2f}x its kvpress press's KL at {worst['kept']}% kept (Linear)")
+                (policy, "loses", f"{worst['xpress']:.2f}x its kvpress press's KL at {worst['kept']:g}% kept (Linear)")
             )
         best = min(rows, key=lambda r: r["xpress"])
         if best["xpress"] < 1:
             out.append(
-                (policy, "wins", f"{best['xpress']:.2f}x its kvpress press's KL at {best['kept']}% kept (Linear)")
+                (policy, "wins", f"{best['xpress']:.2f}x its kvpress press's KL at {best['kept']:g}% kept (Linear)")
             )
     return out
 

@@ -7,6 +7,8 @@ Block placeholders, each alone on a line: ``{{table NAME}}`` (a table of the dat
   columns render as (keys or headers), e.g. ``{{main[policy=h2o; kept=50%].kl}}``; ``.col[i]`` is
   item ``i`` of a list cell;
 - ``{{facts.KEY}}``, ``{{settings.KEY}}``, ``{{measured}}``, ``{{command}}``: the data file's fields;
+  ``{{carried.measured}}``, ``{{carried.commit}}``: when and where the tables and facts a rerun kept
+  (not rerun) were measured;
 - ``{{A / B}}`` and ``{{A - B}}`` of two such values (a ratio, what one method saves over another);
 - a ``:FORMAT`` suffix formats the number another way than its column, e.g. ``{{...kl:.3f}}``.
 
@@ -34,6 +36,8 @@ def _raw(expr: str, data: dict) -> tuple[object, str]:
             return (value[int(index)] if index is not None else value), "auto"
     if expr in ("measured", "command"):
         return data[expr], "text"
+    if expr in ("carried.measured", "carried.commit"):
+        return data["carried"][expr.split(".")[1]], "text"
     m = _CELL.match(expr)
     if not m:
         raise ValueError(f"template placeholder {{{{{expr}}}}}: expected TABLE[col=value; ...].col")
