@@ -44,3 +44,28 @@ def test_a_tree_with_uncommitted_changes_is_marked_dirty(tmp_path, monkeypatch):
         assert re.fullmatch(r"[0-9a-f]{40}", clean) and provenance.code_version() == clean + "+dirty"
     finally:
         provenance.code_version.cache_clear()
+
+
+def test_what_measuring_writes_does_not_make_the_code_dirty(tmp_path):
+    """A benchmark that writes docs/data/<section> (or the page rewriting README's table) leaves the
+    code clean for the next section's record; a change to code still counts, staged or not."""
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "docs" / "data" / "wide").mkdir(parents=True)
+    files = {"f.py": "x = 1\n", "README.md": "table\n", "docs/data/wide/results.json": "{}\n", "docs/results.md": "p\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    clean = provenance.checkout_commit(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{40}", clean)
+    for name in ("README.md", "docs/data/wide/results.json", "docs/results.md"):
+        (tmp_path / name).write_text("measured\n")
+    git("add", "docs/results.md")
+    assert provenance.checkout_commit(tmp_path) == clean
+    (tmp_path / "f.py").write_text("x = 2\n")
+    git("add", "f.py")
+    assert provenance.checkout_commit(tmp_path) == clean + "+dirty"
+    assert provenance.checkout_commit(tmp_path / "docs") is None  # not the root of a checkout

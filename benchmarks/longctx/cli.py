@@ -7,7 +7,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -17,6 +16,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from arbor_cli.provenance import checkout_commit
 from arbor_cli.report import fit_table
 from arbor_cli.results import Column
 from benchmarks.longctx.generator import TASKS, make_suite, records_example
@@ -126,14 +126,7 @@ COLUMNS = (
 
 def provenance(argv: Sequence[str] | None) -> dict:
     """Where and how the data was made: the command, the commit, the date, the machine."""
-    repo = Path(__file__).resolve().parents[2]
-
-    def git(*cmd: str) -> str:
-        try:
-            return subprocess.run(["git", *cmd], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-
+    code = checkout_commit(Path(__file__).resolve().parents[2]) or ""
     cpu = ""
     try:
         cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
@@ -143,7 +136,7 @@ def provenance(argv: Sequence[str] | None) -> dict:
 
     return {
         "command": f"python scripts/{PROG} " + " ".join(sys.argv[1:] if argv is None else argv),
-        "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "commit": code.removesuffix("+dirty"), "dirty": code.endswith("+dirty"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {
             "cpu": cpu or platform.processor(), "cores": os.cpu_count(), "system": platform.platform(),

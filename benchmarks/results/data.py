@@ -21,7 +21,6 @@ import datetime as dt
 import json
 import os
 import platform
-import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -34,13 +33,13 @@ FORMAT = 1
 
 
 def commit() -> str | None:
-    """The checkout's commit (``+dirty`` when tracked files differ from it), or None outside git."""
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=REPO, capture_output=True, text=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    """The checkout's commit (``+dirty`` when tracked files differ from it, other than what measuring
+    writes: docs/, README.md), or None outside git (:func:`arbor_cli.provenance.checkout_commit`)."""
+    # imported here: rendering the page (which never writes data) runs on a bare python3, and the
+    # arbor_cli package imports omegaconf
+    from arbor_cli.provenance import checkout_commit
+
+    return checkout_commit(REPO)
 
 
 def machine() -> str:
