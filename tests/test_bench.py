@@ -145,7 +145,7 @@ def test_bench_memory_output_becomes_the_wide_section(tmp_path):
 
     out = tmp_path / "wide" / "after.json"
     cmd = [sys.executable, str(REPO / "scripts" / "bench_memory.py"), "--model", "tiny-random", "--prefix", "40",
-           "--new-tokens", "4", "--rows", "1,8", "--policies", "full", "--repeats", "1", "--threads", "1",
+           "--new-tokens", "4", "--rows", "1,32", "--policies", "full,h2o", "--repeats", "1", "--threads", "1",
            "--out", str(out)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True, cwd=REPO)
     measured = {(r["policy"], r["rows"]): r for r in json.loads(out.read_text())}
@@ -153,11 +153,12 @@ def test_bench_memory_output_becomes_the_wide_section(tmp_path):
     data = load_section("wide", tmp_path / "data")
     committed = {(r["policy"], r["rows"]): r for r in load_section("wide")["tables"]["main"]["rows"]}
     rows = data["tables"]["main"]["rows"]
-    assert [(r["policy"], r["rows"]) for r in rows] == [("full", 1), ("full", 8)]
-    for r in rows:
-        assert r["peak_alloc_mb_after"] == measured[("full", r["rows"])]["peak_alloc_mb"]
-        assert r["decode_tok_s_after"] == measured[("full", r["rows"])]["decode_tokens_per_s"]
-        assert r["peak_alloc_mb_before"] == committed[("full", r["rows"])]["peak_alloc_mb_before"]
+    assert [(r["policy"], r["rows"]) for r in rows] == [("full", 1), ("full", 32), ("h2o", 1), ("h2o", 32)]
+    for r in rows:  # the rows the section's prose quotes (32 over 1, h2o over full)
+        key = (r["policy"], r["rows"])
+        assert r["peak_alloc_mb_after"] == measured[key]["peak_alloc_mb"]
+        assert r["decode_tok_s_after"] == measured[key]["decode_tokens_per_s"]
+        assert r["peak_alloc_mb_before"] == committed[key]["peak_alloc_mb_before"]
     assert data["carried"]["columns"] == ["peak_alloc_tree_kv_before", "peak_alloc_mb_before", "decode_tok_s_before"]
     text = render_section(Section("wide"), data)
     assert "not rerun: column `peak_alloc_tree_kv_before`" in text and "Not current" not in text
