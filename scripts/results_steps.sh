@@ -31,9 +31,9 @@ step_selected() {
 group_runs() {
   local want
   [ -z "${LIST_STEPS:-}" ] || return 1
-  [ -n "${ONLY:-}" ] || return 0
+  step_selected "$1" && return 0  # ONLY unset, or it names GROUP or a group GROUP is part of
   for want in ${ONLY//,/ }; do
-    if [[ $want == "$1" || $want == "$1"-* || $1 == "$want"-* ]]; then return 0; fi
+    if [[ $want == "$1"-* ]]; then return 0; fi  # or one of GROUP's steps
   done
   return 1
 }
