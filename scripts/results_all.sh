@@ -19,7 +19,8 @@
 #          sections go to OUT/data, not over docs/data's full-size ones; only its wall time is committed
 #          (docs/data/make-results-quick)
 #   full:  accuracy on 20 puzzles (rows 900-919), ToT legal steps, arbor / h2o / streaming at 0.5x and
-#          0.25x, plus IO and CoT: ~5 h by those per-puzzle times (over the 2 h target; not run here);
+#          0.25x, plus IO and CoT: ~5 h of runs by those per-puzzle times, two at a time (JOBS=2, one torch thread
+#          each): ~3 h;
 #          the concurrency grid (~3.3 h on one core); controllers, trace replay and speed vs naive (~50 min);
 #          the two smallest-exact-budget searches (Game of 24 legal BFS-5, GSM8K best-first 50); sparse decode at 2K-32K;
 #          the Table 1 analogs (GSM8K ~1.5 h, Game of 24 ~2.4 h with JOBS=2) and the Config-L analogs (GSM8K ~40 min,
@@ -32,8 +33,8 @@ OUT=${OUT:-bench/results-$SIZE}
 BIN=${BIN:-$(dirname "$PYTHON")}
 export BIN PYTHON
 case $SIZE in
-  quick) ACC_END=902 ACC_MODES="tot_legal" ACC_RATIOS="0.5" SECTIONS="$OUT/data" ;;
-  full) ACC_END=920 ACC_MODES="io cot tot_legal" ACC_RATIOS="0.5 0.25" SECTIONS="" ;;
+  quick) ACC_END=902 ACC_MODES="tot_legal" ACC_RATIOS="0.5" ACC_JOBS=1 SECTIONS="$OUT/data" ;;
+  full) ACC_END=920 ACC_MODES="io cot tot_legal" ACC_RATIOS="0.5 0.25" ACC_JOBS=2 SECTIONS="" ;;
   *) echo "results_all.sh: error: SIZE=$SIZE; valid: quick, full" >&2; exit 2 ;;
 esac
 
@@ -43,7 +44,7 @@ check_only "$0" "$@"
 [ "${RESTART:-0}" = 0 ] || [ -n "${LIST_STEPS:-}" ] || rm -rf "$OUT/steps"
 
 # accuracy: Game of 24, the ToT test slice (writes docs/data/accuracy/results.json)
-step accuracy "$OUT/accuracy" -- env MODES="$ACC_MODES" POLICIES="arbor h2o streaming" RATIOS="$ACC_RATIOS" \
+step accuracy "$OUT/accuracy" -- env MODES="$ACC_MODES" POLICIES="arbor h2o streaming" RATIOS="$ACC_RATIOS" JOBS=$ACC_JOBS \
   DATA_ROOT="$SECTIONS" \
   bash scripts/bench_accuracy.sh "$OUT/accuracy" "$DATA" 900 "$ACC_END"
 
