@@ -161,14 +161,18 @@ if [ "$SIZE" = full ]; then
   step rehydrate "$OUT/rehydrate" -- env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_rehydrate.py --threads 1 \
     --data-dir "$DATA" --problems 4 --out "$OUT/rehydrate" --section
   # linear baselines next to kvpress (bench_linear.py: ~5 min; kvpress runs in its own virtualenv, created
-  # with torch pinned when missing); the other tables of the section (every share, the statistics' cost) are kept
+  # with torch pinned when missing; its JSON holds every method at every share too), then what the attention
+  # statistics cost (bench_stats_cost.py: ~3 min, into the same folder, so after it)
   ln=(--out "$OUT/linear/linear.json" --threads 1 --kvpress-venv "${KVPRESS_VENV:-../venvs/kvpress}" --create-venv)
   step linear "$OUT/linear" -- env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_linear.py "${ln[@]}"
+  sc=(--out "$OUT/linear/stats_cost.json" --threads 1 --repeats 5 --data-dir "$DATA")
+  step linear-stats -- env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_stats_cost.py "${sc[@]}"
   step linear-data -- "$PYTHON" -m benchmarks.results.collect linear "$OUT/linear" \
-    --command "OMP_WAIT_POLICY=PASSIVE python scripts/bench_linear.py ${ln[*]}"
+    --command "OMP_WAIT_POLICY=PASSIVE python scripts/bench_linear.py ${ln[*]}"$'\n'"OMP_WAIT_POLICY=PASSIVE python scripts/bench_stats_cost.py ${sc[*]}"
   # KVP training (kvp_collect.py: 200 sequences of attention targets; kvp_train.py with each loss, ~1.5 min
-  # each): the weights go to OUT, never over the shipped policies/weights; the section's benchmark and replay
-  # tables (of the shipped weights) are kept
+  # each): the weights go to OUT, never over the shipped policies/weights; then the shipped weights (and the
+  # budgets loss just trained) on held-out contexts (bench_kvp.py), and arbor's in-block selector on a recorded
+  # GSM8K search replayed (record_trace.py, bench_kvp_replay.py)
   kc=(--out "$OUT/kvp/data" --sequences 200 --threads 2)
   step kvp-collect "$OUT/kvp/data" -- "$PYTHON" scripts/kvp_collect.py "${kc[@]}"
   kvp_cmds="python scripts/kvp_collect.py ${kc[*]}"
@@ -178,6 +182,16 @@ if [ "$SIZE" = full ]; then
     step "kvp-train-$loss" -- "$PYTHON" scripts/kvp_train.py "${kt[@]}"
     kvp_cmds+=$'\n'"python scripts/kvp_train.py ${kt[*]}"
   done
+  kb=(--out "$OUT/kvp/bench.json" --threads 2 --data-dir "$DATA" --shares 0.1,0.2,0.3,0.5,0.7,0.9
+    --variants "kvp-budgets=$OUT/kvp/kvp-budgets.safetensors")
+  step kvp-bench -- "$PYTHON" scripts/bench_kvp.py "${kb[@]}"
+  kr=(--out "$OUT/kvp/traces" experiment=e2e_gsm8k "paths.data_dir=$DATA" task.end=1)
+  step kvp-trace "$OUT/kvp/traces" -- "$PYTHON" scripts/record_trace.py "${kr[@]}"
+  # shellcheck disable=SC2016  # the glob expands when the step runs, once the traces exist
+  step kvp-replay -- bash -c '"$0" scripts/bench_kvp_replay.py "$1"/*.json --out "$2" --threads 2' \
+    "$PYTHON" "$OUT/kvp/traces" "$OUT/kvp/replay.jsonl"
+  kvp_cmds+=$'\n'"python scripts/bench_kvp.py ${kb[*]}"$'\n'"python scripts/record_trace.py ${kr[*]}"
+  kvp_cmds+=$'\n'"python scripts/bench_kvp_replay.py $OUT/kvp/traces/*.json --out $OUT/kvp/replay.jsonl --threads 2"
   step kvp-data -- "$PYTHON" -m benchmarks.results.collect kvp "$OUT/kvp" --command "$kvp_cmds"
   # the Table 1 analog on Game of 24 (the ToT setup: 5-shot, BFS breadth 5, legal proposals ranked by the
   # model, llm_value; rows 900-919; every policy at 0.5, 0.35, 0.25x of full's peak): the reference 14 min

@@ -34,10 +34,23 @@ def _bin(tmp_path: Path) -> Path:
 def _run(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
     log = tmp_path / "log"
     full_env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "JOBS")}
-    full_env.update(BIN=str(_bin(tmp_path)), PYTHON="echo", LOG=str(log), MODES="io tot_legal",
-                    POLICIES="arbor h2o", RATIOS="0.5 0.25", **env)
-    p = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), "DATA", "900", "902"], cwd=REPO,
-                       env=full_env, capture_output=True, text=True, timeout=120)
+    full_env.update(
+        BIN=str(_bin(tmp_path)),
+        PYTHON="echo",
+        LOG=str(log),
+        MODES="io tot_legal",
+        POLICIES="arbor h2o",
+        RATIOS="0.5 0.25",
+        **env,
+    )
+    p = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path / "out"), "DATA", "900", "902"],
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return p, log.read_text().splitlines() if log.exists() else []
 
 
@@ -51,7 +64,8 @@ def test_jobs_2_runs_every_run_once_each_budget_after_its_reference(tmp_path):
     ends = [ln for ln in log if ln.startswith("end ")]
     dirs = [_run_dir(ln) for ln in ends]
     expected = {"io/full", "tot_legal/full", "oracle/full"} | {
-        f"{m}/{pol}-{r}" for m in ("io", "tot_legal") for pol in ("arbor", "h2o") for r in ("0.5", "0.25")}
+        f"{m}/{pol}-{r}" for m in ("io", "tot_legal") for pol in ("arbor", "h2o") for r in ("0.5", "0.25")
+    }
     assert sorted(dirs) == sorted(expected)  # each once
     assert all("threads=1" in ln for ln in ends)
     for ln in log:  # a budgeted run starts only after its mode's full run ended
@@ -60,8 +74,14 @@ def test_jobs_2_runs_every_run_once_each_budget_after_its_reference(tmp_path):
             mode = d.split("/")[0]
             assert log.index(ln) > log.index(next(e for e in ends if _run_dir(e) == f"{mode}/full"))
     starts = [ln for ln in log if ln.startswith("start ")]
-    assert max(sum(1 for ln in log[: log.index(s)] if ln.startswith("start "))
-               - sum(1 for ln in log[: log.index(s)] if ln.startswith("end ")) for s in starts) <= 1  # <= 2 at once
+    assert (
+        max(
+            sum(1 for ln in log[: log.index(s)] if ln.startswith("start "))
+            - sum(1 for ln in log[: log.index(s)] if ln.startswith("end "))
+            for s in starts
+        )
+        <= 1
+    )  # <= 2 at once
     assert "JOBS=2 bash scripts/bench_accuracy.sh" in p.stdout  # the section records how it ran
 
 

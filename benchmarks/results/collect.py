@@ -18,8 +18,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from .data import DATA, load_section, write_section_data
+from .data import DATA, columns_for, load_section, write_section_data
 
 FOLDER = "<folder>"  # the row's value is the name of the folder its file is in (one search per folder)
 
@@ -42,6 +43,13 @@ class Collector:
     #: committed row with the same values in ``match``; the page names them as kept
     kept_columns: tuple[str, ...] = ()
     match: tuple[str, ...] = ()
+    #: the section's other tables, each read like the main one from its own files under the same folder
+    #: (the spec's ``columns`` None keeps the committed table's); a table whose files are absent is kept
+    tables: tuple[tuple[str, Collector], ...] = ()
+    #: the figures the prose quotes, computed from the outputs folder (those it returns; the rest are kept)
+    facts: Callable[[Path], dict[str, Any]] | None = None
+    #: the section's settings read from the outputs (over the committed ones; the caller's win)
+    settings: Callable[[Path], dict[str, Any]] | None = None
 
 
 def replay_records(record: dict) -> list[dict]:
@@ -65,6 +73,127 @@ def speed_records(record: dict) -> list[dict]:
             "overhead_pct": None if overhead is None else 100.0 * overhead,
         })  # fmt: skip
     return out
+
+
+def linear_method_records(record: dict) -> list[dict]:
+    """A bench_linear.py row as the section names it: side ``kvpress/token`` -> side ``kvpress``,
+    method ``knorm (token)``."""
+    side, _, variant = record["side"].partition("/")
+    return [record | {"side": side, "method": f"{record['method']} ({variant})" if variant else record["method"]}]
+
+
+def stats_cost_records(record: dict) -> list[dict]:
+    """bench_stats_cost.py's JSON -> a row per policy."""
+    return [{"policy": policy} | m for policy, m in record["policies"].items()]
+
+
+def _json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+#: the context the linear section's prose singles out (where per-head choice matters most)
+MATH_CTX = "math500:5:200"
+
+
+def _context_kl(doc: dict, side: str, method: str, kept: float, context: str) -> float | None:
+    """A bench_linear.py row's mean KL on one context (None when the run has no such row or context)."""
+    names = [c["name"] for c in doc["contexts"]]
+    for r in doc["rows"]:
+        if (r["side"], r["method"], r["kept_share"]) == (side, method, kept) and context in names:
+            return r["context_mean_kl"][names.index(context)]
+    return None
+
+
+def linear_settings(root: Path) -> dict[str, Any]:
+    """bench_linear.py's settings the section's prose names (threads, continuation, contexts, kvpress side)."""
+    doc = _json(root / "linear.json")
+    if doc is None:
+        return {}
+    versions = doc["kvpress_versions"]
+    fanout = [c["fan_out_check"] for c in doc["checks"] if "fan_out_check" in c]
+    press = {}
+    if fanout:
+        press["fanout_check_press"] = f"{fanout[0]['press']} at ratio {fanout[0]['compression_ratio']:g}"
+    return press | {
+        "torch_threads": doc["threads"], "continuation_tokens": doc["steps"],
+        "contexts": {c["name"]: c["context_tokens"] for c in doc["contexts"]},
+        "kvpress_side": f"kvpress {versions['kvpress']}, transformers {versions['transformers']}, "
+                        f"torch {versions['torch']}, eager attention",
+    }  # fmt: skip
+
+
+def linear_facts(root: Path) -> dict[str, Any]:
+    """The figures the linear section's prose quotes, from bench_linear.py's and bench_stats_cost.py's JSON."""
+    facts: dict[str, Any] = {}
+    doc = _json(root / "linear.json")
+    if doc is not None:
+        fanout = [c["fan_out_check"]["max_abs_logp_diff"] for c in doc["checks"] if "fan_out_check" in c]
+        facts |= {
+            "project_minutes": doc["seconds"]["project"] / 60, "kvpress_minutes": doc["seconds"]["kvpress"] / 60,
+            "max_logp_diff_uncompressed": max(c["max_abs_token_logp_diff"] for c in doc["checks"]),
+            "max_logp_diff_fanout": max(fanout) if fanout else None,
+            "streaming_prefill_x_full_in_bench_linear": doc["prefill_cost"]["streaming"]["vs_full"],
+            "h2o_math500_per_head_kl_50": _context_kl(doc, "kvpress/per_head", "observed_attention", 0.5, MATH_CTX),
+            "h2o_math500_token_kl_50": _context_kl(doc, "kvpress/token", "observed_attention", 0.5, MATH_CTX),
+            "h2o_math500_kl_50": _context_kl(doc, "project", "h2o", 0.5, MATH_CTX),
+        }  # fmt: skip
+    cost = _json(root / "stats_cost.json")
+    if cost is not None:
+        keys = ("context", "context_tokens", "rows", "new_tokens", "repeats", "threads")
+        facts |= {"stats_cost_" + k: cost[k] for k in keys}
+    return facts
+
+
+def kvp_bench_records(record: dict) -> list[dict]:
+    """bench_kvp.py's JSON -> its summary rows, each with its mean KL on every context (bench order)."""
+    per: dict[tuple[str, float], list[float]] = {}
+    for context in record.get("per_context", []):
+        for run in context["runs"]:
+            if run.get("kl"):
+                per.setdefault((run["policy"], round(1 - run["compression_ratio"], 6)), []).append(
+                    sum(run["kl"]) / len(run["kl"])
+                )
+    return [r | {"context_mean_kl": per.get((r["policy"], r["kept_share"]))} for r in record["rows"]]
+
+
+#: the KVP weights the runtime ships (policy=kvp's default)
+SHIPPED_KVP = Path(__file__).resolve().parents[2] / "arbor_runtime" / "policies" / "weights" / "kvp-smollm2.safetensors"
+
+
+def _weights_info(path: Path) -> dict[str, Any]:
+    """A KVP weights file's training record (kvp_train.py's report), {} when the file is absent."""
+    if not path.is_file():
+        return {}
+    from arbor_runtime.policies.kvp_weights import read_metadata
+
+    return json.loads(read_metadata(path).get("info", "{}"))
+
+
+def kvp_facts(root: Path) -> dict[str, Any]:
+    """The figures the KVP section's prose quotes: training tokens (kvp_train.py's report), the
+    benchmark's minutes and kvp's scoring cost per decode step (bench_kvp.py's JSON)."""
+    facts: dict[str, Any] = {}
+    report = _json(root / "train-listnet.json")
+    if report is not None:
+        facts["train_context_tokens"] = report["sequences"]["train_tokens"]
+    shipped = _weights_info(SHIPPED_KVP)
+    if shipped:
+        facts["shipped_loss"] = shipped.get("loss", "listnet")
+        facts["shipped_train_tokens"] = shipped["sequences"]["train_tokens"]
+    bench = _json(root / "bench.json")
+    if bench is not None:
+        cost = bench.get("cost") or {}
+        facts["bench_minutes"] = bench["seconds"] / 60
+        facts["bench_threads"], facts["bench_steps"] = bench["threads"], bench["steps"]
+        facts["bench_contexts"] = ", ".join(f"`{c['name']}` ({c['context_tokens']} tokens)" for c in bench["contexts"])
+        if cost:
+            facts |= {
+                "cost_context": cost["context"], "cost_budget_tokens": cost["budget_tokens"],
+                "scoring_ms": cost["kvp_scoring_ms_per_step"], "step_ms": cost["kvp_ms_per_step"],
+                "tokens_scored_per_step": cost["kvp_tokens_scored_per_step"],
+                "streaming_step_ms": cost["streaming_ms_per_step"], "h2o_step_ms": cost["h2o_ms_per_step"],
+            }  # fmt: skip
+    return facts
 
 
 COLLECTORS = {
@@ -109,7 +238,7 @@ COLLECTORS = {
         kept_columns=("peak_alloc_tree_kv_before", "peak_alloc_mb_before", "decode_tok_s_before"),
         match=("policy", "rows"),
     ),
-    "linear": Collector(  # bench_linear.py's comparison table; its other tables are kept (carried)
+    "linear": Collector(  # bench_linear.py's comparison table and every share; bench_stats_cost.py's table
         "linear.json",
         {
             "policy": "policy", "kvpress_press": "press", "kept": "kept_share", "kl": "kl", "press_kl": "press_kl",
@@ -118,8 +247,25 @@ COLLECTORS = {
         },
         scale={"kept": 100.0},
         rows_at="comparison",
+        tables=(
+            ("table2", Collector(  # every method at every share, both sides
+                "linear.json",
+                {"side": "side", "method": "method", "kept": "kept_share", "mean_kl": "mean_kl", "top_1": "top1",
+                 "mean_kl_per_context": "context_mean_kl"},
+                scale={"kept": 100.0}, rows_at="rows", expand=linear_method_records,
+            )),
+            ("table3", Collector(  # bench_stats_cost.py: what the attention statistics cost
+                "stats_cost.json",
+                {"policy": "policy", "prefill_ms_token": "prefill_ms_per_token", "x_full": "prefill_vs_full",
+                 "x_full_wall": "prefill_wall_vs_full", "decode_ms_token": "expand_ms_per_token",
+                 "x_full_2": "expand_vs_full", "x_full_wall_2": "expand_wall_vs_full"},
+                expand=stats_cost_records,
+            )),
+        ),
+        facts=linear_facts,
+        settings=linear_settings,
     ),
-    "kvp": Collector(  # kvp_train.py's reports (one per loss); the benchmark and replay tables are kept (carried)
+    "kvp": Collector(  # kvp_train.py's reports (one per loss), bench_kvp.py's and bench_kvp_replay.py's tables
         "train*.json",
         {
             "loss": "settings.loss", "train_s": "seconds", "train_seqs": "sequences.train",
@@ -128,6 +274,22 @@ COLLECTORS = {
             "streaming_head": "final.streaming/head_auc", "recency_head": "final.recency/head_auc",
             "kvp_token": "final.kvp/token_auc", "oracle_token": "final.oracle/token_auc",
         },
+        tables=(
+            ("table2", Collector(  # bench_kvp.py: the shipped weights (and the variants) on held-out contexts
+                "bench.json",
+                {"kept": "kept_share", "policy": "policy", "retained_future_attention": "retained",
+                 "mean_kl": "mean_kl", "top_1": "top1", "mean_kl_per_context": "context_mean_kl"},
+                scale={"kept": 100.0}, expand=kvp_bench_records,
+            )),
+            ("table3", Collector(  # bench_kvp_replay.py: arbor's in-block selector, a recorded search replayed
+                "replay.jsonl",
+                {"trace": "trace", "budget": "budget_fraction", "policy": "policy", "top_1": "top1_agreement",
+                 "mean_kl": "mean_kl", "peak_kv_tok": "peak_device_tokens", "rehydrated_tok": "rehydrated_tokens",
+                 "oom": "oom"},
+                scale={"budget": 100.0}, expand=replay_records,
+            )),
+        ),
+        facts=kvp_facts,
     ),
     "budgets": Collector(
         "*/budgets.jsonl",
@@ -199,7 +361,11 @@ def _get(raw: dict, key: str):
 
 def rows(name: str, root: Path) -> list[dict]:
     """The benchmark's rows under ``root`` with the section's column keys (missing keys are None)."""
-    spec = COLLECTORS[name]
+    return table_rows(COLLECTORS[name], root)
+
+
+def table_rows(spec: Collector, root: Path) -> list[dict]:
+    """One table's rows: ``spec.pattern``'s files under ``root``, renamed and scaled by ``spec``."""
     out = []
     for path in sorted(root.glob(spec.pattern)):
         records = _records(path, spec.rows_at)
@@ -212,25 +378,40 @@ def rows(name: str, root: Path) -> list[dict]:
 
 
 def write(name: str, root: Path, command: str, settings: dict | None = None, data_root: Path | None = None) -> Path:
-    """Write docs/data/<name>/results.json from the benchmark's outputs under ``root``."""
-    found = rows(name, root)
-    if not found:
-        raise SystemExit(f"collect: error: no {COLLECTORS[name].pattern} under {root}")
-    committed = load_section(name, DATA)  # its columns and title are what the template expects
+    """Write docs/data/<name>/results.json from the benchmark's outputs under ``root``: the main table,
+    the other tables and figures whose outputs are there, and the rest kept from the committed data."""
     spec = COLLECTORS[name]
+    found = table_rows(spec, root)
+    if not found:
+        raise SystemExit(f"collect: error: no {spec.pattern} under {root}")
+    committed = load_section(name, DATA)  # its columns and title are what the template expects
     if spec.kept_columns:
         found = keep_columns(found, committed["tables"]["main"]["rows"], spec.kept_columns, spec.match)
-    kept = carried(committed, settings or {}, spec.kept_columns)
+    tables = {t: _table(sub, committed, t, got) for t, sub in spec.tables if (got := table_rows(sub, root))}
+    facts = spec.facts(root) if spec.facts else {}
+    settings = (spec.settings(root) if spec.settings else {}) | (settings or {})
+    kept = carried(committed, settings or {}, spec.kept_columns, measured=(set(tables), set(facts)))
     return write_section_data(
         name,
         found,
         command,
         committed.get("settings", {}) | (settings or {}),
         title=committed["title"],
-        columns=_columns(COLLECTORS[name], committed, found),
-        **kept,
+        columns=_columns(spec, committed, found),
+        tables=kept.get("tables", {}) | tables,
+        facts=kept.get("facts", {}) | facts,
+        carried=kept.get("carried"),
         root=data_root,
     )
+
+
+def _table(spec: Collector, committed: dict, name: str, found: list[dict]) -> dict:
+    """Another table of the section: its rows, with the spec's columns or the committed table's."""
+    old = committed["tables"].get(name)
+    if spec.columns is None and old is not None:
+        return {"columns": old["columns"], "rows": found}
+    return {"columns": _columns(spec, {"tables": {"main": old}}, found) if spec.columns else columns_for(found),
+            "rows": found}  # fmt: skip
 
 
 def _columns(spec: Collector, committed: dict, found: list[dict]) -> list[dict]:
@@ -265,20 +446,27 @@ def kept_from(committed: dict) -> dict:
     return {"measured": before.get("measured") or committed.get("measured"), "commit": when[:12]}
 
 
-def carried(committed: dict, settings: dict, columns: tuple[str, ...] = ()) -> dict:
-    """What a rerun of the main table does not remeasure (other tables, ``columns`` of the main one,
-    figures the prose quotes, settings the caller did not give), kept from the committed data with where
-    it came from (:func:`kept_from`), so the section's template still renders and its provenance line says
-    which parts are older."""
-    tables = {k: v for k, v in committed["tables"].items() if k != "main"}
+def carried(
+    committed: dict,
+    settings: dict,
+    columns: tuple[str, ...] = (),
+    measured: tuple[set[str], set[str]] = (set(), set()),
+) -> dict:
+    """What a rerun does not remeasure (tables other than the main one and the ``measured`` tables,
+    ``columns`` of the main one, figures the prose quotes but the ``measured`` facts, settings the caller
+    did not give), kept from the committed data with where it came from (:func:`kept_from`), so the
+    section's template still renders and its provenance line says which parts are older."""
+    new_tables, new_facts = measured
+    tables = {k: v for k, v in committed["tables"].items() if k != "main" and k not in new_tables}
+    facts = {k: v for k, v in committed.get("facts", {}).items() if k not in new_facts}
     old_settings = sorted(set(committed.get("settings", {})) - set(settings))
-    if not tables and not committed.get("facts") and not old_settings and not columns:
+    if not tables and not facts and not old_settings and not columns:
         return {}
     origin = kept_from(committed)
-    origin |= {"tables": sorted(tables), "facts": sorted(committed.get("facts", {})), "settings": old_settings}
+    origin |= {"tables": sorted(tables), "facts": sorted(facts), "settings": old_settings}
     if columns:
         origin["columns"] = list(columns)
-    return {"tables": tables, "facts": committed.get("facts", {}), "carried": origin}
+    return {"tables": tables, "facts": facts, "carried": origin}
 
 
 def main(argv: list[str] | None = None) -> None:

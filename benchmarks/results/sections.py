@@ -177,7 +177,7 @@ def provenance(data: dict) -> str:
         kept = ", ".join(
             [f"table `{t}`" for t in c["tables"]]
             + [f"column `{col}`" for col in c.get("columns", [])]
-            + (["the figures its prose quotes"] if c["facts"] else [])
+            + _kept_facts(c["facts"], data.get("facts", {}))
         )
         if kept:  # only settings were carried over: nothing measured is older than the header says
             lines += ["", f"Kept from the measurement of {c['measured']} (`{c['commit']}`), not rerun: {kept}."]
@@ -186,6 +186,15 @@ def provenance(data: dict) -> str:
     if data.get("images") and data.get("source", "").startswith("migrated"):
         lines += ["", "Plots: the committed PNGs; their input traces are not in docs/data, so the page keeps them."]
     return "\n".join(lines)
+
+
+def _kept_facts(kept: list[str], facts: dict) -> list[str]:
+    """How the provenance line names the kept figures: all of them, or those (by key) when others were rerun."""
+    if not kept:
+        return []
+    if set(kept) >= set(facts):
+        return ["the figures its prose quotes"]
+    return ["the figures " + ", ".join(f"`{k}`" for k in kept)]
 
 
 def _code(code: str) -> str:
