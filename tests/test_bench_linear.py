@@ -154,32 +154,65 @@ def test_stats_cost_script_measures_every_policy_against_full(tmp_path, data_dir
     assert "--repeats/--rows/--new-tokens 0/4/16: each must be >= 1" in capsys.readouterr().err
 
 
-def test_bench_linear_output_becomes_the_linear_section(tmp_path):
-    """bench_linear's linear.json (its comparison rows) -> docs/data/linear (benchmarks.results.collect) -> the
-    section through its template. A second collect replaces the table; the tables and figures it does not
-    remeasure (every method at every share, the statistics' cost) are kept from the committed data."""
-    from benchmarks.results.collect import write as collect
-    from benchmarks.results.data import load_section
-    from benchmarks.results.sections import Section, render_section
-
+def _linear_json(tmp_path) -> dict:
+    """A bench_linear.py JSON on one context: h2o / snapkv / thinkv next to three presses in both variants."""
     ratios = (0.5, 0.75, 0.9)
-    project = [run_of("project", p, r, [0.2 * (i + 1), 0.4]) for p in ("h2o", "snapkv") for i, r in enumerate(ratios)]
+    project = [
+        run_of("project", p, r, [0.2 * (i + 1), 0.4]) for p in ("h2o", "snapkv", "thinkv") for i, r in enumerate(ratios)
+    ]
     presses = [
         run_of("kvpress", press, r, kl) | {"variant": variant}
-        for press in ("observed_attention", "snapkv")
+        for press in ("observed_attention", "snapkv", "knorm")
         for r in ratios
         for variant, kl in (("per_head", [0.1, 0.1]), ("token", [0.2, 0.2]))
     ]
     rows = summarize([{"runs": project}], {"items": [{"runs": presses}]})
-    linear = {"command": "python scripts/bench_linear.py", "rows": rows, "comparison": comparison(rows)}
+    checks = [{"max_abs_token_logp_diff": 2e-5, "fan_out_check": {"press": "snapkv", "compression_ratio": 0.5,
+                                                                    "max_abs_logp_diff": 0.0}}]  # fmt: skip
+    return {
+        "command": "python scripts/bench_linear.py", "threads": 1, "steps": 2, "rows": rows,
+        "comparison": comparison(rows), "contexts": [{"name": "math500:5:200", "context_tokens": 40}],
+        "seconds": {"project": 90.0, "kvpress": 30.0}, "checks": checks,
+        "prefill_cost": {"streaming": {"vs_full": 0.9}},
+        "kvpress_versions": {"kvpress": "0.5.5", "transformers": "5.2.0", "torch": "2.13.0+cpu"},
+    }  # fmt: skip
+
+
+def test_bench_linear_output_becomes_the_linear_section(tmp_path):
+    """bench_linear's linear.json -> docs/data/linear (benchmarks.results.collect) -> the section through its
+    template: the comparison table, every method at every share (table2) and the figures the prose quotes
+    come from the JSON; bench_stats_cost.py's table (table3) is kept from the committed data until its JSON
+    is beside it. A second collect replaces what the first wrote."""
+    from benchmarks.results.collect import write as collect
+    from benchmarks.results.data import load_section
+    from benchmarks.results.sections import Section, render_section
+
     (tmp_path / "linear").mkdir()
-    (tmp_path / "linear" / "linear.json").write_text(json.dumps(linear))
+    (tmp_path / "linear" / "linear.json").write_text(json.dumps(_linear_json(tmp_path)))
     for _ in range(2):  # written the first time, replaced the second
         collect("linear", tmp_path / "linear", "python scripts/bench_linear.py", data_root=tmp_path / "data")
     assert [p.name for p in (tmp_path / "data").iterdir()] == ["linear"]  # no other section is touched
     data = load_section("linear", tmp_path / "data")
-    assert len(data["tables"]["main"]["rows"]) == 6 and data["carried"]["tables"] == ["table2", "table3"]
+    assert len(data["tables"]["main"]["rows"]) == 6 and len(data["tables"]["table2"]["rows"]) == 27
+    assert data["carried"]["tables"] == ["table3"]
+    assert data["facts"]["max_logp_diff_uncompressed"] == 2e-5 and data["facts"]["project_minutes"] == 1.5
+    assert data["facts"]["h2o_math500_kl_50"] == pytest.approx(0.3)  # h2o at 50% kept on that context
+    assert data["settings"]["continuation_tokens"] == 2 and data["settings"]["contexts"] == {"math500:5:200": 40}
     text = render_section(Section("linear"), data)
     assert text.startswith("## Linear baselines next to kvpress (compress once, then teacher-force)\n")
     assert "| h2o | observed_attention | 50% | 0.3 | 0.1 | 0.2 | 3.00× | 1.50× | 0.5 | 0.5 | 0.5 |" in text
     assert "ObservedAttentionPress**: 4.00× at 25% and 5.00× at 10%, but 3.00× at 50%" in text  # the prose follows
+    assert "| kvpress | knorm (token) | 50% | 0.2 |" in text and "(0.300 / 0.500 / 0.700 at 50 / 25 / 10%" in text
+    assert "Kept from the measurement of" in text and "table `table3`" in text
+    # bench_stats_cost.py's JSON beside it: table3 and its figures are this run's too
+    cost = {"context": "gsm8k:10:1", "context_tokens": 1731, "rows": 4, "new_tokens": 16, "repeats": 5, "threads": 1}
+    cost["policies"] = {p: {"prefill_ms_per_token": 3.0 * x, "prefill_vs_full": x, "prefill_wall_vs_full": x,
+                            "expand_ms_per_token": 30.0, "expand_vs_full": 1.0, "expand_wall_vs_full": 1.0}
+                        for p, x in (("full", 1.0), ("h2o", 1.5), ("snapkv", 1.0))}  # fmt: skip
+    (tmp_path / "linear" / "stats_cost.json").write_text(json.dumps(cost))
+    collect("linear", tmp_path / "linear", "python scripts/bench_linear.py", data_root=tmp_path / "data")
+    data = load_section("linear", tmp_path / "data")
+    assert [r["policy"] for r in data["tables"]["table3"]["rows"]] == ["full", "h2o", "snapkv"]
+    assert "table3" not in data.get("carried", {}).get("tables", [])
+    text = render_section(Section("linear"), data)
+    assert "takes 1.50× full's prefill\n  time at 1731 tokens" in text and "medians of 5 interleaved runs" in text
