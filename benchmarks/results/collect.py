@@ -169,6 +169,22 @@ def _weights_info(path: Path) -> dict[str, Any]:
     return json.loads(read_metadata(path).get("info", "{}"))
 
 
+def _budgets_losses(bench: dict, shares: tuple[float, ...] = (0.1, 0.2)) -> dict[str, int]:
+    """Context/share cells at the small ``shares`` where the ``kvp-budgets`` variant's mean KL is above the
+    shipped ``kvp``'s: how many, of how many cells both ran ({} when the bench has no such variant)."""
+    kl = {}
+    for i, context in enumerate(bench.get("per_context", [])):
+        for run in context["runs"]:
+            share = round(1 - run["compression_ratio"], 6)
+            if run.get("kl") and share in shares and run["policy"] in ("kvp", "kvp-budgets"):
+                kl[run["policy"], share, i] = sum(run["kl"]) / len(run["kl"])
+    cells = [(s, i) for (p, s, i) in kl if p == "kvp" and ("kvp-budgets", s, i) in kl]
+    if not cells:
+        return {}
+    losses = sum(kl["kvp-budgets", s, i] > kl["kvp", s, i] for s, i in cells)
+    return {"kvp_budgets_losses_10_20": losses, "kvp_budgets_cells_10_20": len(cells)}
+
+
 def kvp_facts(root: Path) -> dict[str, Any]:
     """The figures the KVP section's prose quotes: training tokens (kvp_train.py's report), the
     benchmark's minutes and kvp's scoring cost per decode step (bench_kvp.py's JSON)."""
@@ -186,6 +202,7 @@ def kvp_facts(root: Path) -> dict[str, Any]:
         facts["bench_minutes"] = bench["seconds"] / 60
         facts["bench_threads"], facts["bench_steps"] = bench["threads"], bench["steps"]
         facts["bench_contexts"] = ", ".join(f"`{c['name']}` ({c['context_tokens']} tokens)" for c in bench["contexts"])
+        facts |= _budgets_losses(bench)
         if cost:
             facts |= {
                 "cost_context": cost["context"], "cost_budget_tokens": cost["budget_tokens"],
