@@ -13,14 +13,14 @@
 # step's wall time and the total (summed over sittings), which the results page shows.
 #
 # Estimated wall time on the 2-core CPU machine, from the committed per-puzzle seconds of the accuracy
-# table (ToT BFS with legal steps: ~85 s under full, 100-160 s under a budget, ~70 s for the oracle):
+# table and of the steps as measured:
 #   quick: accuracy on 2 puzzles (rows 900-901), ToT legal steps, arbor / h2o / streaming at 0.5x (~12 min);
 #          memory over steps (~8 min): 13 min measured 2026-12-03 (docs/data/make-results-quick). A smoke run: its
 #          sections go to OUT/data, not over docs/data's full-size ones; only its wall time is committed
 #          (docs/data/make-results-quick)
 #   full:  accuracy on 20 puzzles (rows 900-919), ToT legal steps, arbor / h2o / streaming at 0.5x and
-#          0.25x, plus IO and CoT: ~5 h of runs by those per-puzzle times, two at a time (JOBS=2, one torch thread
-#          each): ~3 h;
+#          0.25x, plus IO and CoT, two runs at a time (JOBS=2, one torch thread each): 49 min measured 2026-12-03
+#          (today's runtime takes ~30 s a ToT puzzle, not the old table's 85-160 s);
 #          the concurrency grid (~3.3 h on one core); controllers, trace replay and speed vs naive (~50 min);
 #          the two smallest-exact-budget searches (Game of 24 legal BFS-5, GSM8K best-first 50); sparse decode at 2K-32K;
 #          the Table 1 analogs (GSM8K ~1.5 h, Game of 24 ~2.4 h with JOBS=2) and the Config-L analogs (GSM8K ~40 min,
@@ -169,10 +169,10 @@ if [ "$SIZE" = full ]; then
   step linear-stats -- env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_stats_cost.py "${sc[@]}"
   step linear-data -- "$PYTHON" -m benchmarks.results.collect linear "$OUT/linear" \
     --command "OMP_WAIT_POLICY=PASSIVE python scripts/bench_linear.py ${ln[*]}"$'\n'"OMP_WAIT_POLICY=PASSIVE python scripts/bench_stats_cost.py ${sc[*]}"
-  # KVP training (kvp_collect.py: 200 sequences of attention targets; kvp_train.py with each loss, ~1.5 min
-  # each): the weights go to OUT, never over the shipped policies/weights; then the shipped weights (and the
+  # KVP training (kvp_collect.py: 200 sequences of attention targets, ~6 min; kvp_train.py with each loss,
+  # ~1 min each): the weights go to OUT, never over the shipped policies/weights; then the shipped weights (and the
   # budgets loss just trained) on held-out contexts (bench_kvp.py), and arbor's in-block selector on a recorded
-  # GSM8K search replayed (record_trace.py, bench_kvp_replay.py)
+  # GSM8K search replayed (record_trace.py, bench_kvp_replay.py): ~6 min together, measured 2026-12-03
   kc=(--out "$OUT/kvp/data" --sequences 200 --threads 2)
   step kvp-collect "$OUT/kvp/data" -- "$PYTHON" scripts/kvp_collect.py "${kc[@]}"
   kvp_cmds="python scripts/kvp_collect.py ${kc[*]}"

@@ -202,7 +202,7 @@ def test_bench_linear_output_becomes_the_linear_section(tmp_path):
     assert text.startswith("## Linear baselines next to kvpress (compress once, then teacher-force)\n")
     assert "| h2o | observed_attention | 50% | 0.3 | 0.1 | 0.2 | 3.00× | 1.50× | 0.5 | 0.5 | 0.5 |" in text
     assert "ObservedAttentionPress**: 4.00× at 25% and 5.00× at 10%, but 3.00× at 50%" in text  # the prose follows
-    assert "| kvpress | knorm (token) | 50% | 0.2 |" in text and "(0.300 / 0.500 / 0.700 at 50 / 25 / 10%" in text
+    assert "| kvpress | knorm (token) | 50% | 0.2 |" in text and "(0.300 / 0.400 / 0.500 at 50 / 25 / 10%" in text
     assert "Kept from the measurement of" in text and "table `table3`" in text
     # bench_stats_cost.py's JSON beside it: table3 and its figures are this run's too
     cost = {"context": "gsm8k:10:1", "context_tokens": 1731, "rows": 4, "new_tokens": 16, "repeats": 5, "threads": 1}
@@ -215,4 +215,4 @@ def test_bench_linear_output_becomes_the_linear_section(tmp_path):
     assert [r["policy"] for r in data["tables"]["table3"]["rows"]] == ["full", "h2o", "snapkv"]
     assert "table3" not in data.get("carried", {}).get("tables", [])
     text = render_section(Section("linear"), data)
-    assert "takes 1.50× full's prefill\n  time at 1731 tokens" in text and "medians of 5 interleaved runs" in text
+    assert "takes 1.50× full's prefill\n  time at 1,731 tokens" in text and "medians of 5 interleaved runs" in text

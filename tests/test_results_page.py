@@ -63,7 +63,9 @@ def test_accuracy_cells_show_their_wilson_interval():
     text = (REPO / "docs" / "results.md").read_text()
     acc = text.split("## Accuracy", 1)[1].split("\n## ", 1)[0]
     cells = re.findall(r"\| (\d+)/(\d+) (\d+)% \[(\d+)-(\d+)%\] \|", acc)
-    assert len(cells) == len(load_section("accuracy")["tables"]["main"]["rows"]) == 29
+    rows = load_section("accuracy")["tables"]["main"]["rows"]
+    assert len(cells) == len(rows) > 0  # one interval per run, whatever modes the committed run had
+    assert [(int(k), int(n)) for k, n, *_ in cells] == [(r["solved"], r["problems"]) for r in rows]
     for k, n, _rate, lo, hi in cells:
         want_lo, want_hi = wilson(int(k), int(n))
         assert (int(lo), int(hi)) == (round(100 * want_lo), round(100 * want_hi))
