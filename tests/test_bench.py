@@ -208,4 +208,5 @@ def test_bench_rehydrate_rows_become_the_rehydrate_section(tmp_path):
     assert data["facts"]["no_probe_ranked_mid"] == load_section("rehydrate")["facts"]["no_probe_ranked_mid"]
     assert data["carried"]["facts"] == ["no_probe_ranked_mid", "no_probe_ranked_lo"]
     text = render_section(Section("rehydrate"), data)
-    assert "3 trees" in text and "not rerun: the figures its prose quotes" in text
+    assert "3 trees" in text  # only the no-probe figures are older: the provenance line names them
+    assert "not rerun: the figures `no_probe_ranked_mid`, `no_probe_ranked_lo`." in text
