@@ -144,16 +144,25 @@ def linear_facts(root: Path) -> dict[str, Any]:
     return facts
 
 
-def kvp_bench_records(record: dict) -> list[dict]:
-    """bench_kvp.py's JSON -> its summary rows, each with its mean KL on every context (bench order)."""
-    per: dict[tuple[str, float], list[float]] = {}
-    for context in record.get("per_context", []):
+def _context_kls(bench: dict) -> dict[tuple[str, float], dict[int, float]]:
+    """bench_kvp.py's per-context runs -> (policy, kept share) -> context index -> that run's mean KL."""
+    out: dict[tuple[str, float], dict[int, float]] = {}
+    for i, context in enumerate(bench.get("per_context", [])):
         for run in context["runs"]:
             if run.get("kl"):
-                per.setdefault((run["policy"], round(1 - run["compression_ratio"], 6)), []).append(
-                    sum(run["kl"]) / len(run["kl"])
-                )
-    return [r | {"context_mean_kl": per.get((r["policy"], r["kept_share"]))} for r in record["rows"]]
+                key = (run["policy"], round(1 - run["compression_ratio"], 6))
+                out.setdefault(key, {})[i] = sum(run["kl"]) / len(run["kl"])
+    return out
+
+
+def kvp_bench_records(record: dict) -> list[dict]:
+    """bench_kvp.py's JSON -> its summary rows, each with its mean KL on every context (bench order)."""
+    per = _context_kls(record)
+    out = []
+    for r in record["rows"]:
+        by_context = per.get((r["policy"], r["kept_share"]))
+        out.append(r | {"context_mean_kl": list(by_context.values()) if by_context else None})
+    return out
 
 
 #: the KVP weights the runtime ships (policy=kvp's default)
@@ -172,16 +181,14 @@ def _weights_info(path: Path) -> dict[str, Any]:
 def _budgets_losses(bench: dict, shares: tuple[float, ...] = (0.1, 0.2)) -> dict[str, int]:
     """Context/share cells at the small ``shares`` where the ``kvp-budgets`` variant's mean KL is above the
     shipped ``kvp``'s: how many, of how many cells both ran ({} when the bench has no such variant)."""
-    kl = {}
-    for i, context in enumerate(bench.get("per_context", [])):
-        for run in context["runs"]:
-            share = round(1 - run["compression_ratio"], 6)
-            if run.get("kl") and share in shares and run["policy"] in ("kvp", "kvp-budgets"):
-                kl[run["policy"], share, i] = sum(run["kl"]) / len(run["kl"])
-    cells = [(s, i) for (p, s, i) in kl if p == "kvp" and ("kvp-budgets", s, i) in kl]
+    kls = _context_kls(bench)
+    pairs = [
+        (kls[("kvp", s)], kls[("kvp-budgets", s)]) for s in shares if ("kvp", s) in kls and ("kvp-budgets", s) in kls
+    ]
+    cells = [(shipped[i], budgets[i]) for shipped, budgets in pairs for i in shipped if i in budgets]
     if not cells:
         return {}
-    losses = sum(kl["kvp-budgets", s, i] > kl["kvp", s, i] for s, i in cells)
+    losses = sum(budgets > shipped for shipped, budgets in cells)
     return {"kvp_budgets_losses_10_20": losses, "kvp_budgets_cells_10_20": len(cells)}
 
 
@@ -407,12 +414,12 @@ def write(name: str, root: Path, command: str, settings: dict | None = None, dat
     tables = {t: _table(sub, committed, t, got) for t, sub in spec.tables if (got := table_rows(sub, root))}
     facts = spec.facts(root) if spec.facts else {}
     settings = (spec.settings(root) if spec.settings else {}) | (settings or {})
-    kept = carried(committed, settings or {}, spec.kept_columns, measured=(set(tables), set(facts)))
+    kept = carried(committed, settings, spec.kept_columns, measured=(set(tables), set(facts)))
     return write_section_data(
         name,
         found,
         command,
-        committed.get("settings", {}) | (settings or {}),
+        committed.get("settings", {}) | settings,
         title=committed["title"],
         columns=_columns(spec, committed, found),
         tables=kept.get("tables", {}) | tables,
@@ -427,8 +434,7 @@ def _table(spec: Collector, committed: dict, name: str, found: list[dict]) -> di
     old = committed["tables"].get(name)
     if spec.columns is None and old is not None:
         return {"columns": old["columns"], "rows": found}
-    return {"columns": _columns(spec, {"tables": {"main": old}}, found) if spec.columns else columns_for(found),
-            "rows": found}  # fmt: skip
+    return {"columns": _columns(spec, committed, found) if spec.columns else columns_for(found), "rows": found}
 
 
 def _columns(spec: Collector, committed: dict, found: list[dict]) -> list[dict]:
