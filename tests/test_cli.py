@@ -174,6 +174,52 @@ def test_an_unknown_config_group_option_is_one_line_naming_the_valid_ones(argv, 
     assert solve.check_choices(["policy=full,arbor", "task=choice(gsm8k,x)", "task.end=3", "experiment=acc/io"]) is None
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["budget=-3"], "budget=-3: the config has no key 'budget'; valid: concurrency, controller, model, paths,"),
+        (
+            ["policy=h2o", "policy.heavy_ratioo=0.2"],
+            "policy.heavy_ratioo=0.2: policy has no key 'heavy_ratioo'; valid: _target_, budget_ratio,",
+        ),
+        (["-m", "task=gsm8k,math500", "task.n_shot=2"], "task.n_shot=2: task has no key 'n_shot'; valid: _convert_,"),
+        (["seed.x=3"], "seed.x=3: seed is a value (0), not a group of keys"),
+        (["hydra.run.dirr=out"], "hydra.run.dirr=out: hydra.run has no key 'dirr'; valid: dir (+hydra.run.dirr=out"),
+        (["task.end=[1,2"], "task.end=[1,2: no viable alternative at input '[1,2'"),
+        (["+seed=3"], "Could not append to config. An item is already at 'seed'."),
+    ],
+)
+def test_an_override_hydra_cannot_apply_is_one_line_before_anything_runs(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["arbor-solve", *argv])
+    monkeypatch.setattr(solve, "_solve", lambda: pytest.fail("Hydra's app ran"))
+    with pytest.raises(SystemExit) as stop:
+        solve.main()
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and err.startswith(f"arbor-solve: error: {message}") and "\n" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-m", "policy=full,arbor", "task.start=range(0,3)", "task.end=5"],
+        ["policy=h2o", "policy.heavy_ratio=0.2", "+extra=1", "hydra.run.dir=/tmp/x", "hydra.job.chdir=false"],
+        ["experiment=demo", "task.propose=legal", "~seed"],
+        ["task.start=interval(0,3)"],  # no first value: Hydra's sweeper judges it
+        ["--cfg", "job", "nokey=1"],  # a flag that changes what is composed: Hydra judges the command
+    ],
+)
+def test_overrides_hydra_applies_pass_the_check(argv):
+    assert solve.check_overrides(argv) is None
+
+
+def test_console_script_refuses_a_misspelt_key_with_exit_2(tmp_path):
+    cmd = [sys.executable, "-m", "arbor_cli.solve", "polcy.budget_tokens=500", f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().startswith("arbor-solve: error: polcy.budget_tokens=500: the config has no key 'polcy'")
+    assert "\n" not in proc.stderr.strip() and not (tmp_path / "run").exists()
+
+
 def test_missing_data_dir(tmp_path, capsys):
     cfg = compose_cfg(*tiny_overrides(tmp_path / "nowhere", tmp_path))
     assert run(cfg) == 2
