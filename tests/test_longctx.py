@@ -266,6 +266,24 @@ def test_rows_of_two_runs_join_into_one_summary_with_both_runs(tmp_path, one_tor
     assert code == 0 and again["runs"] == data["runs"] and again["summary"] == data["summary"]
 
 
+def test_overlapping_runs_joined_count_each_item_once(tmp_path, one_torch_thread, capsys):
+    """Two runs over overlapping item ranges (items 0-1 and 1-2), rows joined with cat: item 1 is in
+    both, measured twice with the same answers; the summary counts it once and says so."""
+    argv = ["--tasks", "records", "--lengths", "128", "--policies", "streaming", "--shares", "0.25"]
+    for part, items in (("a", ["--items", "2"]), ("b", ["--first", "1", "--items", "3"])):
+        main(["--model", "tiny-random", "--out", str(tmp_path / f"{part}.json"), "--rows",
+              str(tmp_path / f"{part}.jsonl"), *argv, *items])  # fmt: skip
+    joined = tmp_path / "ruler_rows.jsonl"
+    joined.write_text((tmp_path / "a.jsonl").read_text() + (tmp_path / "b.jsonl").read_text())
+    capsys.readouterr()
+    code, data, rows = _bench(tmp_path, "--summary-only", "--runs-from", f"{tmp_path / 'a.json'},{tmp_path / 'b.json'}")
+    assert code == 0 and len(rows) == 8 and data["rows"] == 6  # 3 items x (dense, streaming@25%)
+    assert {s["items"] for s in data["summary"]} == {3}
+    assert "2 repeated rows (an item and method already there) left out, 0 of them with another answer" in (
+        " ".join(capsys.readouterr().out.split())
+    )
+
+
 def test_resume_refuses_rows_of_other_settings(tmp_path, capsys):
     (tmp_path / "ruler_rows.jsonl").write_text(json.dumps({"model": "tiny-random", "max_new": 8, "seed": 0}) + "\n")
     assert _bench(tmp_path, "--lengths", "256", "--items", "1")[0] == 2

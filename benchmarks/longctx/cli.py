@@ -163,6 +163,22 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
+def unique_rows(rows: Sequence[dict]) -> tuple[list[dict], int, int]:
+    """``rows`` with one row per item and method (the first; rows files of overlapping runs joined
+    hold some twice), the number of repeats dropped, and how many of those answered otherwise than
+    the row kept (0 for reruns of one commit: the suite is greedy and deterministic)."""
+    kept: dict[tuple, dict] = {}
+    dropped = differing = 0
+    for r in rows:
+        key = (*item_key(r), r["method"])
+        if key not in kept:
+            kept[key] = r
+            continue
+        dropped += 1
+        differing += r.get("answer") != kept[key].get("answer")
+    return list(kept.values()), dropped, differing
+
+
 def write_rows(path: Path, rows: Sequence[dict], mode: str = "a") -> None:
     with path.open(mode) as f:
         for r in rows:
@@ -240,6 +256,12 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
         meta["runs"] = runs + [{k: meta[k] for k in ("command", "commit", "dirty", "date")}]
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.summary_only:  # what the rows hold, not the (unused) run arguments; earlier runs' commands kept
+        old, dropped, differing = unique_rows(old)
+        if dropped:  # counted once each, or the overlap would weigh twice in every proportion
+            console.print(
+                f"{rows_path}: {dropped} repeated rows (an item and method already there) left out, "
+                f"{differing} of them with another answer than the row kept"
+            )
         meta["settings"] = rows_settings(old)
         sources = [Path(f) for f in args.runs_from.split(",") if f.strip()] or ([out] if out.exists() else [])
         if sources:  # the runs that made the rows, and the machine they ran on (not this one)
