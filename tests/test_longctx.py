@@ -268,7 +268,8 @@ def test_rows_of_two_runs_join_into_one_summary_with_both_runs(tmp_path, one_tor
 
 def test_overlapping_runs_joined_count_each_item_once(tmp_path, one_torch_thread, capsys):
     """Two runs over overlapping item ranges (items 0-1 and 1-2), rows joined with cat: item 1 is in
-    both, measured twice with the same answers; the summary counts it once and says so."""
+    both, measured twice with the same answers; the summary counts it once and says so, and the
+    joined file keeps one row of each item and method."""
     argv = ["--tasks", "records", "--lengths", "128", "--policies", "streaming", "--shares", "0.25"]
     for part, items in (("a", ["--items", "2"]), ("b", ["--first", "1", "--items", "3"])):
         main(["--model", "tiny-random", "--out", str(tmp_path / f"{part}.json"), "--rows",
@@ -277,8 +278,10 @@ def test_overlapping_runs_joined_count_each_item_once(tmp_path, one_torch_thread
     joined.write_text((tmp_path / "a.jsonl").read_text() + (tmp_path / "b.jsonl").read_text())
     capsys.readouterr()
     code, data, rows = _bench(tmp_path, "--summary-only", "--runs-from", f"{tmp_path / 'a.json'},{tmp_path / 'b.json'}")
-    assert code == 0 and len(rows) == 8 and data["rows"] == 6  # 3 items x (dense, streaming@25%)
-    assert {s["items"] for s in data["summary"]} == {3}
+    assert code == 0 and len(rows) == data["rows"] == 6  # 3 items x (dense, streaming@25%): the file rewritten
+    assert {s["items"] for s in data["summary"]} == {3} and [(r["index"], r["method"]) for r in rows] == [
+        (i, m) for i in range(3) for m in ("dense", "streaming@25%")
+    ]
     assert "2 repeated rows (an item and method already there) left out, 0 of them with another answer" in (
         " ".join(capsys.readouterr().out.split())
     )

@@ -61,7 +61,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "mentioned in the provided text is'), as RULER prompts: the answer is the value, not a restatement "
         "of the question (default; --no-answer-prefix: the question ends in 'Answer:'; use its own --rows)",
     )  # fmt: skip
-    ap.add_argument("--summary-only", action="store_true", help="rebuild --out from --rows; no model, nothing runs")
+    ap.add_argument(
+        "--summary-only", action="store_true", help="rebuild --out from --rows; no model, nothing runs (rows "
+        "that repeat an item and method, from overlapping runs joined, are kept once, the first)"
+    )
     ap.add_argument(
         "--runs-from", default="", help="with --summary-only: comma-separated summaries whose runs (commands, "
         "commits, dates) and machine the new summary records (rows of several runs joined into one --rows file; "
@@ -258,9 +261,10 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     if args.summary_only:  # what the rows hold, not the (unused) run arguments; earlier runs' commands kept
         old, dropped, differing = unique_rows(old)
         if dropped:  # counted once each, or the overlap would weigh twice in every proportion
+            write_rows(rows_path, old, "w")
             console.print(
                 f"{rows_path}: {dropped} repeated rows (an item and method already there) left out, "
-                f"{differing} of them with another answer than the row kept"
+                f"{differing} of them with another answer than the row kept; the file keeps the first of each"
             )
         meta["settings"] = rows_settings(old)
         sources = [Path(f) for f in args.runs_from.split(",") if f.strip()] or ([out] if out.exists() else [])
