@@ -62,8 +62,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "of the question (default; --no-answer-prefix: the question ends in 'Answer:'; use its own --rows)",
     )  # fmt: skip
     ap.add_argument(
-        "--summary-only", action="store_true", help="rebuild --out from --rows; no model, nothing runs (rows "
-        "that repeat an item and method, from overlapping runs joined, are kept once, the first)"
+        "--summary-only",
+        action="store_true",
+        help="rebuild --out from --rows; no model, nothing runs (rows "
+        "that repeat an item and method, from overlapping runs joined, are kept once, the first)",
     )
     ap.add_argument(
         "--runs-from", default="", help="with --summary-only: comma-separated summaries whose runs (commands, "
