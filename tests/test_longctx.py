@@ -285,6 +285,11 @@ def test_overlapping_runs_joined_count_each_item_once(tmp_path, one_torch_thread
     assert "2 repeated rows (an item and method already there) left out, 0 of them with another answer" in (
         " ".join(capsys.readouterr().out.split())
     )
+    joined.write_text((tmp_path / "a.jsonl").read_text() + (tmp_path / "b.jsonl").read_text())
+    code, resumed, rows = _bench(tmp_path, *argv, "--items", "3")  # a run resuming the joined file: all done
+    assert code == 0 and resumed["complete"] and len(rows) == resumed["rows"] == 6
+    assert resumed["summary"] == data["summary"]
+    assert "2 repeated rows" in " ".join(capsys.readouterr().out.split())
 
 
 def test_resume_refuses_rows_of_other_settings(tmp_path, capsys):

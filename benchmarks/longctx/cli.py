@@ -249,6 +249,12 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
             file=sys.stderr,
         )
         return 2
+    old, dropped, differing = unique_rows(old)
+    if dropped:  # counted once each, or the overlap would weigh twice in every proportion (and in a resume)
+        console.print(
+            f"{rows_path}: {dropped} repeated rows (an item and method already there) left out, "
+            f"{differing} of them with another answer than the row kept; the file keeps the first of each"
+        )
     settings = {k: v for k, v in cfg.items() if k != "plan"} | {"methods": [m.label for m in cfg["plan"]]}
     meta = provenance(argv) | {"settings": settings, "rows_file": rows_path.name}
     runs = []  # every run that wrote to this rows file: its command, commit and date (from the summary before)
@@ -261,13 +267,8 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
         meta["runs"] = runs + [{k: meta[k] for k in ("command", "commit", "dirty", "date")}]
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.summary_only:  # what the rows hold, not the (unused) run arguments; earlier runs' commands kept
-        old, dropped, differing = unique_rows(old)
-        if dropped:  # counted once each, or the overlap would weigh twice in every proportion
+        if dropped:  # the run path rewrites the file below, with its torn line
             write_rows(rows_path, old, "w")
-            console.print(
-                f"{rows_path}: {dropped} repeated rows (an item and method already there) left out, "
-                f"{differing} of them with another answer than the row kept; the file keeps the first of each"
-            )
         meta["settings"] = rows_settings(old)
         sources = [Path(f) for f in args.runs_from.split(",") if f.strip()] or ([out] if out.exists() else [])
         if sources:  # the runs that made the rows, and the machine they ran on (not this one)
@@ -279,7 +280,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
         console.print(f"wrote {out} from {len(old)} rows of {rows_path}")
         return 0
     if rows_path.exists() and sum(1 for ln in rows_path.read_text().splitlines() if ln.strip()) != len(old):
-        write_rows(rows_path, old, "w")  # a torn last line goes before rows are appended after it
+        write_rows(rows_path, old, "w")  # a torn last line or repeats go before rows are appended after them
     from arbor_runtime import load_model  # after validation: a bad argument never waits for the model
 
     if cfg["threads"] is not None:
