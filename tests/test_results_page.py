@@ -423,3 +423,62 @@ def test_scaling_summary_names_what_full_cannot_run_and_tests_wider_searches_on_
     rows[4] |= {"gained_n": 3, "lost_n": 0}  # arbor at breadth 10: 3 vs 0 is p = 0.25
     assert "No search here solves more" in scaling({"e2e-configl-x": {"tables": {"main": {"rows": rows}}}})
     assert scaling({"e2e-game24": {"tables": {"main": {"rows": rows}}}}) is None  # a Table 1 section: not this rule
+
+
+def test_the_runtime_code_map_names_every_commit_in_docs_data_and_agrees_with_git():
+    """docs/data/runtime-codes.json maps every commit a section names (the header groups sections by it
+    without git); each commit git knows maps to the runtime code of its trees, a dirty one to null."""
+    from benchmarks.results.data import load_runtime_codes, runtime_code
+    from benchmarks.results.sections import commits_of
+
+    codes = load_runtime_codes()
+    named = {c for d in results_page.load_all().values() for c in commits_of(d)}
+    assert named and named <= set(codes), sorted(named - set(codes))
+    known = [c for c in named if not c.endswith("+dirty") and runtime_code(rev=c) is not None]
+    assert known or not (REPO / ".git").exists()  # a git checkout knows the commits it measured at
+    for c in named:
+        assert codes[c] == (None if c.endswith("+dirty") else runtime_code(rev=c) or codes[c]), c
+
+
+def test_the_header_groups_sections_by_runtime_code(tmp_path):
+    """A commit of a checkout maps to the code its clean tree has; ``+dirty`` to unknown; the header lists
+    the sections measured on each code, and those whose code is not known with why."""
+    from benchmarks.results.data import runtime_code, update_runtime_codes
+
+    repo = tmp_path / "repo"
+    (repo / "arbor_runtime").mkdir(parents=True)
+    (repo / "arbor_runtime" / "x.py").write_text("A = 1\n")
+
+    def git(*args):
+        cmd = ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args]
+        return subprocess.run(cmd, cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "one")
+    one, code_one = git("rev-parse", "HEAD"), runtime_code(repo)
+    (repo / "docs.md").write_text("a page\n")
+    git("add", ".")
+    git("commit", "-qm", "docs only")
+    two = git("rev-parse", "HEAD")
+    (repo / "arbor_runtime" / "x.py").write_text("A = 2\n")
+    git("commit", "-qam", "runtime")
+    three = git("rev-parse", "HEAD")
+    root = tmp_path / "data"
+    codes = update_runtime_codes([one, two, three, three + "+dirty", "f" * 40], root, repo)
+    assert codes[one] == codes[two] == code_one and codes[three] == runtime_code(repo) != code_one
+    assert codes[three + "+dirty"] is None and "f" * 40 not in codes  # a commit git lacks: left out
+    assert json.loads((root / "runtime-codes.json").read_text()) == codes
+    data = {
+        "a": {"commit": one, "measured": "2026-12-01"},
+        "b": {"commit": two, "measured": "2026-12-02"},
+        "c": {"commit": three, "measured": "2026-12-03"},
+        "d": {"commit": three + "+dirty", "measured": "2026-12-03"},
+        "e": {"commit": "f" * 40, "measured": "2026-12-03"},
+    }
+    lines = results_page.runtime_lines(data, root).splitlines()
+    assert lines[2:] == [
+        f"- `{codes[three]}` (1 of 5 sections): c",
+        f"- `{code_one}` (2 of 5 sections): a, b",
+        f"- not known (2 sections): d (`{three[:12]}`, uncommitted changes), e (`ffffffffffff`, not in the map)",
+    ]

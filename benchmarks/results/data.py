@@ -18,9 +18,11 @@ page from these files alone (:mod:`benchmarks.results.page`).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import platform
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -31,6 +33,10 @@ REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "docs" / "data"
 FORMAT = 1
 
+#: what a benchmark's numbers depend on (the runtime code): a change here makes every step of `make results`
+#: start over, and the results page groups its sections by it
+RUNTIME = ("arbor_cli", "arbor_runtime", "conf", "controllers", "research", "tasks", "verifiers", "pyproject.toml")
+
 
 def commit() -> str | None:
     """The checkout's commit (``+dirty`` when tracked files differ from it, other than what measuring
@@ -40,6 +46,62 @@ def commit() -> str | None:
     from arbor_cli.provenance import checkout_commit
 
     return checkout_commit(REPO)
+
+
+def runtime_code(repo: Path = REPO, rev: str | None = None) -> str | None:
+    """12 hex digits naming the runtime's code: the trees of :data:`RUNTIME` at HEAD plus the uncommitted
+    changes to them, or (``rev``: a commit) the trees at that commit; None outside a git checkout or when
+    ``rev`` is not in its history. A clean checkout of a commit and ``rev=`` that commit give the same code."""
+    try:
+        if rev is not None:
+            subprocess.run(["git", "cat-file", "-e", f"{rev}^{{commit}}"], cwd=repo, capture_output=True, check=True)
+        trees = [_git_out(["rev-parse", "--verify", "--quiet", f"{rev or 'HEAD'}:{p}"], repo) for p in RUNTIME]
+        diff = b""
+        if rev is None:
+            done = subprocess.run(["git", "diff", "HEAD", "--", *RUNTIME], cwd=repo, capture_output=True, check=True)
+            diff = done.stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    h = hashlib.sha1("".join(trees).encode())
+    h.update(diff)
+    return h.hexdigest()[:12]
+
+
+#: docs/data/runtime-codes.json: each commit docs/data names -> its runtime code (null: measured with
+#: uncommitted changes, or a commit not in this history), so the page groups sections without git
+RUNTIME_CODES = "runtime-codes.json"
+
+
+def load_runtime_codes(root: Path | None = None) -> dict[str, str | None]:
+    """The committed map of commit -> runtime code (empty when there is none yet)."""
+    path = (root or DATA) / RUNTIME_CODES
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def update_runtime_codes(commits: list[str], root: Path | None = None, repo: Path = REPO) -> dict[str, str | None]:
+    """Add the commits the map lacks (``<sha>+dirty`` maps to null: the uncommitted changes are not in
+    git) and write it back when something was added; a commit git does not know (no checkout, a shallow
+    clone) is left out, so a later run in a full checkout adds it. Returns the map."""
+    codes = load_runtime_codes(root)
+    added = {}
+    for c in dict.fromkeys(commits):
+        if c in codes:
+            continue
+        if c.endswith("+dirty"):
+            added[c] = None
+        elif (code := runtime_code(repo, rev=c)) is not None:
+            added[c] = code
+    if added:
+        codes = dict(sorted((codes | added).items()))
+        path = (root or DATA) / RUNTIME_CODES
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(codes, indent=1) + "\n")
+    return codes
+
+
+def _git_out(args: list[str], repo: Path) -> str:
+    """``git args``'s output ('' when it fails: a path missing at that commit names no tree)."""
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True).stdout
 
 
 def machine() -> str:

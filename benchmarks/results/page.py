@@ -9,7 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .data import DATA, REPO
+from .data import DATA, REPO, RUNTIME, RUNTIME_CODES, load_runtime_codes, update_runtime_codes
 from .sections import NOTES, SECTIONS, commits_of, load, render_section
 from .summary import summary
 
@@ -20,6 +20,8 @@ the command, date, commit and machine it was measured with; `benchmarks/results/
 page: edit the data (rerun the benchmark: `make results`) or the section's template in `docs/notes/`.
 
 Measured: {dates}. Commits: {commits}.
+
+{runtime}
 """
 
 
@@ -42,9 +44,42 @@ def page(root: Path = DATA, notes: Path = NOTES) -> str:
     commit_text = ", ".join(f"`{c}`" for c in commits) if commits else "none recorded"
     if unrecorded:
         commit_text += f" (not recorded for {len(unrecorded)} of {len(data)} sections, migrated from the old page)"
-    parts = [HEADER.format(dates=", ".join(dates), commits=commit_text), summary(data)]
+    header = HEADER.format(dates=", ".join(dates), commits=commit_text, runtime=runtime_lines(data, root))
+    parts = [header, summary(data)]
     parts += [render_section(s, data[s.name], notes) for s in SECTIONS if s.name in data]
     return "\n".join(parts)
+
+
+def runtime_lines(data: dict[str, dict], root: Path = DATA) -> str:
+    """Which sections were measured on the same runtime code (:data:`~.data.RUNTIME`, mapped from their
+    commits by docs/data/runtime-codes.json): one line per code, newest-measured code first, then the
+    sections whose code is not known (uncommitted changes, or a commit the map lacks)."""
+    codes = load_runtime_codes(root)
+    by_code: dict[str, list[str]] = {}
+    unknown: list[str] = []
+    last: dict[str, str] = {}
+    for name, d in data.items():
+        commits = commits_of(d)
+        if not commits:
+            unknown.append(f"{name} (commit not recorded)")
+        for c in commits:
+            code = codes.get(c)
+            if code is None:
+                why = "uncommitted changes" if c.endswith("+dirty") else "not in the map"
+                unknown.append(f"{name} (`{c[:12]}`, {why})")
+            elif name not in by_code.setdefault(code, []):
+                by_code[code].append(name)
+                last[code] = max(last.get(code, ""), str(d.get("measured", "")))
+    trees = ", ".join(f"`{p}`" for p in RUNTIME)
+    lines = [f"Runtime code (what the numbers depend on: the trees of {trees} at the commit measured; "
+             f"`docs/data/{RUNTIME_CODES}` maps each commit to it), by sections measured on it:", ""]  # fmt: skip
+    for code in sorted(by_code, key=lambda c: (last[c], c), reverse=True):
+        names = by_code[code]
+        lines.append(f"- `{code}` ({len(names)} of {len(data)} sections): {', '.join(names)}")
+    if unknown:
+        count = len(dict.fromkeys(u.split(" ")[0] for u in unknown))
+        lines.append(f"- not known ({count} sections): {', '.join(unknown)}")
+    return "\n".join(lines)
 
 
 #: the end-to-end section README's headline table shows
@@ -87,6 +122,7 @@ def write(out: Path, readme: Path | None = None, root: Path = DATA) -> None:
     """Write the page to ``out`` (PNGs it shows are copied next to it when ``out`` is elsewhere) and,
     when given, README's generated block."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    update_runtime_codes([c for d in load_all(root).values() for c in commits_of(d)], root)  # new commits only
     text = page(root)
     out.write_text(text)
     docs = REPO / "docs"

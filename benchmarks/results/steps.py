@@ -20,33 +20,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import hashlib
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from .data import REPO, commit, write_section_data
+from .data import RUNTIME, commit, runtime_code, write_section_data
 
-#: what a benchmark's numbers depend on: a change here makes every step start over
-RUNTIME = ("arbor_cli", "arbor_runtime", "conf", "controllers", "research", "tasks", "verifiers", "pyproject.toml")
-
-
-def runtime_code(repo: Path = REPO) -> str | None:
-    """12 hex digits naming the runtime's code: the committed trees of :data:`RUNTIME` and the uncommitted
-    changes to them; None outside a git checkout (then no step counts as done)."""
-    try:
-        trees = [
-            subprocess.run(["git", "rev-parse", f"HEAD:{p}"], cwd=repo, capture_output=True, text=True).stdout
-            for p in RUNTIME
-        ]
-        diff = subprocess.run(["git", "diff", "HEAD", "--", *RUNTIME], cwd=repo, capture_output=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    h = hashlib.sha1("".join(trees).encode())
-    h.update(diff.stdout)
-    return h.hexdigest()[:12]
+__all__ = ["RUNTIME", "runtime_code"]  # re-exported: the steps' notion of the runtime lives in .data
 
 
 def _now() -> str:
