@@ -151,11 +151,26 @@ if [ "$SIZE" = full ]; then
   step e2e-gsm8k "$OUT/e2e/gsm8k" -- env JOBS=2 BIN="$BIN" TITLE="End to end: GSM8K best-first (Table 1 analog), policy x budget" \
     bash scripts/bench_e2e.sh gsm8k "$OUT/e2e" "$DATA" experiment=table1_gsm8k
   # wide expansions (bench_memory.py: peak allocation and decode speed of 1/8/32 rows over a 600-token
-  # prompt; a few minutes); the "before" columns were measured at the commit before issue 8 and are kept
-  wd=(--repeats 3 --threads 1 --out "$OUT/wide/after.json")
-  step wide "$OUT/wide" -- env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_memory.py "${wd[@]}"
+  # prompt; a few minutes each): the checkout of the commit before issue 8 (each row's path copied into a
+  # per-expansion cache; git archive, first on PYTHONPATH: the script uses public calls only), then this
+  # tree, one after the other in the same step, so the before/after columns compare
+  wd=(--repeats 3 --threads 1)
+  wide_before=a7d4a38aed66e8e10ec9dea944383577ea10284e  # cc5f66d^ (issue 8: KV in one pool, read in place)
+  wide_bench() {
+    local src="$OUT/wide/before-src"
+    mkdir -p "$src" && git archive "$wide_before" | tar -x -C "$src"
+    env OMP_WAIT_POLICY=PASSIVE PYTHONPATH="$src" "$PYTHON" scripts/bench_memory.py "${wd[@]}" --label before \
+      --out "$OUT/wide/before.json"
+    echo "$wide_before" > "$OUT/wide/before-commit.txt"
+    rm -rf "$src"
+    env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_memory.py "${wd[@]}" --out "$OUT/wide/after.json" \
+      --compare "$OUT/wide/before.json"
+  }
+  step wide "$OUT/wide" -- wide_bench
   step wide-data -- "$PYTHON" -m benchmarks.results.collect wide "$OUT/wide" \
-    --command "OMP_WAIT_POLICY=PASSIVE python scripts/bench_memory.py ${wd[*]}"
+    --command "mkdir -p $OUT/wide/before-src && git archive $wide_before | tar -x -C $OUT/wide/before-src
+OMP_WAIT_POLICY=PASSIVE PYTHONPATH=$OUT/wide/before-src python scripts/bench_memory.py ${wd[*]} --label before --out $OUT/wide/before.json
+OMP_WAIT_POLICY=PASSIVE python scripts/bench_memory.py ${wd[*]} --out $OUT/wide/after.json --compare $OUT/wide/before.json"
   # returning to a compressed branch (bench_rehydrate.py: 4 trees, 11 configurations each; it resumes from
   # its rows and writes docs/data/rehydrate itself with --section)
   step rehydrate "$OUT/rehydrate" -- env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_rehydrate.py --threads 1 \

@@ -141,7 +141,7 @@ def test_bench_memory_output_becomes_the_wide_section(tmp_path):
     committed row of the same policy and rows, and the section's provenance says they are kept."""
     from benchmarks.results.collect import write as collect
     from benchmarks.results.data import load_section
-    from benchmarks.results.sections import Section, render_section
+    from benchmarks.results.sections import Section, provenance, render_section
 
     out = tmp_path / "wide" / "after.json"
     cmd = [sys.executable, str(REPO / "scripts" / "bench_memory.py"), "--model", "tiny-random", "--prefix", "40",
@@ -162,6 +162,19 @@ def test_bench_memory_output_becomes_the_wide_section(tmp_path):
     assert data["carried"]["columns"] == ["peak_alloc_tree_kv_before", "peak_alloc_mb_before", "decode_tok_s_before"]
     text = render_section(Section("wide"), data)
     assert "not rerun: column `peak_alloc_tree_kv_before`" in text and "Not current" not in text
+
+    # the run measured the older checkout too (make results' wide step): its rows fill the before columns
+    before = [r | {"peak_alloc_mb": 10 * r["peak_alloc_mb"], "decode_tokens_per_s": 1.5} for r in measured.values()]
+    (tmp_path / "wide" / "before.json").write_text(json.dumps(before))
+    (tmp_path / "wide" / "before-commit.txt").write_text("a7d4a38aed66e8e10ec9dea944383577ea10284e\n")
+    collect("wide", tmp_path / "wide", "python scripts/bench_memory.py", data_root=tmp_path / "data")
+    data = load_section("wide", tmp_path / "data")
+    for r in data["tables"]["main"]["rows"]:
+        key = (r["policy"], r["rows"])
+        assert r["peak_alloc_mb_before"] == 10 * measured[key]["peak_alloc_mb"] and r["decode_tok_s_before"] == 1.5
+        assert r["peak_alloc_mb_after"] == measured[key]["peak_alloc_mb"]
+    assert not data.get("carried", {}).get("columns") and data["settings"]["before_commit"].startswith("a7d4a38")
+    assert "not rerun" not in provenance(data)
 
 
 def _rehydrate_row(problem, config, name, pool, match, status="ok"):

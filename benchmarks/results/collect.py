@@ -43,6 +43,9 @@ class Collector:
     #: committed row with the same values in ``match``; the page names them as kept
     kept_columns: tuple[str, ...] = ()
     match: tuple[str, ...] = ()
+    #: where this run measured those columns itself (the older checkout run beside it, in the same
+    #: folder): its rows fill ``kept_columns`` by ``match`` and nothing is kept; absent, they are kept
+    remeasured: Collector | None = None
     #: the section's other tables, each read like the main one from its own files under the same folder
     #: (the spec's ``columns`` None keeps the committed table's); a table whose files are absent is kept
     tables: tuple[tuple[str, Collector], ...] = ()
@@ -252,7 +255,8 @@ COLLECTORS = {
         },
         scale={"read": 100.0},
     ),
-    "wide": Collector(  # bench_memory.py's JSON list (the runtime now); the "before" columns are kept
+    "wide": Collector(  # bench_memory.py's JSON list (the runtime now, after.json; the checkout before
+        # issue 8, before.json, when the run measured it too: else the "before" columns are kept)
         "after.json",
         {
             "policy": "policy", "rows": "rows", "peak_alloc_tree_kv_after": "peak_over_tree_kv",
@@ -261,6 +265,15 @@ COLLECTORS = {
         rows_at="",
         kept_columns=("peak_alloc_tree_kv_before", "peak_alloc_mb_before", "decode_tok_s_before"),
         match=("policy", "rows"),
+        remeasured=Collector(
+            "before.json",
+            {
+                "policy": "policy", "rows": "rows", "peak_alloc_tree_kv_before": "peak_over_tree_kv",
+                "peak_alloc_mb_before": "peak_alloc_mb", "decode_tok_s_before": "decode_tokens_per_s",
+            },
+            rows_at="",
+        ),
+        settings=lambda root: _first_line(root / "before-commit.txt", "before_commit"),
     ),
     "linear": Collector(  # bench_linear.py's comparison table and every share; bench_stats_cost.py's table
         "linear.json",
@@ -376,6 +389,11 @@ def _records(path: Path, rows_at: str | None) -> list[dict]:
     return doc[rows_at] if rows_at else [doc]
 
 
+def _first_line(path: Path, key: str) -> dict[str, str]:
+    """``{key: the file's first line}``, or nothing when the file is absent."""
+    return {key: path.read_text().splitlines()[0].strip()} if path.is_file() else {}
+
+
 def _get(raw: dict, key: str):
     """``raw[key]``, where ``a.b`` is ``raw[a][b]``; None when any part is missing."""
     for part in key.split("."):
@@ -409,12 +427,15 @@ def write(name: str, root: Path, command: str, settings: dict | None = None, dat
     if not found:
         raise SystemExit(f"collect: error: no {spec.pattern} under {root}")
     committed = load_section(name, DATA)  # its columns and title are what the template expects
-    if spec.kept_columns:
-        found = keep_columns(found, committed["tables"]["main"]["rows"], spec.kept_columns, spec.match)
+    kept_columns = spec.kept_columns
+    if kept_columns and spec.remeasured and (again := table_rows(spec.remeasured, root)):
+        found, kept_columns = keep_columns(found, again, kept_columns, spec.match), ()
+    elif kept_columns:
+        found = keep_columns(found, committed["tables"]["main"]["rows"], kept_columns, spec.match)
     tables = {t: _table(sub, committed, t, got) for t, sub in spec.tables if (got := table_rows(sub, root))}
     facts = spec.facts(root) if spec.facts else {}
     settings = (spec.settings(root) if spec.settings else {}) | (settings or {})
-    kept = carried(committed, settings, spec.kept_columns, measured=(set(tables), set(facts)))
+    kept = carried(committed, settings, kept_columns, measured=(set(tables), set(facts)))
     return write_section_data(
         name,
         found,
