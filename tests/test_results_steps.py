@@ -176,3 +176,26 @@ def test_results_all_lists_its_full_steps_without_running_or_writing_anything(tm
     assert names[0] == "accuracy" and len(names) == len(set(names)) > 30
     assert {"wide", "kvp-collect", "concurrency-gsm8k-0-7-arbor", "e2e-configl-game24"} <= set(names)
     assert not (tmp_path / "out").exists()
+
+
+def test_wall_hours_counts_steps_run_side_by_side_once():
+    """Two steps whose spans overlap take the clock time of their union; a step recorded before spans
+    were kept counts its seconds up to when it finished."""
+    t = "2026-12-04T{}:00+00:00"
+    recs = [
+        {"spans": [[t.format("10:00"), t.format("11:00")]], "seconds": 3600, "finished": t.format("11:00")},
+        {"spans": [[t.format("10:30"), t.format("11:30")]], "seconds": 3600, "finished": t.format("11:30")},
+        {"seconds": 1800, "finished": t.format("13:00")},  # no spans: 12:30-13:00
+        {"spans": [[t.format("12:45"), None]], "seconds": 60, "finished": t.format("12:46")},  # open: its fallback
+    ]
+    assert steps.wall_hours(recs) == 2.0  # 10:00-11:30 and 12:30-13:00
+    assert steps.wall_hours(recs[:1]) == 1.0
+
+
+def test_an_attempt_records_its_span(tmp_path):
+    out = tmp_path / "out"
+    steps.begin(out, "a", [], "code1")
+    steps.interrupted(out, "a", 5)
+    steps.begin(out, "a", [], "code1")
+    rec = steps.end(out, "a", 7)
+    assert len(rec["spans"]) == 2 and all(a <= b for a, b in rec["spans"]) and rec["seconds"] == 12

@@ -66,6 +66,7 @@ def begin(out: Path, name: str, dirs: list[Path], code: str | None) -> bool:
             shutil.rmtree(d, ignore_errors=True)
         rec = {"name": name, "status": "started", "runtime": code, "commit": commit(), "started": _now()}
     rec["attempts"] = rec.get("attempts", 0) + 1
+    rec["spans"] = [*rec.get("spans", []), [_now(), None]]  # this attempt's wall-clock span, closed at its end
     _save(out, rec)
     return resuming
 
@@ -76,8 +77,15 @@ def end(out: Path, name: str, seconds: float) -> dict:
     if rec is None or rec.get("status") != "started":
         raise SystemExit(f"steps: error: step {name!r} was not begun under {out}")
     rec |= {"status": "done", "seconds": rec.get("seconds_before", 0) + seconds, "finished": _now()}
+    _close_span(rec, rec["finished"])
     _save(out, rec)
     return rec
+
+
+def _close_span(rec: dict, when: str) -> None:
+    """End the attempt's span (a record begun before spans were kept has none)."""
+    if rec.get("spans") and rec["spans"][-1][1] is None:
+        rec["spans"][-1][1] = when
 
 
 def interrupted(out: Path, name: str, seconds: float) -> None:
@@ -85,19 +93,41 @@ def interrupted(out: Path, name: str, seconds: float) -> None:
     rec = load(out, name)
     if rec is not None and rec.get("status") == "started":
         rec["seconds_before"] = rec.get("seconds_before", 0) + seconds
+        _close_span(rec, _now())
         _save(out, rec)
+
+
+def wall_hours(records: list[dict]) -> float:
+    """Hours of wall clock in which at least one of the steps ran: the union of their attempts' spans, so
+    steps run side by side count once (a step without spans: the ``seconds`` up to its ``finished``)."""
+    spans = []
+    for rec in records:
+        closed = [(dt.datetime.fromisoformat(a), dt.datetime.fromisoformat(b)) for a, b in rec.get("spans", []) if b]
+        if not closed:
+            end_at = dt.datetime.fromisoformat(rec["finished"])
+            closed = [(end_at - dt.timedelta(seconds=rec["seconds"]), end_at)]
+        spans += closed
+    total, reach = 0.0, None
+    for a, b in sorted(spans):
+        if reach is None or a > reach:
+            total, reach = total + (b - a).total_seconds(), b
+        elif b > reach:
+            total, reach = total + (b - reach).total_seconds(), b
+    return round(total / 3600, 2)
 
 
 def report(out: Path, size: str, names: list[str], code: str | None, data_root: Path | None = None) -> Path:
     """docs/data/make-results-SIZE/results.json: each step's wall seconds and where it ran, and the total.
 
     Every step must be done at the same runtime code: the total is then the wall time of one
-    rerun of everything at that code (summed over sittings when it was interrupted)."""
-    rows = []
+    rerun of everything at that code (summed over sittings when it was interrupted), one step after
+    another; ``wall_hours`` the clock time the steps took, less where sittings ran steps side by side."""
+    rows, records = [], []
     for name in names:
         rec = is_done(out, name, code)
         if rec is None:
             raise SystemExit(f"steps: error: step {name!r} is not done at runtime code {code} under {out}")
+        records.append(rec)
         rows.append({
             "step": name, "minutes": round(rec["seconds"] / 60, 1), "attempts": rec.get("attempts", 1),
             "commit": (rec.get("commit") or "")[:12], "finished": rec["finished"],
@@ -105,6 +135,7 @@ def report(out: Path, size: str, names: list[str], code: str | None, data_root: 
     total = sum(r["minutes"] for r in rows)
     facts = {"total_minutes": round(total, 1), "total_hours": round(total / 60, 2), "steps": len(rows)}
     facts["sittings"] = max(r["attempts"] for r in rows) if rows else 0
+    facts["wall_hours"] = wall_hours(records)  # less than total_hours where steps ran side by side
     return write_section_data(
         f"make-results-{size}", rows, f"bash scripts/results_all.sh {size} (what `make results SIZE={size}` runs)",
         {"size": size, "runtime_code": code},
