@@ -61,7 +61,7 @@ gpu-rehearsal:
 # records the command, commit, date and machine it was measured with. Interrupted, `make results`
 # resumes (the steps done at the same runtime code are kept; RESTART=1 starts over); ONLY=NAME,...
 # runs just those steps this sitting (`LIST_STEPS=1 bash scripts/results_all.sh full` lists them).
-.PHONY: results-page results-plots results
+.PHONY: results-page results-plots results results-status
 SIZE ?= quick
 DATA_DIR ?= ../shared/data
 results-page:
@@ -74,3 +74,7 @@ results-plots: setup
 results: setup
 	bash scripts/results_all.sh $(SIZE) $(DATA_DIR) $(PY)
 	$(MAKE) results-plots results-page
+
+# where a `make results` run stands at this runtime code: each step done, interrupted or not begun, and what is left
+results-status:
+	$(PY) -m benchmarks.results.steps status bench/results-$(SIZE) $$(LIST_STEPS=1 bash scripts/results_all.sh $(SIZE) | sed -n 's/^step: //p')

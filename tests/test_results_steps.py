@@ -131,7 +131,6 @@ def test_results_all_parses_and_refuses_a_bad_size_before_any_step(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-
 ONLY_SCRIPT = """
 source scripts/results_steps.sh
 check_only "$0" "$@"
@@ -199,3 +198,17 @@ def test_an_attempt_records_its_span(tmp_path):
     steps.begin(out, "a", [], "code1")
     rec = steps.end(out, "a", 7)
     assert len(rec["spans"]) == 2 and all(a <= b for a, b in rec["spans"]) and rec["seconds"] == 12
+
+
+def test_status_says_where_each_step_stands_and_what_is_left(tmp_path):
+    out = tmp_path / "out"
+    steps.begin(out, "a", [], "code1")
+    steps.end(out, "a", 120)
+    steps.begin(out, "b", [], "code1")
+    steps.begin(out, "c", [], "code0")
+    steps.end(out, "c", 60)
+    lines = steps.status(out, ["a", "b", "c", "d"], "code1")
+    assert lines[0].split()[:5] == ["a", "done", "in", "2.0", "min,"]
+    assert "not finished" in lines[1] and "at other runtime code code0: starts over" in lines[2]
+    assert lines[3].split()[1:] == ["not", "begun"]
+    assert lines[4] == "runtime code code1: 1 of 4 steps done (2 min); left: b c d"

@@ -14,6 +14,7 @@ runtime does.
     python -m benchmarks.results.steps begin OUT NAME [DIR ...]   # DIRs emptied unless resuming this code
     python -m benchmarks.results.steps end OUT NAME SECONDS
     python -m benchmarks.results.steps report OUT SIZE NAME ...   # docs/data/make-results-SIZE/results.json
+    python -m benchmarks.results.steps status OUT NAME ...        # where each step stands (make results-status)
 """
 
 from __future__ import annotations
@@ -143,13 +144,40 @@ def report(out: Path, size: str, names: list[str], code: str | None, data_root: 
     )  # fmt: skip
 
 
+def status(out: Path, names: list[str], code: str | None) -> list[str]:
+    """One line per step of a run (where it stands at runtime code ``code``), then what is done and left."""
+    lines, done, left = [], 0.0, []
+    for name in names:
+        rec = load(out, name)
+        ok = rec is not None and rec.get("runtime") == code and rec.get("status") == "done"
+        if rec is None:
+            state = "not begun"
+        elif rec.get("runtime") != code:
+            state = f"{rec.get('status')} at other runtime code {rec.get('runtime')}: starts over"
+        elif rec.get("status") == "done":
+            state = f"done in {rec['seconds'] / 60:.1f} min, finished {rec['finished']}"
+            done += rec["seconds"] / 60
+        else:
+            state = f"begun {rec['started']}, not finished (running, or interrupted: resumes)"
+        if not ok:
+            left.append(name)
+        lines.append(f"{name:32} {state}")
+    lines.append(
+        f"runtime code {code}: {len(names) - len(left)} of {len(names)} steps done ({done:.0f} min)"
+        + (f"; left: {' '.join(left)}" if left else "; every step done: a sitting without ONLY writes the total")
+    )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for cmd in ("done", "begin", "end", "interrupted", "report"):
+    for cmd in ("done", "begin", "end", "interrupted", "report", "status"):
         p = sub.add_parser(cmd)
         p.add_argument("out", type=Path, help="the run's output folder (results_all.sh's OUT)")
-        if cmd == "report":
+        if cmd == "status":
+            p.add_argument("names", nargs="+", help="the steps of the run, in order")
+        elif cmd == "report":
             p.add_argument("size", choices=("quick", "full"))
             p.add_argument("names", nargs="+", help="the steps of the run, in order")
             p.add_argument("--data-root", type=Path, default=None, help="docs/data by default")
@@ -173,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
         end(args.out, args.name, args.seconds)
     elif args.cmd == "interrupted":
         interrupted(args.out, args.name, args.seconds)
+    elif args.cmd == "status":
+        print("\n".join(status(args.out, args.names, code)))
     else:
         print(f"wrote {report(args.out, args.size, args.names, code, args.data_root)}")
 
