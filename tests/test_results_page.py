@@ -59,6 +59,25 @@ def test_readme_results_block_is_the_data():
     assert f"n = {full['problems']} problems per row" in block
 
 
+def test_readme_results_prose_holds_for_the_data():
+    """README's sentences over the headline table (no figures, but claims) still hold for docs/data: when a
+    rerun changes what the table shows, this names the sentence to rewrite."""
+    rows = load_section(results_page.HEADLINE)["tables"]["main"]["rows"]
+    full = next(r for r in rows if r["ratio"] is None)
+    n = full["problems"]
+    arbor_half = next(r for r in rows if r["policy"] == "arbor" and r["ratio"] == 0.5)
+    assert arbor_half["agree_n"] == n and arbor_half["nodes_as_full"] == 1.0, "arbor at half rebuilds full's tree"
+    evicting = [r for r in rows if r["policy"] in ("h2o", "snapkv", "streaming", "thinkv", "kvp")]
+    assert {r["ratio"] for r in evicting} == {r["ratio"] for r in rows if r["ratio"] is not None}
+    for r in evicting:  # "run at every budget but rebuild only part of the tree and mostly lose full's answer"
+        assert r["oom_n"] == 0 and r["nodes_as_full"] < 1.0 and r["agree_n"] < n / 2, r
+    for r in rows:
+        if r["policy"] == "arbor" and r["ratio"] < 0.5:  # "the smaller budgets are under its floor (the OOM column)"
+            assert r["oom_n"] > 0, r
+        # "No policy's solve rate separates from full's at this n"
+        assert overlap((r["solved_n"], r["problems"]), (full["solved_n"], n)), r
+
+
 def test_accuracy_cells_show_their_wilson_interval():
     text = (REPO / "docs" / "results.md").read_text()
     acc = text.split("## Accuracy", 1)[1].split("\n## ", 1)[0]
@@ -229,6 +248,22 @@ def test_a_rerun_keeps_what_it_did_not_remeasure_and_says_so(tmp_path):
     assert f"**{lychee_8k['x_dense'] * 1.5:.2f}x dense**" in text  # the prose follows the new table
     read_8k = f"| {lychee_8k['read']:.1f}% |"
     assert read_8k in text  # read_fraction shown as a percentage again
+
+    # the run measured lychee's float16 index beside its int8 one (make results' sparse-int8 step): table2 is
+    # this run's, one row per context, and nothing is kept
+    (tmp_path / "bench" / "int8").mkdir()
+    methods = (("lychee", 2.1, 0.004), ("lychee-fp16", 3.6, 0.003))
+    int8 = [{"context": c, "method": m, "index_pct": pct, "index_mb": c * pct / 1e5, "top1_gsm8k": 1.0,
+             "kl_gsm8k": kl, "top1_math500": 1.0, "kl_math500": kl / 2}
+            for c in (2048, 4096, 8192) for m, pct, kl in methods]  # fmt: skip
+    (tmp_path / "bench" / "int8" / "sparse.jsonl").write_text("".join(json.dumps(r) + "\n" for r in int8))
+    collect("sparse", tmp_path / "bench", "python scripts/bench_sparse.py --contexts 2048", data_root=tmp_path)
+    data = load_section("sparse", tmp_path)
+    table2 = data["tables"]["table2"]["rows"]
+    assert [r["context"] for r in table2] == [2048, 4096, 8192] and "carried" not in data
+    assert table2[2]["index_pct_kv_fp16"] == 3.6 and table2[2]["index_pct_kv_int8"] == 2.1
+    text = render_section(Section("sparse"), data)
+    assert "Kept from" not in text and "| 8,192 | 3.60% | 2.10% |" in text and "int8 takes 0.58x" in text
 
 
 def test_a_benchmark_with_its_own_format_renders_its_own_section(tmp_path):
