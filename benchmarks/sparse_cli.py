@@ -22,6 +22,7 @@ from benchmarks.random_model import random_model
 from benchmarks.sparse import (
     METHODS,
     SOURCES,
+    VARIANTS,
     SparseSettings,
     fewshot_ids,
     measure_fidelity,
@@ -64,7 +65,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--model", default="smollm2", help="model of the real-weight contexts (arbor_runtime.load_model)")
     ap.add_argument("--contexts", default="2048,4096,8192", help="context lengths with --model (speed + fidelity)")
     ap.add_argument("--random-contexts", default="16384,32768", help="lengths with a random SmolLM2-shaped model")
-    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated: {', '.join(METHODS)}")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated: {', '.join(METHODS + VARIANTS)}")
     ap.add_argument("--sources", default=",".join(SOURCES), help=f"few-shot sources for fidelity: {', '.join(SOURCES)}")
     ap.add_argument("--decode", type=int, default=32, help="greedy tokens per speed measurement")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved speed rounds per context (medians)")
@@ -119,7 +120,7 @@ def bench(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
     """Every (model, context, method) row, fidelity columns on the real-weight contexts."""
     _threads(args.threads)
     contexts, longer = _ints(args.contexts, "--contexts"), _ints(args.random_contexts, "--random-contexts")
-    methods = _names(args.methods, METHODS, "--methods")
+    methods = _names(args.methods, METHODS + VARIANTS, "--methods")
     sources = _names(args.sources, list(SOURCES), "--sources")
     if args.decode < 2 or args.fidelity_steps < 1 or args.repeats < 1:
         steps = f"--fidelity-steps={args.fidelity_steps} and --repeats={args.repeats}"

@@ -136,13 +136,18 @@ if [ "$SIZE" = full ]; then
   step budgets-gsm8k "$OUT/budgets/gsm8k-best-first50" -- env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_budgets.py "${b2[@]}"
   step budgets-data -- "$PYTHON" -m benchmarks.results.collect budgets "$OUT/budgets" \
     --command "python scripts/bench_budgets.py ${b1[*]}; python scripts/bench_budgets.py ${b2[*]}"
-  # sparse decode attention vs dense by context (bench_sparse.py writes sparse.jsonl); the int8 before/after
-  # table is not rerun (it needs the parent commit's checkout) and is kept, marked as such
+  # sparse decode attention vs dense by context (bench_sparse.py writes sparse.jsonl)
   sp=(--threads 1 --data-dir "$DATA" --contexts 2048,4096,8192 --random-contexts 16384,32768 --decode 16 --repeats 2
     --fidelity-steps 12 --out "$OUT/sparse")
   step sparse "$OUT/sparse" -- env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_sparse.py "${sp[@]}"
+  # lychee's index with float16 centroids vs its int8 default, today's lychee otherwise, on the same
+  # contexts (the section's second table; a few minutes)
+  si=(--threads 1 --data-dir "$DATA" --contexts 2048,4096,8192 --random-contexts= --methods lychee,lychee-fp16
+    --decode 8 --repeats 1 --fidelity-steps 12 --out "$OUT/sparse/int8")
+  step sparse-int8 "$OUT/sparse/int8" -- env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_sparse.py "${si[@]}"
   step sparse-data -- "$PYTHON" -m benchmarks.results.collect sparse "$OUT/sparse" \
-    --command "OMP_WAIT_POLICY=PASSIVE python scripts/bench_sparse.py ${sp[*]}"
+    --command "OMP_WAIT_POLICY=PASSIVE python scripts/bench_sparse.py ${sp[*]}
+OMP_WAIT_POLICY=PASSIVE python scripts/bench_sparse.py ${si[*]}"
 fi
 
 if [ "$SIZE" = full ]; then

@@ -79,9 +79,20 @@ def test_reading_every_token_is_dense_and_a_small_budget_reads_less(tmp_path, lo
     assert small[0]["read_fraction"] < 0.5 and "speedup" not in small[0]  # no dense row to compare with
 
 
+def test_lychee_fp16_stores_the_same_chunks_in_float16(tmp_path, long_data):
+    """The float16-vs-int8 table's variant: the same chunks (same reads) with float16 centroids, so its
+    index is larger than lychee's int8 one (codes plus a scale per node) and smaller than twice it."""
+    rows = run_bench(tmp_path, long_data, "--token-budget", "64", "--methods", "lychee,lychee-fp16")
+    int8, fp16 = rows
+    assert (int8["method"], fp16["method"]) == ("lychee", "lychee-fp16")
+    assert int8["read_fraction"] == fp16["read_fraction"] < 1.0
+    assert int8["index_mb"] < fp16["index_mb"] < 2 * int8["index_mb"]
+
+
 def test_bad_arguments_are_errors(tmp_path, long_data, capsys):
     assert main(["--methods", "lychee,flash", "--data-dir", str(long_data)]) == 2
-    assert "--methods 'lychee,flash': unknown ['flash']; valid: dense, lychee, quest" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--methods 'lychee,flash': unknown ['flash']; valid: dense, lychee, quest, lychee-fp16" in err
     assert main(["--contexts", "32", "--data-dir", str(long_data)]) == 2
     assert "every context must be >= 64 tokens" in capsys.readouterr().err
 

@@ -39,6 +39,8 @@ class Collector:
     columns: list[tuple[str, str, str]] | None = None
     #: one benchmark record -> the records the keys read (a record per row); None: the record itself
     expand: Callable[[dict], list[dict]] | None = None
+    #: a file's records -> the records the keys read, when a row joins several records (a pivot)
+    join: Callable[[list[dict]], list[dict]] | None = None
     #: columns this benchmark does not remeasure (a "before" measured at an older commit), kept from the
     #: committed row with the same values in ``match``; the page names them as kept
     kept_columns: tuple[str, ...] = ()
@@ -53,6 +55,35 @@ class Collector:
     facts: Callable[[Path], dict[str, Any]] | None = None
     #: the section's settings read from the outputs (over the committed ones; the caller's win)
     settings: Callable[[Path], dict[str, Any]] | None = None
+
+
+DTYPES = ("fp16", "int8")
+#: the float16-vs-int8 index table: section key -> bench_sparse.py key, and its header and format
+INDEX_KEYS = {
+    "index_pct_kv": "index_pct", "index_mb": "index_mb", "top_1_gsm8k": "top1_gsm8k", "kl_gsm8k": "kl_gsm8k",
+    "top_1_math": "top1_math500", "kl_math": "kl_math500",
+}  # fmt: skip
+INDEX_HEADERS = {
+    "index_pct_kv": ("index % KV", "{:,.2f}%"), "index_mb": ("index MB", "{:,.2f}"),
+    "top_1_gsm8k": ("top-1 GSM8K", "{:,.3f}"), "kl_gsm8k": ("KL GSM8K", "{:.4g}"),
+    "top_1_math": ("top-1 MATH", "{:,.3f}"), "kl_math": ("KL MATH", "{:.4g}"),
+}  # fmt: skip
+
+
+def float16_vs_int8(records: list[dict]) -> list[dict]:
+    """bench_sparse.py's lychee and lychee-fp16 rows -> one record per context: each measure of the
+    float16 index (``KEY_fp16``) beside the int8 one (``KEY_int8``); contexts missing either are left out."""
+    by_context: dict[int, dict[str, dict]] = {}
+    for r in records:
+        by_context.setdefault(r["context"], {})[r["method"]] = r
+    out = []
+    for context, methods in sorted(by_context.items()):
+        if {"lychee", "lychee-fp16"} <= set(methods):
+            row = {"context": context}
+            for key in INDEX_KEYS.values():
+                row |= {f"{key}_fp16": methods["lychee-fp16"].get(key), f"{key}_int8": methods["lychee"].get(key)}
+            out.append(row)
+    return out
 
 
 def replay_records(record: dict) -> list[dict]:
@@ -254,6 +285,17 @@ COLLECTORS = {
             "top_1_math": "top1_math500", "kl_math": "kl_math500",
         },
         scale={"read": 100.0},
+        tables=(
+            ("table2", Collector(  # bench_sparse.py --methods lychee,lychee-fp16 into int8/: one row per context
+                "int8/sparse.jsonl",
+                {"context": "context"} | {f"{k}_{d}": f"{b}_{d}" for k, b in INDEX_KEYS.items() for d in DTYPES},
+                join=float16_vs_int8,
+                columns=[("context", "context", "{:,}")] + [
+                    (f"{k}_{d}", f"{h} {d}" if d == "fp16" else "int8", fmt)
+                    for k, (h, fmt) in INDEX_HEADERS.items() for d in DTYPES
+                ],
+            )),
+        ),
     ),
     "wide": Collector(  # bench_memory.py's JSON list (the runtime now, after.json; the checkout before
         # issue 8, before.json, when the run measured it too: else the "before" columns are kept)
@@ -411,6 +453,7 @@ def table_rows(spec: Collector, root: Path) -> list[dict]:
     out = []
     for path in sorted(root.glob(spec.pattern)):
         records = _records(path, spec.rows_at)
+        records = spec.join(records) if spec.join else records
         for raw in records if spec.expand is None else [r for rec in records for r in spec.expand(rec)]:
             row = {k: path.parent.name if b == FOLDER else _cell(_get(raw, b)) for k, b in spec.keys.items()}
             for key, factor in (spec.scale or {}).items():
