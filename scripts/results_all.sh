@@ -115,15 +115,15 @@ if [ "$SIZE" = full ]; then
   }
   step traces "$OUT/traces" -- record_traces
   step replay "$OUT/replay" -- env OMP_NUM_THREADS=1 "$PYTHON" scripts/replay_trace.py "$OUT"/traces/*.json --threads 1 --out "$OUT/replay"
-  step replay-data -- "$PYTHON" -m benchmarks.results.collect replay "$OUT/replay" --command "python scripts/record_trace.py ${rec[*]} \
-  experiment=e2e_game24 paths.data_dir=$DATA task.end=902
-  python scripts/record_trace.py ${rec[*]} experiment=e2e_gsm8k paths.data_dir=$DATA task.end=1
-  python scripts/replay_trace.py $OUT/traces/*.json --threads 1 --out $OUT/replay"
+  step replay-data -- "$PYTHON" -m benchmarks.results.collect replay "$OUT/replay" --command \
+"OMP_NUM_THREADS=1 python scripts/record_trace.py ${rec[*]} experiment=e2e_game24 paths.data_dir=$DATA task.end=902
+OMP_NUM_THREADS=1 python scripts/record_trace.py ${rec[*]} experiment=e2e_gsm8k paths.data_dir=$DATA task.end=1
+OMP_NUM_THREADS=1 python scripts/replay_trace.py $OUT/traces/*.json --threads 1 --out $OUT/replay"
   sp_in=("$OUT/traces/game24-900.json" "$OUT/traces/gsm8k-0.json")
   step speed "$OUT/speed" -- env OMP_NUM_THREADS=1 "$PYTHON" scripts/bench_speed.py "${sp_in[@]}" --threads 1 --repeats 3 \
     --out "$OUT/speed/speed.json"
-  step speed-data -- "$PYTHON" -m benchmarks.results.collect speed "$OUT/speed" --command "(the traces of the replay section, then)
-  python scripts/bench_speed.py ${sp_in[*]} --threads 1 --repeats 3 --out $OUT/speed/speed.json"
+  step speed-data -- "$PYTHON" -m benchmarks.results.collect speed "$OUT/speed" --command "# the traces of the replay section, then
+OMP_NUM_THREADS=1 python scripts/bench_speed.py ${sp_in[*]} --threads 1 --repeats 3 --out $OUT/speed/speed.json"
 
   # smallest exact budget per search (bench_budgets.py writes JSONL per search folder)
   b1=(--policies arbor --fractions 0.5,0.35 --threads 1 --out "$OUT/budgets/game24-legal-bfs5" model=smollm2
