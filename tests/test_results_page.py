@@ -241,6 +241,9 @@ def test_a_rerun_keeps_what_it_did_not_remeasure_and_says_so(tmp_path):
     data = load_section("sparse", tmp_path)
     assert data["tables"]["table2"] == committed["tables"]["table2"] and data["facts"] == committed["facts"]
     first = kept_from(committed)["measured"]  # table2's own date, however many reruns kept it since
+    only_settings = {"measured": "d2", "commit": "c2", "carried": {"measured": "d1", "commit": "c1", "tables": [],
+                                                                  "facts": [], "settings": ["x"]}}  # fmt: skip
+    assert kept_from(only_settings) == {"measured": "d2", "commit": "c2"}  # settings do not date the tables
     assert data["carried"]["tables"] == ["table2"] and data["carried"]["measured"] == first
     text = render_section(Section("sparse"), data)
     assert f"Kept from the measurement of {first}" in text and "table `table2`" in text
@@ -260,7 +263,7 @@ def test_a_rerun_keeps_what_it_did_not_remeasure_and_says_so(tmp_path):
     collect("sparse", tmp_path / "bench", "python scripts/bench_sparse.py --contexts 2048", data_root=tmp_path)
     data = load_section("sparse", tmp_path)
     table2 = data["tables"]["table2"]["rows"]
-    assert [r["context"] for r in table2] == [2048, 4096, 8192] and "carried" not in data
+    assert [r["context"] for r in table2] == [2048, 4096, 8192] and not data.get("carried", {}).get("tables")
     assert table2[2]["index_pct_kv_fp16"] == 3.6 and table2[2]["index_pct_kv_int8"] == 2.1
     text = render_section(Section("sparse"), data)
     assert "Kept from" not in text and "| 8,192 | 3.60% | 2.10% |" in text and "int8 takes 0.58x" in text

@@ -527,8 +527,11 @@ def keep_columns(
 
 def kept_from(committed: dict) -> dict:
     """When what a rerun keeps was measured: the committed data's own date and commit, or, when it kept
-    parts of an earlier measurement already, that one's (a section rerun twice names the first)."""
+    tables, figures or columns of an earlier measurement already, that one's (a section rerun twice names
+    the first); settings alone carried over do not make the committed tables older."""
     before = committed.get("carried") or {}
+    if not (before.get("tables") or before.get("facts") or before.get("columns")):
+        before = {}  # only settings were carried: every table and figure is the committed run's own
     when = before.get("commit") or committed.get("commit") or committed.get("committed_in") or "?"
     return {"measured": before.get("measured") or committed.get("measured"), "commit": when[:12]}
 
