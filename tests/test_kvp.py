@@ -289,3 +289,12 @@ def test_scripts_collect_train_bench_and_render_the_section(tmp_path, data_dir, 
     assert "| listnet | " + " | ".join(map(cell, row)) + " |" in text
     head = (other["final"]["kvp/head_auc"], report["final"]["kvp/head_auc"])
     assert "held-out AUC ({:.3f} vs {:.3f} per head)".format(*head) in text  # the prose follows the new table
+    # each loss's training curve is in the data (kvp-train.png is drawn from it): its mean loss per point and
+    # the held-out AUC at each eval
+    curve = load_section("kvp", tmp_path / "docs-data")["tables"]["curve"]["rows"]
+    for rep in (report, other):
+        mine = [p for p in curve if p["loss"] == rep["settings"]["loss"]]
+        points = [p["train_loss"] for p in mine if p["train_loss"] is not None]
+        assert len(rep["losses"]) <= 120 and points == rep["losses"]  # a short run keeps every step
+        aucs = [(p["step"], p["kvp_head_auc"]) for p in mine if p["kvp_head_auc"] is not None]
+        assert aucs == [(step, e["kvp/head_auc"]) for step, e in rep["evals"]]

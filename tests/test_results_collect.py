@@ -77,3 +77,14 @@ def test_the_budgets_variant_losses_count_the_small_share_cells_where_its_kl_is_
     bench = {"per_context": [ctx(0.1, 0.2), ctx(0.3, 0.1), ctx(0.1, 0.5, ratio=0.5)]}  # the 50% cell is not counted
     assert _budgets_losses(bench) == {"kvp_budgets_losses_10_20": 1, "kvp_budgets_cells_10_20": 2}
     assert _budgets_losses({"per_context": [{"runs": [{"policy": "kvp", "compression_ratio": 0.9, "kl": [1]}]}]}) == {}
+
+
+def test_a_long_training_curve_is_kept_as_evenly_spaced_means():
+    from benchmarks.results.collect import kvp_curve_records
+
+    report = {"settings": {"loss": "listnet"}, "losses": [float(i) for i in range(1000)], "evals": [[500, {}]]}
+    rows = kvp_curve_records(report)
+    points = [r for r in rows if "train_loss" in r]
+    assert len(points) == 112 and points[0] == {"loss": "listnet", "step": 9, "train_loss": 4.0}  # steps 0-8
+    assert points[-1]["step"] == 1000 and points[-1]["train_loss"] == 999.0  # 999 = 111 x 9: the last step alone
+    assert rows[-1] == {"loss": "listnet", "step": 500, "kvp_head_auc": None, "kvp_token_auc": None}

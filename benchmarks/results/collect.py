@@ -189,6 +189,26 @@ def _context_kls(bench: dict) -> dict[tuple[str, float], dict[int, float]]:
     return out
 
 
+#: training-loss points kept per loss for the section's curve (the report holds one per step)
+CURVE_POINTS = 120
+
+
+def kvp_curve_records(report: dict) -> list[dict]:
+    """kvp_train.py's report -> its training curve: the loss at about :data:`CURVE_POINTS` evenly spaced
+    steps (each the mean of the steps since the previous point) and the held-out AUCs at every eval."""
+    loss, losses = report["settings"]["loss"], report["losses"]
+    every = max(1, -(-len(losses) // CURVE_POINTS))
+    out = [
+        {"loss": loss, "step": i + len(chunk), "train_loss": sum(chunk) / len(chunk)}
+        for i in range(0, len(losses), every)
+        if (chunk := losses[i : i + every])
+    ]
+    for step, aucs in report.get("evals", []):
+        out.append({"loss": loss, "step": step, "kvp_head_auc": aucs.get("kvp/head_auc"),
+                    "kvp_token_auc": aucs.get("kvp/token_auc")})  # fmt: skip
+    return out
+
+
 def kvp_bench_records(record: dict) -> list[dict]:
     """bench_kvp.py's JSON -> its summary rows, each with its mean KL on every context (bench order)."""
     per = _context_kls(record)
@@ -359,6 +379,12 @@ COLLECTORS = {
                 {"kept": "kept_share", "policy": "policy", "retained_future_attention": "retained",
                  "mean_kl": "mean_kl", "top_1": "top1", "mean_kl_per_context": "context_mean_kl"},
                 scale={"kept": 100.0}, expand=kvp_bench_records,
+            )),
+            ("curve", Collector(  # kvp_train.py's reports: the training curves (drawn as kvp-train.png)
+                "train*.json",
+                {"loss": "loss", "step": "step", "train_loss": "train_loss", "kvp_head_auc": "kvp_head_auc",
+                 "kvp_token_auc": "kvp_token_auc"},
+                expand=kvp_curve_records,
             )),
             ("table3", Collector(  # bench_kvp_replay.py: arbor's in-block selector, a recorded search replayed
                 "replay.jsonl",

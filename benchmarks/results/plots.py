@@ -85,11 +85,42 @@ def memory_steps(data: dict, path: Path) -> None:
     fig.savefig(path, dpi=110, metadata={"Software": None})
 
 
+def kvp_train(data: dict, path: Path) -> None:
+    """KVP training (docs/data/kvp): each loss's training curve, then the held-out retained-mass AUC of
+    its weights at every eval against the baselines' (dotted, from the main table)."""
+    points = data["tables"]["curve"]["rows"]
+    losses = list(dict.fromkeys(p["loss"] for p in points))
+    fig = _figure(4.0 * (len(losses) + 1), 3.6)
+    colors = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a")
+    auc = fig.add_subplot(1, len(losses) + 1, len(losses) + 1)
+    for i, (loss, color) in enumerate(zip(losses, colors, strict=False)):
+        ax = fig.add_subplot(1, len(losses) + 1, i + 1)
+        curve = [p for p in points if p["loss"] == loss and p.get("train_loss") is not None]
+        ax.plot([p["step"] for p in curve], [p["train_loss"] for p in curve], color=color)
+        ax.set_title(f"training loss: {loss}")
+        ax.set_xlabel("step (one sequence, all heads)")
+        evals = [p for p in points if p["loss"] == loss and p.get("kvp_head_auc") is not None]
+        x = [p["step"] for p in evals]
+        auc.plot(x, [p["kvp_head_auc"] for p in evals], "o-", color=color, ms=3, label=f"kvp {loss} (head)")
+        auc.plot(x, [p["kvp_token_auc"] for p in evals], "o--", color=color, ms=3, label=f"kvp {loss} (token)")
+    base = data["tables"]["main"]["rows"][0]
+    for key, color in (("oracle_head", "#444444"), ("knorm_head", "#66a61e"), ("streaming_head", "#a6761d"),
+                       ("recency_head", "#999999")):  # fmt: skip
+        auc.axhline(base[key], color=color, lw=0.9, ls=":", label=key.replace("_", " (") + ")")
+    auc.set_title("held-out retained-mass AUC")
+    auc.set_xlabel("step")
+    auc.set_ylabel("future attention kept, mean over 10..90%")
+    auc.legend(frameon=False, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+
+
 #: file next to the page -> (section whose data it draws, drawing function)
 PLOTS: dict[str, tuple[str, Callable[[dict, Path], None]]] = {
     "sparse-speedup.png": ("sparse", sparse_speedup),
     "accuracy-intervals.png": ("accuracy", accuracy_intervals),
     "memory-steps.png": ("memory-steps", memory_steps),
+    "kvp-train.png": ("kvp", kvp_train),
 }
 
 
