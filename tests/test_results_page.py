@@ -209,7 +209,8 @@ def test_the_summary_follows_the_data():
 
 
 def test_the_plots_drawn_from_data_are_on_the_page(tmp_path):
-    """Every plot of benchmarks/results/plots.py draws from the committed data alone and the page shows it."""
+    """Every plot of benchmarks/results/plots.py draws from the committed data alone and the page shows it,
+    and the page shows no other picture (one no step redraws would go stale)."""
     from benchmarks.results.plots import PLOTS, draw_all
 
     written = draw_all(results_page.load_all(), tmp_path)
@@ -218,6 +219,8 @@ def test_the_plots_drawn_from_data_are_on_the_page(tmp_path):
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({path.name})" in page
         assert (REPO / "docs" / path.name).is_file()
+    shown = set(re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", page))
+    assert shown == set(PLOTS), "every picture on the results page is drawn from docs/data"
 
 
 def test_a_rerun_keeps_what_it_did_not_remeasure_and_says_so(tmp_path):
