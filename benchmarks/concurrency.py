@@ -6,11 +6,17 @@ runs N searches at once in one runtime (their rows batched together, one budget)
 the same controller over :class:`~benchmarks.naive.NaiveRuntime` (every node's prompt re-sent
 to ``generate``, as the reference ToT code does). Every setting reports wall time, problems/hour,
 the peak device KV and whether each problem's result equals the ``concurrency=1`` one.
+
+Interrupted, the same command resumes: each setting's row is appended to ``concurrency.partial.jsonl``
+as soon as it is measured (with a digest of its per-problem results, for the comparison with
+``concurrency=1``), beside the arguments it was started with; a rerun with the same arguments keeps
+those rows and measures the rest (after the same untimed warm-up), other arguments start over.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import tempfile
@@ -60,28 +66,45 @@ def concurrency_rows(
     policies: Sequence[str],
     naive: bool,
     on_row: Callable[[dict[str, Any]], None] = lambda row: None,
+    done: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """Every policy at every concurrency level (plus naive); one summary dict per setting, each
-    also handed to ``on_row`` as soon as it is measured (so a failure later loses nothing)."""
+    also handed to ``on_row`` as soon as it is measured (so a failure later loses nothing). ``done``:
+    rows measured by an earlier attempt (a resumed run), kept as they are."""
+    measured = {(r["policy"], r["concurrency"]): r for r in done}
     out, reference = [], {}
-    warm = [o for o in overrides if not o.startswith(("task.start=", "task.end="))]
-    start = next((o.split("=")[1] for o in overrides if o.startswith("task.start=")), None)
-    if start is not None:  # one untimed problem first: model load, first-call costs
-        warm += [f"task.start={start}", f"task.end={int(start) + 1}"]
-    _, _, loaded = run_setting(warm)
+    if len(measured) < len(policies) * len(levels) + naive:
+        warm = [o for o in overrides if not o.startswith(("task.start=", "task.end="))]
+        start = next((o.split("=")[1] for o in overrides if o.startswith("task.start=")), None)
+        if start is not None:  # one untimed problem first: model load, first-call costs
+            warm += [f"task.start={start}", f"task.end={int(start) + 1}"]
+        _, _, loaded = run_setting(warm)
     for policy in policies:
         over = [*overrides, *policy.split()]
         for level in levels:
-            rows, seconds, loaded = run_setting([*over, f"concurrency={level}"], loaded)
-            key = {r["index"]: tuple(r.get(k) for k in SAME) for r in rows}
-            reference.setdefault(policy, key)
-            out.append(_summary(policy, level, rows, seconds, same=key == reference[policy]))
-            on_row(out[-1])
+            row = measured.get((policy, level))
+            if row is None:
+                rows, seconds, loaded = run_setting([*over, f"concurrency={level}"], loaded)
+                row = _summary(policy, level, rows, seconds, same=None)
+            reference.setdefault(policy, row["results_digest"])
+            row["same_results_as_concurrency_1"] = row["results_digest"] == reference[policy]
+            out.append(row)
+            if (policy, level) not in measured:
+                on_row(row)
     if naive:
-        rows, seconds = run_naive(overrides, loaded)
-        out.append(_summary("naive ToT", 1, rows, seconds, same=None))
-        on_row(out[-1])
+        row = measured.get(("naive ToT", 1))
+        if row is None:
+            rows, seconds = run_naive(overrides, loaded)
+            row = _summary("naive ToT", 1, rows, seconds, same=None)
+            on_row(row)
+        out.append(row)
     return out
+
+
+def results_digest(rows: list[dict[str, Any]]) -> str:
+    """12 hex digits of every problem's outcome (:data:`SAME`): equal digests, equal results."""
+    key = sorted((str(r["index"]), [r.get(k) for k in SAME]) for r in rows)
+    return hashlib.sha1(json.dumps(key, default=str).encode()).hexdigest()[:12]
 
 
 def _summary(policy: str, level: int, rows: list[dict[str, Any]], seconds: float, same: bool | None) -> dict:
@@ -101,6 +124,7 @@ def _summary(policy: str, level: int, rows: list[dict[str, Any]], seconds: float
         "peak_device_mb": round(max((r.get("peak_device_bytes") or 0) for r in rows) / 2**20, 1),
         "decode_tokens": sum(r.get("decode_tokens") or 0 for r in rows),
         "same_results_as_concurrency_1": same,
+        "results_digest": results_digest(rows),
         **{k: round(sum(r.get(k) or 0 for r in rows), 2) for k in BREAKDOWN},
     }
 
@@ -133,9 +157,13 @@ def concurrency_main(argv: Sequence[str] | None = None) -> int:
         if not levels or min(levels) < 1:
             raise ValueError(f"--levels {args.levels!r}: positive integers, e.g. 1,2,4,8")
         out.mkdir(parents=True, exist_ok=True)
-        partial.write_text("")
         policies = [p.strip() for p in args.policies.split(";")]
-        rows = concurrency_rows(args.overrides, levels, policies, args.naive, lambda row: _append(partial, row))
+        done = _resume(out, {"levels": levels, "policies": policies, "naive": args.naive, "overrides": args.overrides})
+        if done:
+            print(f"bench_concurrency.py: resuming: {len(done)} setting(s) measured before are kept")
+        rows = concurrency_rows(
+            args.overrides, levels, policies, args.naive, lambda row: _append(partial, row), done=done
+        )
     except USER_ERRORS as exc:
         print(f"bench_concurrency.py: error: {exc}", file=sys.stderr)
         return 2
@@ -148,7 +176,26 @@ def concurrency_main(argv: Sequence[str] | None = None) -> int:
     write_jsonl(out / "concurrency.jsonl", rows)
     write_csv(out / "concurrency.csv", rows)
     partial.unlink()
+    (out / "concurrency.partial.args.json").unlink()
     return 0
+
+
+def _resume(out: Path, run_args: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows an earlier attempt with the same arguments measured (its partial file); otherwise start
+    the partial file over for these arguments. A torn last line (a kill mid-write) is dropped."""
+    partial, saved = out / "concurrency.partial.jsonl", out / "concurrency.partial.args.json"
+    if partial.is_file() and saved.is_file() and json.loads(saved.read_text()) == run_args:
+        rows = []
+        for line in partial.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        partial.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return rows
+    saved.write_text(json.dumps(run_args))
+    partial.write_text("")
+    return []
 
 
 def _append(path: Path, row: dict[str, Any]) -> None:

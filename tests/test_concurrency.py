@@ -293,3 +293,20 @@ def test_bench_concurrency_runs_every_level_and_naive_tot_on_the_same_problems(d
     assert rows[2]["decode_tokens"] > 0 and not (tmp_path / "concurrency.partial.jsonl").exists()
     assert concurrency_main(["--levels", "0", "--out", str(tmp_path), *over]) == 2
     assert "--levels '0'" in capsys.readouterr().err
+
+    # interrupted after its first setting: the same command keeps that row and measures the rest; a
+    # torn last line is dropped; other arguments start over
+    args = {"levels": [1, 2], "policies": ["policy=full"], "naive": True, "overrides": over}
+    (tmp_path / "concurrency.partial.args.json").write_text(json.dumps(args))
+    kept = rows[0] | {"seconds": 12345.0}
+    (tmp_path / "concurrency.partial.jsonl").write_text(json.dumps(kept) + "\n" + '{"policy": "pol')
+    assert concurrency_main(["--levels", "1,2", "--naive", "--out", str(tmp_path), *over]) == 0
+    assert "resuming: 1 setting(s) measured before are kept" in capsys.readouterr().out
+    again = [json.loads(line) for line in (tmp_path / "concurrency.jsonl").read_text().splitlines()]
+    assert again[0] == kept and again[1]["seconds"] != 12345.0 and len(again) == 3
+    assert again[1]["same_results_as_concurrency_1"] is True  # compared with the kept row's digest
+    (tmp_path / "concurrency.partial.args.json").write_text(json.dumps(args | {"levels": [1]}))
+    (tmp_path / "concurrency.partial.jsonl").write_text(json.dumps(kept) + "\n")
+    assert concurrency_main(["--levels", "1,2", "--naive", "--out", str(tmp_path), *over]) == 0
+    fresh = [json.loads(line) for line in (tmp_path / "concurrency.jsonl").read_text().splitlines()]
+    assert fresh[0]["seconds"] != 12345.0 and fresh[0]["results_digest"] == kept["results_digest"]
