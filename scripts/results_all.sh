@@ -18,13 +18,17 @@
 #          memory over steps (~8 min): 13 min measured 2026-12-03 (docs/data/make-results-quick). A smoke run: its
 #          sections go to OUT/data, not over docs/data's full-size ones; only its wall time is committed
 #          (docs/data/make-results-quick)
-#   full:  accuracy on 20 puzzles (rows 900-919), ToT legal steps, arbor / h2o / streaming at 0.5x and
-#          0.25x, plus IO and CoT, two runs at a time (JOBS=2, one torch thread each): 49 min measured 2026-12-03
-#          (today's runtime takes ~30 s a ToT puzzle, not the old table's 85-160 s);
-#          the concurrency grid (~3.3 h on one core); controllers, trace replay and speed vs naive (~50 min);
-#          the two smallest-exact-budget searches (Game of 24 legal BFS-5, GSM8K best-first 50); sparse decode at 2K-32K;
-#          the Table 1 analogs (GSM8K ~1.5 h, Game of 24 ~2.4 h with JOBS=2) and the Config-L analogs (GSM8K ~40 min,
-#          Game of 24 several hours): well over the 2 h target, so it runs over several sittings (it resumes)
+#   full:  measured 2026-12-04 at runtime code d0c623d2a8cd, two ONLY= lists side by side on the 2 cores
+#          (`make results-status SIZE=full` lists each step's minutes): accuracy on 20 puzzles (rows 900-919;
+#          ToT legal steps, arbor / h2o / streaming at 0.5x and 0.25x, plus IO and CoT; JOBS=2) 32 min;
+#          memory over steps 3 min; controllers 6; traces, replay and speed vs naive 10; the two
+#          smallest-exact-budget searches 7; sparse decode 5 + float16-vs-int8 index 4; wide 11; rehydrate 16;
+#          linear 5; KVP (collect, train both losses, bench, trace, replay) 12; the Config-L analog on GSM8K 19;
+#          the concurrency grid's GSM8K searches 79 (full 18, arbor 27, no sharing 33). Not yet at that code,
+#          by their earlier runs: the concurrency grid's Game of 24 searches (~2.6 h on one core), the Table 1
+#          analogs (GSM8K ~1.5 h, Game of 24 ~2.4 h with JOBS=2) and the Config-L analog on Game of 24 (~2.5 h
+#          with JOBS=2). In all ~10 h of wall clock with two lanes, well over the 2 h target, so it runs over
+#          several sittings: every long step resumes (arbor-solve's run dirs, bench_concurrency's partial rows)
 set -euo pipefail
 SIZE=${1:-quick}
 DATA=${2:-../shared/data}
