@@ -140,6 +140,14 @@ OMP_NUM_THREADS=1 python scripts/bench_speed.py ${sp_in[*]} --threads 1 --repeat
   step budgets-gsm8k "$OUT/budgets/gsm8k-best-first50" -- env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_budgets.py "${b2[@]}"
   step budgets-data -- "$PYTHON" -m benchmarks.results.collect budgets "$OUT/budgets" \
     --command "python scripts/bench_budgets.py ${b1[*]}; python scripts/bench_budgets.py ${b2[*]}"
+  # evicted blocks read packed or in place (benchmarks/pieces.py): arbor at a quarter of full's peak on the GSM8K
+  # best-first search above, packed and in place in turn, then the step bench (1,024 tokens in 1, 8 or 48 pieces)
+  pk=(--search --threads 1 --fractions 0.25 --out "$OUT/packing/gsm8k-best-first50.jsonl" -- "${b2[@]:8}")
+  step packing-search "$OUT/packing" -- env OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 "$PYTHON" -m benchmarks.pieces "${pk[@]}"
+  pk_cmd="OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 python -m benchmarks.pieces ${pk[*]}"
+  step packing-data -- "$PYTHON" -m benchmarks.pieces --section packing --threads 1 --tokens 1024 --pieces 1,8,48 \
+    --rows 4 --repeats 21 --search-rows "$OUT/packing/gsm8k-best-first50.jsonl" --search-commit "$(git rev-parse HEAD)" \
+    --search-command "$pk_cmd"
   # sparse decode attention vs dense by context (bench_sparse.py writes sparse.jsonl)
   sp=(--threads 1 --data-dir "$DATA" --contexts 2048,4096,8192 --random-contexts 16384,32768 --decode 16 --repeats 2
     --fidelity-steps 12 --out "$OUT/sparse")
