@@ -22,6 +22,7 @@ import shlex
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -178,6 +179,7 @@ def _write_section(name: str, found: list[dict], micro: list[dict], args, argv: 
 
 def _write(out: str | None, rows: list[dict]) -> None:
     if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)  # a make results step starts from an empty folder
         with open(out, "w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in rows)
 
