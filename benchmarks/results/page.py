@@ -35,9 +35,9 @@ def load_all(root: Path = DATA) -> dict[str, dict]:
     return out
 
 
-def page(root: Path = DATA, notes: Path = NOTES) -> str:
-    """The whole results page as text."""
-    data = load_all(root)
+def page(root: Path = DATA, notes: Path = NOTES, data: dict[str, dict] | None = None) -> str:
+    """The whole results page as text (``data``: :func:`load_all`'s result, when the caller has it)."""
+    data = load_all(root) if data is None else data
     dates = sorted({d.get("measured", "?") for d in data.values()})
     commits = sorted({c[:12] for d in data.values() for c in commits_of(d)})
     unrecorded = [n for n, d in data.items() if not commits_of(d)]
@@ -86,10 +86,11 @@ def runtime_lines(data: dict[str, dict], root: Path = DATA) -> str:
 HEADLINE = "e2e-game24"
 
 
-def headline(root: Path = DATA) -> str:
+def headline(root: Path = DATA, data: dict[str, dict] | None = None) -> str:
     """README's headline block: the Table 1 analog (:data:`HEADLINE`): every policy at every budget, set
-    from the start, against full on the same problems; its caption's figures from the same data."""
-    data = load_all(root)[HEADLINE]
+    from the start, against full on the same problems; its caption's figures from the same data
+    (``data``: :func:`load_all`'s result, when the caller has it)."""
+    data = (load_all(root) if data is None else data)[HEADLINE]
     rows = data["tables"]["main"]["rows"]
     ref = next(r for r in rows if r["ratio"] is None)
     caption = (
@@ -122,12 +123,13 @@ def write(out: Path, readme: Path | None = None, root: Path = DATA) -> None:
     """Write the page to ``out`` (PNGs it shows are copied next to it when ``out`` is elsewhere) and,
     when given, README's generated block."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    update_runtime_codes([c for d in load_all(root).values() for c in commits_of(d)], root)  # new commits only
-    text = page(root)
+    data = load_all(root)
+    update_runtime_codes([c for d in data.values() for c in commits_of(d)], root)  # new commits only
+    text = page(root, data=data)
     out.write_text(text)
     docs = REPO / "docs"
     if out.parent.resolve() != docs.resolve():  # the PNGs the page shows, next to it
         for name in re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", text):
             shutil.copy(docs / name, out.parent / name)
     if readme is not None:
-        readme.write_text(splice(readme.read_text(), headline(root)))
+        readme.write_text(splice(readme.read_text(), headline(root, data)))
