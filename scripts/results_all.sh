@@ -24,11 +24,12 @@
 #          memory over steps 3 min; controllers 6; traces, replay and speed vs naive 10; the two
 #          smallest-exact-budget searches 7; sparse decode 5 + float16-vs-int8 index 4; wide 11; rehydrate 16;
 #          linear 5; KVP (collect, train both losses, bench, trace, replay) 12; the Config-L analog on GSM8K 19;
-#          the concurrency grid's GSM8K searches 79 (full 18, arbor 27, no sharing 33). Not yet at that code,
-#          by their earlier runs: the concurrency grid's Game of 24 searches (~2.6 h on one core), the Table 1
-#          analogs (GSM8K ~1.5 h, Game of 24 ~2.4 h with JOBS=2) and the Config-L analog on Game of 24 (~2.5 h
-#          with JOBS=2). In all ~10 h of wall clock with two lanes, well over the 2 h target, so it runs over
-#          several sittings: every long step resumes (arbor-solve's run dirs, bench_concurrency's partial rows)
+#          the concurrency grid's GSM8K searches 79 (full 18, arbor 27, no sharing 33); packing 12; the Table 1
+#          analogs on GSM8K 54 and on Game of 24 73 (JOBS=2, alone on the machine). Not yet at that code, by
+#          their earlier runs: the concurrency grid's Game of 24 searches (~2.6 h on one core) and the Config-L
+#          analog on Game of 24 (~2.5 h with JOBS=2, beside other runs). In all ~7 h of wall clock, well over
+#          the 2 h target, so it runs over several sittings: every long step resumes (arbor-solve's run dirs,
+#          bench_concurrency's partial rows)
 set -euo pipefail
 SIZE=${1:-quick}
 DATA=${2:-../shared/data}
@@ -226,9 +227,9 @@ OMP_WAIT_POLICY=PASSIVE python scripts/bench_memory.py ${wd[*]} --out $OUT/wide/
   kvp_cmds+=$'\n'"python scripts/bench_kvp_replay.py $OUT/kvp/traces/*.json --out $OUT/kvp/replay.jsonl --threads 2"
   step kvp-data -- "$PYTHON" -m benchmarks.results.collect kvp "$OUT/kvp" --command "$kvp_cmds"
   # the Table 1 analog on Game of 24 (the ToT setup: 5-shot, BFS breadth 5, legal proposals ranked by the
-  # model, llm_value; rows 900-919; every policy at 0.5, 0.35, 0.25x of full's peak): the reference 14 min
-  # (41 s a puzzle), then the sweeps side by side with JOBS=2 (~17 min a policy and budget): 2 h 25 min in
-  # all on this machine, measured 2026-12-03
+  # model, llm_value; rows 900-919; every policy at 0.5, 0.35, 0.25x of full's peak): the reference ~8 min
+  # (21 s a puzzle), then the sweeps side by side with JOBS=2 (~6 min a policy and budget): 73 min in all
+  # on this machine with nothing beside it, measured 2026-12-04 (2 h 25 min on 2026-12-03, beside other runs)
   step e2e-game24 "$OUT/e2e/game24" -- env JOBS=2 BIN="$BIN" \
     TITLE="End to end: Game of 24 ToT BFS (Table 1 analog), policy x budget" \
     bash scripts/bench_e2e.sh game24 "$OUT/e2e" "$DATA" experiment=table1_game24
