@@ -25,11 +25,10 @@
 #          smallest-exact-budget searches 7; sparse decode 5 + float16-vs-int8 index 4; wide 11; rehydrate 16;
 #          linear 5; KVP (collect, train both losses, bench, trace, replay) 12; the Config-L analog on GSM8K 19;
 #          the concurrency grid's GSM8K searches 79 (full 18, arbor 27, no sharing 33); packing 12; the Table 1
-#          analogs on GSM8K 54 and on Game of 24 73 (JOBS=2, alone on the machine). Not yet at that code, by
-#          their earlier runs: the concurrency grid's Game of 24 searches (~2.6 h on one core) and the Config-L
-#          analog on Game of 24 (~2.5 h with JOBS=2, beside other runs). In all ~7 h of wall clock, well over
-#          the 2 h target, so it runs over several sittings: every long step resumes (arbor-solve's run dirs,
-#          bench_concurrency's partial rows)
+#          analogs on GSM8K 54 and on Game of 24 73, the Config-L analog on Game of 24 73 (JOBS=2 each). Not
+#          yet at that code, by its earlier run: the concurrency grid's Game of 24 searches (~2.6 h on one
+#          core). In all ~9.6 h of step time, well over the 2 h target, so it runs over several sittings:
+#          every long step resumes (arbor-solve's run dirs, bench_concurrency's partial rows)
 set -euo pipefail
 SIZE=${1:-quick}
 DATA=${2:-../shared/data}
@@ -235,7 +234,7 @@ OMP_WAIT_POLICY=PASSIVE python scripts/bench_memory.py ${wd[*]} --out $OUT/wide/
     bash scripts/bench_e2e.sh game24 "$OUT/e2e" "$DATA" experiment=table1_game24
   # fixed-memory scaling on Game of 24 (the Config-L analog: rows 900-929, full and arbor at full-b5's peak,
   # breadth 5/10/20 with 5 thoughts per state, breadth 5 with 10: three groups dealt to the two sweeps by
-  # policy and group; the longest step: ~2.5 h with JOBS=2 (reference 22 min, sweeps ~2 h), measured 2026-12-03)
+  # policy and group: 73 min with JOBS=2 (reference ~10 min, sweeps ~63 min), measured 2026-12-04)
   step e2e-configl-game24 "$OUT/e2e/configl-game24" -- env JOBS=2 POLICIES=full,arbor RATIOS=1.0 BIN="$BIN" \
     SWEEP="controller.breadth=20 controller.n_generate=5;controller.breadth=5,10 controller.n_generate=5;controller.breadth=5 controller.n_generate=10" \
     TITLE="Fixed-memory scaling (Config-L analog, Game of 24): breadth and thoughts per state within full's breadth-5 peak" \
