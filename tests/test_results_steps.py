@@ -166,6 +166,40 @@ def test_only_naming_no_step_fails_before_any_step_runs(tmp_path):
                                    "the steps: wide kvp-collect kvp-train-listnet kvp-data sparse")  # fmt: skip
 
 
+def _grid_part(out: Path, step: str) -> None:
+    """A finished step of the GSM8K concurrency grid: its JSONL and its record, done at this code."""
+    part = out / "concurrency" / step.removeprefix("concurrency-")
+    part.mkdir(parents=True)
+    row = {"policy": "policy=full", "concurrency": 1, "peak_device_tokens_sum": 400, "step": step}
+    (part / "concurrency.jsonl").write_text(json.dumps(row) + "\n")
+    for args in (["begin", str(out), step], ["end", str(out), step, "1"]):
+        subprocess.run([sys.executable, "-m", "benchmarks.results.steps", *args], cwd=REPO, check=True)
+
+
+def test_only_one_step_of_the_concurrency_grid_leaves_its_join_for_the_sitting_with_all_three(tmp_path):
+    """ONLY naming one step of a concurrency grid runs the grid's shared work (full's peaks size
+    arbor's budgets) but joins the three searches' JSONL only once all three exist."""
+    out = tmp_path / "out"
+    grid = "concurrency-gsm8k-0-7"
+    _grid_part(out, f"{grid}-full")
+
+    def sitting(only: str) -> subprocess.CompletedProcess:
+        env = {"OUT": str(out), "PATH": "/usr/bin:/bin", "ONLY": only}
+        return subprocess.run(["bash", "scripts/results_all.sh", "full", str(tmp_path), sys.executable],
+                              cwd=REPO, env=env, capture_output=True, text=True)  # fmt: skip
+
+    first = sitting(f"{grid}-full")
+    assert first.returncode == 0, first.stderr
+    assert "not joined yet, waiting for" in first.stdout and "gsm8k-0-7-arbor/concurrency.jsonl" in first.stdout
+    assert not (out / "concurrency-final").exists()
+    _grid_part(out, f"{grid}-arbor")
+    _grid_part(out, f"{grid}-noshare")
+    second = sitting(grid)
+    assert second.returncode == 0, second.stderr
+    joined = (out / "concurrency-final" / "gsm8k-0-7" / "concurrency.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in joined] == [f"{grid}-{s}" for s in ("full", "arbor", "noshare")]
+
+
 def test_results_all_lists_its_full_steps_without_running_or_writing_anything(tmp_path):
     env = {"OUT": str(tmp_path / "out"), "PATH": "/usr/bin:/bin", "LIST_STEPS": "1", "RESTART": "1"}
     done = subprocess.run(["bash", "scripts/results_all.sh", "full", str(tmp_path), sys.executable], cwd=REPO,
