@@ -78,6 +78,38 @@ def test_readme_results_prose_holds_for_the_data():
         assert overlap((r["solved_n"], r["problems"]), (full["solved_n"], n)), r
 
 
+def test_concurrency_prose_holds_for_the_data():
+    """docs/notes/concurrency.md's sentences (claims, the figures come from the data) still hold for
+    docs/data/concurrency: when a rerun changes what the table shows, this names the sentence to rewrite."""
+    from benchmarks.results.sections import with_concurrency_ratios
+
+    data = with_concurrency_ratios(load_section("concurrency"))
+    rows, spread = data["tables"]["main"]["rows"], data["facts"]["c1_spread_x"]
+    by = {(r["search"], r["policy"]): r for r in data["tables"]["by_setting"]["rows"]}
+
+    def at(search: str, policy: str, level: int) -> dict:
+        return next(r for r in rows if (r["search"], r["policy"], r["concurrency"]) == (search, policy, level))
+
+    g, q, full, off = "game24-900-915", "gsm8k-0-7", "policy=full", " share_prefixes=false"
+    tenth = "policy=arbor policy.budget_tokens=1466"
+    assert all(r["same"] in ("yes", "-") for r in by.values()), "every setting gives concurrency 1's results"
+    assert data["facts"]["slowest_x"] >= 1 / spread - 0.01, "does not lose by more than one run moves"
+    assert by[(g, tenth)]["x2"] > by[(g, tenth + off)]["x2"], "sharing leaves room for more of them"
+    assert at(g, tenth, 2)["turn_wait_s"] < at(g, tenth + off, 2)["turn_wait_s"]
+    assert by[(q, full)]["x8"] > max(spread, by[(g, full)]["x4"]), "GSM8K's sampled lines batch well"
+    for search in (g, q):  # "prefix sharing saves prefill and memory once searches run together"
+        assert at(search, full, 8)["prefill_saved"] > 0
+        assert at(search, full, 8)["peak_kv_mb"] < at(search, full + off, 8)["peak_kv_mb"]
+        assert at(search, full, 1)["prefill_saved"] == 0  # "a search alone gains nothing from it"
+        # "the runtime at concurrency 1" against naive ToT
+        assert at(search, full, 1)["problems_hour"] > at(search, "naive ToT", 1)["problems_hour"]
+    on_1, off_1 = by[(g, full)]["rate_1"], by[(g, full + off)]["rate_1"]
+    assert max(on_1, off_1) / min(on_1, off_1) <= spread, "alone, sharing is a tie"
+    budgetless = by[(g, "policy=arbor policy.budget_tokens=14660")]
+    assert at(g, budgetless["policy"], 1)["rehydrations"] == 0, "arbor's budget never binds there"
+    assert by[(g, full)]["rate_1"] / budgetless["rate_1"] > 1.1, "arbor costs time where its budget never binds"
+
+
 def test_accuracy_cells_show_their_wilson_interval():
     text = (REPO / "docs" / "results.md").read_text()
     acc = text.split("## Accuracy", 1)[1].split("\n## ", 1)[0]

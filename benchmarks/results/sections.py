@@ -86,9 +86,28 @@ def with_concurrency_ratios(data: dict) -> dict:
         r for r in data["tables"]["by_setting"]["rows"] if isinstance(r["slowest"], (int, float)) and r["slowest"] < 1
     ]
     facts["below_one"] = "; ".join(f"`{r['policy']}` on {r['search']} ({r['slowest']}x)" for r in below) or "none"
+    facts["c1_spread_x"], facts["c1_spread"] = _c1_spread(rows)
     for search, peak in peaks.items():  # e.g. facts.summed_peaks_game24_900_915
         facts["summed_peaks_" + re.sub(r"\W", "_", search)] = peak
     return data
+
+
+def _c1_spread(rows: list[dict]) -> tuple[float | str, str]:
+    """How far one run moves: the largest ratio between the concurrency-1 seconds of one policy with
+    prefix sharing on and off where neither attached a prompt token (one search alone: the same work),
+    and that pair in words; ``("-", "-")`` without such a pair."""
+    c1 = {(r["search"], r["policy"]): r for r in rows if r["concurrency"] == 1}
+    pairs = []
+    for (search, policy), on in c1.items():
+        off = c1.get((search, f"{policy} share_prefixes=false"))
+        if off is None or on.get("prefill_saved") or off.get("prefill_saved"):
+            continue
+        slow, fast = max(on["seconds"], off["seconds"]), min(on["seconds"], off["seconds"])
+        pairs.append((slow / fast, search, policy, on["seconds"], off["seconds"]))
+    if not pairs:
+        return "-", "-"
+    x, search, policy, on_s, off_s = max(pairs)
+    return round(x, 2), f"{x:.2f}x (`{policy}` on {search}: {on_s} s with sharing, {off_s} s without)"
 
 
 def _by_setting(rows: list[dict]) -> dict:
