@@ -93,7 +93,12 @@ def test_concurrency_prose_holds_for_the_data():
     g, q, full, off = "game24-900-915", "gsm8k-0-7", "policy=full", " share_prefixes=false"
     tenth = "policy=arbor policy.budget_tokens=1466"
     assert all(r["same"] in ("yes", "-") for r in by.values()), "every setting gives concurrency 1's results"
-    assert data["facts"]["slowest_x"] >= 1 / spread - 0.01, "does not lose by more than one run moves"
+    assert data["facts"]["slowest_x"] >= 0.95, "loses at most a few percent to one search at a time"
+    least = "policy=arbor policy.budget_tokens=445"  # "at a tenth of GSM8K's summed peaks ... nothing to batch"
+    assert by[(q, least)]["budget_x"] == "0.10x" and at(q, least, 1)["oom"] > 0 and at(q, least, 1)["rehydrations"] > 0
+    for policy in (least, least + off):
+        assert at(q, policy, 8)["turn_wait_s"] > 0 and 0.9 <= by[(q, policy)]["x8"] <= 1.1
+        assert {r["oom"] for r in rows if (r["search"], r["policy"]) == (q, policy)} == {at(q, least, 1)["oom"]}
     assert by[(g, tenth)]["x2"] > by[(g, tenth + off)]["x2"], "sharing leaves room for more of them"
     assert at(g, tenth, 2)["turn_wait_s"] < at(g, tenth + off, 2)["turn_wait_s"]
     assert by[(q, full)]["x8"] > max(spread, by[(g, full)]["x4"]), "GSM8K's sampled lines batch well"
