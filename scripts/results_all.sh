@@ -24,11 +24,13 @@
 #          memory over steps 3 min; controllers 6; traces, replay and speed vs naive 10; the two
 #          smallest-exact-budget searches 7; sparse decode 5 + float16-vs-int8 index 4; wide 11; rehydrate 16;
 #          linear 5; KVP (collect, train both losses, bench, trace, replay) 12; the Config-L analog on GSM8K 19;
-#          the concurrency grid's GSM8K searches 79 (full 18, arbor 27, no sharing 33); packing 12; the Table 1
-#          analogs on GSM8K 54 and on Game of 24 73, the Config-L analog on Game of 24 73 (JOBS=2 each). Not
-#          yet at that code, by its earlier run: the concurrency grid's Game of 24 searches (~2.6 h on one
-#          core). In all ~9.6 h of step time, well over the 2 h target, so it runs over several sittings:
-#          every long step resumes (arbor-solve's run dirs, bench_concurrency's partial rows)
+#          the concurrency grid's GSM8K searches 58 (full 12, then arbor 22 and no sharing 24 side by side)
+#          and its Game of 24 searches 144 (full 52, then arbor 45 and no sharing 48 side by side); packing 12;
+#          the Table 1 analogs on GSM8K 54 and on Game of 24 73, the Config-L analog on Game of 24 73 (JOBS=2
+#          each). In all 9.1 h of step time, 7.1 h of wall clock (docs/data/make-results-full), well over the
+#          2 h target, so it runs over several sittings: every long step resumes (arbor-solve's run dirs,
+#          bench_concurrency's partial rows). The concurrency grid measures time: run it with nothing but
+#          its sibling lane on the machine (GSM8K's grid beside two other steps timed the same work 1.5x apart)
 set -euo pipefail
 SIZE=${1:-quick}
 DATA=${2:-../shared/data}
@@ -52,7 +54,8 @@ step accuracy "$OUT/accuracy" -- env MODES="$ACC_MODES" POLICIES="arbor h2o stre
   DATA_ROOT="$SECTIONS" \
   bash scripts/bench_accuracy.sh "$OUT/accuracy" "$DATA" 900 "$ACC_END"
 
-# concurrency (issue 23's grid; SIZE=full only: ~3.3 h on one core of this machine, measured 2026-12-02):
+# concurrency (issue 23's grid; SIZE=full only: 3.4 h of step time, 2.2 h of wall clock with each grid's
+# arbor and no-sharing searches side by side, measured 2026-12-04):
 # full with sharing on and off plus naive ToT, then arbor at 1, 0.5, 0.25 and 0.1x full's summed
 # concurrency-1 peaks, sharing on and off, at concurrency 1/2/4/8; Game of 24 rows 900-915 (5-shot ToT,
 # legal proposals) and GSM8K rows 0-7 (few-shot, best-first 8 expansions). SIZE=quick keeps the committed data.
