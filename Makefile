@@ -56,8 +56,9 @@ gpu-rehearsal:
 
 # Results (issue 27). `make results-page`: docs/results.md and README's headline table from docs/data
 # alone (no model, no .venv: a bare python3 does it in about a second). `make results`: rerun the
-# benchmarks that write docs/data/<section>/results.json (scripts/results_all.sh; SIZE=quick about
-# 20 min on 2 cores, SIZE=full longer: its header gives the estimates), then the page. Every data file
+# benchmarks that write docs/data/<section>/results.json (scripts/results_all.sh; on 2 cores SIZE=quick
+# takes minutes, SIZE=full hours over several sittings: docs/data/make-results-SIZE has the measured
+# times, the script's header each step's), then the page. Every data file
 # records the command, commit, date and machine it was measured with. Interrupted, `make results`
 # resumes (the steps done at the same runtime code are kept; RESTART=1 starts over); ONLY=NAME,...
 # runs just those steps this sitting (`LIST_STEPS=1 bash scripts/results_all.sh full` lists them).
