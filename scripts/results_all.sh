@@ -78,11 +78,11 @@ print(next(r['peak_device_tokens_sum'] for r in rows if r['policy'] == 'policy=f
   step "concurrency-$name-noshare" "$dir-noshare" -- "${bench[@]}" --policies "$(IFS=';'; echo "${off[*]}")" --out "$dir-noshare" "$@"
   group_runs "concurrency-$name" || return 0
   # the join waits for all three (ONLY may name one step of the grid; its siblings run in another sitting)
-  local part missing=()
-  for part in "$dir"-{full,arbor,noshare}/concurrency.jsonl; do [ -f "$part" ] || missing+=("$part"); done
+  local parts=("$dir"-{full,arbor,noshare}/concurrency.jsonl) part missing=()
+  for part in "${parts[@]}"; do [ -f "$part" ] || missing+=("$part"); done
   if [ ${#missing[@]} -gt 0 ]; then echo "== concurrency-$name: not joined yet, waiting for ${missing[*]}"; return 0; fi
   mkdir -p "$OUT/concurrency-final/$name"
-  cat "$dir"-{full,arbor,noshare}/concurrency.jsonl > "$OUT/concurrency-final/$name/concurrency.jsonl"
+  cat "${parts[@]}" > "$OUT/concurrency-final/$name/concurrency.jsonl"
 }
 if [ "$SIZE" = full ]; then
   concurrency_grid game24-900-915 model=smollm2 task=game24 task.start=900 task.end=916 controller=bfs \

@@ -172,8 +172,8 @@ def _grid_part(out: Path, step: str) -> None:
     part.mkdir(parents=True)
     row = {"policy": "policy=full", "concurrency": 1, "peak_device_tokens_sum": 400, "step": step}
     (part / "concurrency.jsonl").write_text(json.dumps(row) + "\n")
-    for args in (["begin", str(out), step], ["end", str(out), step, "1"]):
-        subprocess.run([sys.executable, "-m", "benchmarks.results.steps", *args], cwd=REPO, check=True)
+    steps.begin(out, step, [], steps.runtime_code())
+    steps.end(out, step, 1.0)
 
 
 def test_only_one_step_of_the_concurrency_grid_leaves_its_join_for_the_sitting_with_all_three(tmp_path):
