@@ -121,8 +121,9 @@ def auto_budget(task: Task, problems: list[Problem], loaded, concurrency: int = 
 def check_budget(factory: PolicyFactory, task: Task, problems: list[Problem], tokenizer) -> dict[int, str]:
     """Budgets smaller than the least a problem's active path needs: its prompt plus one thought of
     ``max_thought_tokens`` in flight. (Deeper paths need more; running out then is an OOM.) Policies
-    that may shrink the active path (h2o, streaming, thinkv) prefill a longer prompt in chunks, so
-    they need room for one thought and one prompt token only.
+    that may shrink the active path (h2o, streaming, thinkv) or that degrade below their floor
+    (arbor) prefill a longer prompt in chunks, so they need room for one thought and one prompt
+    token only.
 
     An absolute ``budget_tokens`` that is too small for any problem fails up front (BudgetError).
     Budgets derived per problem from ``budget_ratio`` are results, not input errors: the problems
@@ -134,10 +135,11 @@ def check_budget(factory: PolicyFactory, task: Task, problems: list[Problem], to
         budget = policy.kv_budget_tokens  # less a sparse index's reserve (lychee, quest)
         if budget is None:
             continue
-        prompt = 1 if policy.shrinks_active_path else len(tokenizer(task.prompt(problem))["input_ids"])
+        chunked = policy.shrinks_active_path or policy.capabilities.degrades
+        prompt = 1 if chunked else len(tokenizer(task.prompt(problem))["input_ids"])
         need = prompt + task.max_thought_tokens
         if budget < need:
-            what = "one prompt token (it is prefilled in chunks)" if policy.shrinks_active_path else f"prompt {prompt}"
+            what = "one prompt token (it is prefilled in chunks)" if chunked else f"prompt {prompt}"
             reserve = policy.budget_tokens - budget
             kv = f" ({budget} for KV after the index reserve)" if reserve else ""
             infeasible[problem.index] = (
@@ -148,6 +150,31 @@ def check_budget(factory: PolicyFactory, task: Task, problems: list[Problem], to
     if infeasible and factory.ratio is None:
         raise BudgetError(next(iter(infeasible.values())))
     return infeasible
+
+
+def below_floor_note(factory: PolicyFactory, task: Task, problems: list[Problem], tokenizer) -> str | None:
+    """One line for the run's start when a policy that degrades (arbor) has a budget below its
+    exact floor on some problem: the prompt plus one thought (deeper paths raise the floor further).
+    Below it the run goes on, lossy; the line says so and why. None when every budget is above it."""
+    below = []
+    for problem in problems:
+        policy = factory.build(problem.index)
+        budget = policy.kv_budget_tokens
+        if budget is None or not policy.capabilities.degrades:
+            continue
+        floor = len(tokenizer(task.prompt(problem))["input_ids"]) + task.max_thought_tokens
+        if budget < floor:
+            below.append((problem.index, budget, floor))
+    if not below:
+        return None
+    index, budget, floor = below[0]
+    return (
+        f"policy.budget_tokens={budget} is below arbor's exact floor on {len(below)} of {len(problems)} problems "
+        f"(problem {index}: prompt {floor - task.max_thought_tokens} + one thought of {task.max_thought_tokens} "
+        f"= {floor}, plus the deepest path): there arbor is lossy, it keeps the sinks, the question and the "
+        "frontier on the device and token-extracts the few-shot examples and older blocks by value, "
+        "evicted spans wait on the host tier and come back as room allows; exact from the floor up"
+    )
 
 
 def _with_reserve(need: int, share: float) -> int:

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from arbor_cli.budget import check_budget
+from arbor_cli.budget import below_floor_note, check_budget
 from arbor_cli.build import USER_ERRORS, Setup, load, prepare
 from arbor_cli.report import results_table
 from arbor_cli.residency import RESIDENCY_FILE
@@ -40,6 +40,9 @@ def run(cfg: DictConfig, console: Console | None = None) -> int:
         if setup.policies.chosen is not None:  # policy.budget_tokens=auto: the budget and how it was chosen
             console.print(setup.policies.chosen.note, soft_wrap=True)
         infeasible = check_budget(setup.policies, setup.task, setup.problems, setup.loaded.tokenizer)
+        lossy = below_floor_note(setup.policies, setup.task, setup.problems, setup.loaded.tokenizer)
+        if lossy is not None:
+            console.print(lossy, soft_wrap=True)
     except USER_ERRORS as exc:
         lock.release()
         return _error(exc)

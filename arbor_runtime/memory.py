@@ -10,7 +10,10 @@ manager executes:
   (evictions), the host spans to restore, the dropped blocks to list for recompute; returns the
   admission (how many rows, what to recompute) for the runtime to execute.
 - ``make_room(need, ahead)``: room for ``need`` more slots (a growing row), or False when even
-  the policy's plan cannot make it (the scheduler then preempts or stops).
+  the policy's plan cannot make it (the scheduler then preempts, goes below the floor, or stops).
+- ``below_floor(ends, need, ahead)``: room for a lone row whose path does not fit whole, under a
+  policy that degrades: the planner pins what must stay, the policy's plan keeps the rest of the
+  path by value (evicting to the host, bringing host tokens back) and empties the inactive blocks.
 
 It also derives the events (branch switch, node end, memory threshold) the policies react to, and
 logs them. The manager never calls back into the runtime.
@@ -18,9 +21,10 @@ logs them. The manager never calls back into the runtime.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -29,6 +33,8 @@ from arbor_runtime.kv import KVStore
 from arbor_runtime.planner import AdmitPlan, MemoryPlanner, path_ids
 from arbor_runtime.policies.base import BlockView, MemoryView, Policy, RetentionPlan
 from arbor_runtime.tree import Node
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -94,6 +100,9 @@ class MemoryManager:
         if plan.rows == 0:
             return Admission()
         self.active = plan.active
+        if plan.pinned is not None:  # below the floor: nothing is recomputed, the plan decides the path
+            self._fit_below_floor(plan.pinned, plan.need, ahead=0)
+            return Admission(plan.rows, [])
         self._ensure(plan.need, ahead=0)
         recompute = self._make_whole(ends) if plan.whole else []
         self.store.prefetch()  # the plan's restores start copying now, before the step's forward
@@ -108,6 +117,16 @@ class MemoryManager:
         """
         self.active = frozenset(i for i in path_ids(active) if i in self.store)
         return self._ensure(need, ahead)
+
+    def below_floor(self, ends: Sequence[Node], need: int, ahead: int = 0) -> bool:
+        """Room for ``need`` more slots for a lone row at ``ends`` whose path does not fit whole
+        (see :meth:`MemoryPlanner.pinned`); False when not even its pinned tokens fit."""
+        pinned = self.planner.pinned(ends, need)
+        if pinned is None:
+            return False
+        self.active = frozenset(i for i in path_ids(ends) if i in self.store)
+        self._fit_below_floor(pinned, need, ahead)
+        return self.planner.has_free(need)
 
     def restore_ranked(self, wants: Sequence[tuple[int, torch.Tensor]], reserve: int = 0) -> int:
         """Bring host spans of the active paths back in the order given, keeping ``reserve`` slots
@@ -183,14 +202,15 @@ class MemoryManager:
                 self._sampled.pop(tree, None)
 
     # ---- policy interaction --------------------------------------------------------------
-    def emit(self, event: Event, target: int) -> None:
-        """Deliver an event to the policy, carry out its plan, log the result."""
+    def emit(self, event: Event, target: int, pinned: dict[int, torch.Tensor] | None = None) -> None:
+        """Deliver an event to the policy, carry out its plan, log the result (``pinned``: below
+        the floor, what of the active path must stay; see :class:`MemoryView`)."""
         start = time.perf_counter()
-        plan = self.policy.on_event(event, self.view(target))
+        plan = self.policy.on_event(event, self.view(target, pinned))
         planned = time.perf_counter()
         self.seconds["plan"] += planned - start
-        if plan:
-            self.execute(plan)
+        if plan or pinned:
+            self.execute(plan or RetentionPlan(), pinned)
             self.seconds["evict"] += time.perf_counter() - planned
         logs = [self.events] if self.account is None else [self.events, self.account.events]
         for log in logs:
@@ -203,32 +223,79 @@ class MemoryManager:
                 len(plan or ()),
             )
 
-    def view(self, target: int) -> MemoryView:
+    def view(self, target: int, pinned: dict[int, torch.Tensor] | None = None) -> MemoryView:
         # shared prefix blocks (negative ids) first, top down: they hold the oldest tokens
         order = sorted(self.store.block_ids(), key=lambda i: (i >= 0, self.store.get(i).start_pos if i < 0 else i))
-        blocks = [BlockView(self.nodes[i], self.store.get(i), i in self.active) for i in order]
-        return MemoryView(blocks=blocks, active=self.active, budget=self.budget, target=target, read=self._read)
+        blocks = [self._block_view(i, pinned is not None) for i in order]
+        return MemoryView(
+            blocks=blocks, active=self.active, budget=self.budget, target=target, read=self._read, pinned=pinned
+        )
+
+    def _block_view(self, block_id: int, hosted: bool) -> BlockView:
+        """A block as the policy sees it; with ``hosted``, its host tokens too (active blocks below the floor)."""
+        active = block_id in self.active
+        view = BlockView(self.nodes[block_id], self.store.get(block_id), active)
+        host = self.store.host.indices(block_id) if hosted and active else None
+        return view if host is None else replace(view, hosted=host.cpu())
 
     def _read(self, block_id: int, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the K/V of a block's device ``tokens`` (N,): (L, H_kv, N, D) each."""
         return self.store.pool.read(self.store.get(block_id).slots_of(tokens))
 
-    def execute(self, plan: RetentionPlan) -> None:
+    def execute(self, plan: RetentionPlan, pinned: dict[int, torch.Tensor] | None = None) -> None:
         """Apply a plan's evictions (never growing a block: restores are the manager's own decision);
-        active blocks are never shrunk under a policy that keeps them whole. Host spans the plan
-        drops go first, and those blocks' evicted tokens are dropped too: the host tier never holds
-        more than its capacity, even for a moment."""
+        active blocks are never shrunk under a policy that keeps them whole, unless below the floor
+        (``pinned`` given): there the plan's ``keep`` of an active block, with its pinned tokens, is
+        its residency, and its host tokens in it come back once every eviction is done. Host spans
+        the plan drops go first, and those blocks' evicted tokens are dropped too: the host tier
+        never holds more than its capacity, even for a moment."""
         drop_host = [i for i in plan.drop_host if i not in self.active]
         for block_id in drop_host:
             self.store.drop_host(block_id)
+        path: dict[int, torch.Tensor] = {}
         for block_id, keep in plan.keep.items():
+            keep = keep.cpu()
             if self.policy.keep_active_whole and block_id in self.active:
-                continue
+                if pinned is None:
+                    continue
+                keep = path[block_id] = _union(keep, pinned.get(block_id))
             kept = self.store.get(block_id).kept
             offload = self.policy.offload and block_id not in drop_host
-            self.store.apply(block_id, kept[torch.isin(kept, keep.cpu())], offload=offload)
+            self.store.apply(block_id, kept[torch.isin(kept, keep)], offload=offload)
+        for block_id, idx in (pinned or {}).items():
+            if block_id not in path and block_id in self.store:
+                path[block_id] = _union(self.store.get(block_id).kept.cpu(), idx)
+        if path:
+            self._bring_back(path, pinned)
+
+    def _bring_back(self, path: dict[int, torch.Tensor], pinned: dict[int, torch.Tensor]) -> None:
+        """Restore the host tokens of ``path`` (block id -> its residency below the floor), pinned
+        blocks first, into free slots; a block whose extra tokens do not fit gets its pinned ones only."""
+        start = time.perf_counter()
+        for block_id in sorted(path, key=lambda b: b not in pinned):
+            blk = self.store.get(block_id)
+            host = self.store.host.indices(block_id)
+            if host is None:
+                continue
+            keep = path[block_id]
+            if not self.planner.has_free(int(torch.isin(host.cpu(), keep).sum())):
+                log.warning("below the floor: block %d's ranked tokens do not fit, its pinned ones come back", block_id)
+                keep = _union(blk.kept.cpu(), pinned.get(block_id))
+            self.store.apply(block_id, _union(blk.kept.cpu(), keep), offload=self.policy.offload)
+        self.seconds["restore"] += time.perf_counter() - start
 
     # ---- internals -----------------------------------------------------------------------
+    def _fit_below_floor(self, pinned: dict[int, torch.Tensor], need: int, ahead: int) -> None:
+        """One MemoryThreshold below the floor: the policy's plan keeps the pinned tokens and, by value,
+        as much more of the active path as leaves ``need`` (+ ``ahead``) slots; the inactive blocks go
+        first. Its restores start copying before the next forward."""
+        if self.parked and self.policy.offload:
+            self._park()
+        target = self.planner.room_target(need, ahead)
+        resident = self.store.resident_tokens
+        self.emit(MemoryThreshold(resident, self.budget, max(resident - target, 0)), target, pinned)
+        self.store.prefetch()
+
     def _ensure(self, need: int, ahead: int) -> bool:
         """Ask the policy for room (one MemoryThreshold plan) when ``need`` slots are not free."""
         if self.planner.has_free(need):
@@ -283,6 +350,11 @@ class MemoryManager:
             switched = tuple(t.id for t in mine if not any(n.id in leaves for n in t.path()))
             if switched:
                 self.emit(BranchSwitch(max(leaves), switched), self._threshold_target())
+
+
+def _union(a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """Sorted union of two index sets (``b`` None: ``a`` sorted)."""
+    return torch.unique(a if b is None else torch.cat([a, b.cpu()]))
 
 
 def _ordered_path_nodes(ends: Sequence[Node], active: frozenset[int]) -> list[Node]:

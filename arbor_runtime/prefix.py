@@ -225,6 +225,7 @@ class SharedRootJob:
     ids: list[int]
     text: str
     seed: int
+    examples: tuple[int, int] | None = None  # the prompt's few-shot span (``Node.examples``)
     root: Node | None = None
     job: Callable[[], Node] | None = None
     resident: int = 0
@@ -260,9 +261,10 @@ class SharedRootJob:
         rt, prefiller = self.rt, self.rt.prefiller
         parent, shared = rt.prefixes.attach(self.ids)
         if parent is None:
-            self.job = prefiller.job(None, self.ids, self.text, PROMPT, seed=self.seed)
+            self.job = prefiller.job(None, self.ids, self.text, PROMPT, seed=self.seed, examples=self.examples)
             return
         root = prefiller.new_node(None, self.ids, self.text, PROMPT, 0)
+        root.examples = self.examples
         rt.table.tree_seeds[root.id] = self.seed
         twin = rt.prefixes.twin(root, parent, shared)
         rt.memory.begin([], rt.accounts.work.account)

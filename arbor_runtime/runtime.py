@@ -162,15 +162,24 @@ class Runtime:
     def logits_hook(self, hook: Callable[[Node, torch.Tensor], None] | None) -> None:
         self.prefiller.logits_hook = hook
 
-    def new_tree(self, prompt: str, seed: int | None = None) -> Node:
+    def new_tree(self, prompt: str, seed: int | None = None, examples: tuple[int, int] | None = None) -> Node:
         """Start a tree whose root block is ``prompt`` (prefilled once).
 
         ``seed`` seeds the tree's sampling streams (default: the runtime's seed); calls with an
-        explicit ``SamplingParams.seed`` use that instead.
+        explicit ``SamplingParams.seed`` use that instead. ``examples``: the character span
+        [start, end) of ``prompt`` that holds few-shot examples (a task's ``examples_span``): below a
+        tree-aware policy's floor they are token-extracted first, the rest of the prompt stays.
         """
-        return self.new_tree_ids(self.tokenizer(prompt, add_special_tokens=True)["input_ids"], prompt, seed)
+        ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        return self.new_tree_ids(ids, prompt, seed, validation.examples_tokens(self.tokenizer, prompt, ids, examples))
 
-    def new_tree_ids(self, ids: Sequence[int], text: str | None = None, seed: int | None = None) -> Node:
+    def new_tree_ids(
+        self,
+        ids: Sequence[int],
+        text: str | None = None,
+        seed: int | None = None,
+        examples: tuple[int, int] | None = None,
+    ) -> Node:
         """Start a tree whose root block is exactly these token ids (trace replay uses this).
 
         With ``share_prefixes`` the prompt attaches below the longest prefix of it that a live tree
@@ -178,13 +187,16 @@ class Runtime:
         own block holds only that rest; the node itself still has the whole prompt and no parent.
 
         A prompt larger than the budget is prefilled in chunks under policies that may evict from
-        the active path; under the others (``full``, ``arbor``) it is refused up front.
+        the active path or that degrade below their floor (``arbor``); under ``full`` it is refused
+        up front. ``examples``: the token span [start, end) of few-shot examples (``Node.examples``).
         """
         ids = self._token_ids(ids, "new_tree_ids")
         if not ids:
             raise ValueError("prompt is empty: a root block needs at least one token")
+        examples = validation.token_span(examples, len(ids), "examples")
         budget = self.budget_tokens
-        if budget is not None and len(ids) > budget and not self.policy.shrinks_active_path:
+        caps = self.policy.capabilities
+        if budget is not None and len(ids) > budget and not (caps.shrinks_active_path or caps.degrades):
             raise BudgetError(
                 f"budget_tokens={budget} is smaller than the root prompt ({len(ids)} tokens): "
                 "the active path could never fit; raise the budget"
@@ -192,11 +204,12 @@ class Runtime:
         text = self.tokenizer.decode(ids) if text is None else text
         seed = self.seed if seed is None else int(seed)
         if self.share_prefixes:
-            job = SharedRootJob(self, ids, text, seed)
+            job = SharedRootJob(self, ids, text, seed, examples=examples)
         else:
-            job = self.prefiller.job(None, ids, text, PROMPT, seed=seed)
+            job = self.prefiller.job(None, ids, text, PROMPT, seed=seed, examples=examples)
         node = self.engine.submit(Work("new_tree", self.accounts.current(), run=job))
-        self.log_op({"op": "new_tree", "node": node.id, "ids": list(ids)})
+        op = {"op": "new_tree", "node": node.id, "ids": list(ids)}
+        self.log_op(op if examples is None else op | {"examples": list(examples)})
         return node
 
     def expand(self, node: Node, n: int = 1, sampling: SamplingParams | None = None) -> list[Node]:

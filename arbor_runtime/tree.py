@@ -44,6 +44,10 @@ class Node:
             runtime's internal twin of this root (same id): its block holds only the prompt's
             suffix and its parent chain the shared prefix blocks (see ``arbor_runtime.prefix``);
             None otherwise. The public view (``parent``, ``path()``, ``token_ids``) is unchanged.
+        examples: for a root, the token span [start, end) of its prompt that holds few-shot
+            examples (``Runtime.new_tree(examples=...)``); below a tree-aware policy's floor those
+            tokens are token-extracted by value while the rest of the prompt (instruction, question)
+            stays on the device as long as room allows. None: not marked (only the sinks are kept).
     """
 
     id: int
@@ -64,6 +68,7 @@ class Node:
     spawned: int = 0
     owner: object = field(default=None, repr=False)
     kv: Node | None = field(default=None, repr=False)
+    examples: tuple[int, int] | None = field(default=None, repr=False)
 
     @property
     def depth(self) -> int:

@@ -46,6 +46,40 @@ def token_ids(ids: Sequence[int], where: str, vocab_size: int) -> list[int]:
     return out
 
 
+def token_span(span: Sequence[int] | None, length: int, where: str) -> tuple[int, int] | None:
+    """``span`` as a (start, end) pair with ``0 <= start <= end <= length``, or None; ValueError naming it."""
+    if span is None:
+        return None
+    try:
+        start, end = (operator.index(v) for v in span)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}={span!r} must be a (start, end) pair of integers, or None") from None
+    if not 0 <= start <= end <= length:
+        raise ValueError(f"{where}={span!r} must satisfy 0 <= start <= end <= {length}")
+    return start, end
+
+
+def examples_tokens(tokenizer, prompt: str, ids: Sequence[int], span: Sequence[int] | None) -> tuple[int, int] | None:
+    """The token span of ``prompt``'s few-shot examples given as a character ``span`` [start, end).
+
+    Each end is where the tokens of ``prompt[:offset]`` stop agreeing with the prompt's own ``ids``
+    (a token that straddles the offset counts as outside the examples: it stays). None: None.
+    """
+    start, end = token_span(span, len(prompt), "examples") or (None, None)
+    if start is None:
+        return None
+
+    def agree(offset: int) -> int:
+        head = tokenizer(prompt[:offset], add_special_tokens=True)["input_ids"]
+        n = 0
+        while n < min(len(head), len(ids)) and head[n] == ids[n]:
+            n += 1
+        return n
+
+    first = agree(start)
+    return first, max(first, agree(end) - 1)
+
+
 def check_requests(requests: Sequence[tuple[Node, int]], check_live: Callable[[Node], None]) -> None:
     """``expand_many``'s requests: at least one, each a (live node, positive int) pair."""
     if not requests:

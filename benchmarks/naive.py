@@ -34,7 +34,8 @@ class NaiveRuntime:
         self.seed = seed
         self._next_id = 0
 
-    def new_tree(self, prompt: str, seed: int | None = None) -> Node:
+    def new_tree(self, prompt: str, seed: int | None = None, examples: tuple[int, int] | None = None) -> Node:
+        """A root of ``prompt`` (``examples`` is accepted and unused: naive ToT keeps no KV to manage)."""
         ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
         if seed is not None:
             torch.manual_seed(seed)

@@ -192,7 +192,7 @@ class Controller(ABC):
         start = time.perf_counter()
         self._reset_search()
         self.problem = problem
-        root = self.rt.new_tree(self.task.prompt(problem), seed=seed)
+        root = self.rt.new_tree(self.task.prompt(problem), seed=seed, examples=self.task.examples_span(problem))
         self.root = root
         root.meta["state"] = self.task.initial_state(problem)
         self._first_visit(root.meta["state"])

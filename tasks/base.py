@@ -94,6 +94,11 @@ class ValuePrompt(ABC):
     def query(self, problem: Problem, state: Any) -> ValueQuery:
         """The query of the state after a thought."""
 
+    def examples_span(self) -> tuple[int, int] | None:
+        """The character span [start, end) of ``prefix`` that holds its examples (token-extracted
+        first below a tree-aware policy's floor; the header stays); None: not marked."""
+        return None
+
     def finished_score(self, problem: Problem, result: StepResult) -> float | None:
         """The score of a finished path when the task knows it without the model, else None.
 
@@ -126,6 +131,15 @@ class Task(ABC):
     @abstractmethod
     def prompt(self, problem: Problem) -> str:
         """Root block text: few-shot prefix plus the problem."""
+
+    def examples_span(self, problem: Problem) -> tuple[int, int] | None:
+        """The character span [start, end) of ``prompt(problem)`` that holds few-shot examples.
+
+        Below a tree-aware policy's floor (``policy=arbor`` with a budget smaller than the prompt
+        plus the deepest path) those tokens are token-extracted by value first, while the rest of
+        the prompt (instruction, question) stays on the device. None (the default): not marked.
+        """
+        return None
 
     @abstractmethod
     def initial_state(self, problem: Problem) -> Any:

@@ -153,6 +153,10 @@ class Game24ValuePrompt(ValuePrompt):
 
     prefix = VALUE_HEADER + "".join(f"{value_query(n)} {v}\n" for n, v in VALUE_EXAMPLES)
 
+    def examples_span(self) -> tuple[int, int]:
+        """The verdict examples after the header line."""
+        return len(VALUE_HEADER), len(self.prefix)
+
     def query(self, problem: Problem, state: Game24State) -> ValueQuery:
         """Keyed by the numbers left, so states reached in different orders share one evaluation."""
         numbers = " ".join(format_number(v) for v in state.values)
@@ -220,6 +224,13 @@ class Game24Task(Task):
         numbers = " ".join(map(str, parse_puzzle(problem.question)))
         blocks = [INSTRUCTION + "\n", *FEW_SHOT_EXAMPLES[: self.n_shots], f"Input: {numbers}\nSteps:\n"]
         return "\n".join(blocks)
+
+    def examples_span(self, problem: Problem) -> tuple[int, int] | None:
+        """The ``n_shots`` worked examples, between the instruction and "Input: ..." (None without shots)."""
+        if not self.n_shots:
+            return None
+        start = len(INSTRUCTION + "\n") + 1
+        return start, start + len("\n".join(FEW_SHOT_EXAMPLES[: self.n_shots])) + 1
 
     def initial_state(self, problem: Problem) -> Game24State:
         """The four inputs, each its own expression."""

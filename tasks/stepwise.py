@@ -113,6 +113,10 @@ class StepwiseValuePrompt(ValuePrompt):
 
     prefix = VALUE_HEADER + "".join(f"{value_query(q, s)} {v}\n\n" for q, s, v in VALUE_EXAMPLES)
 
+    def examples_span(self) -> tuple[int, int]:
+        """The verdict examples after the header line."""
+        return len(VALUE_HEADER), len(self.prefix)
+
     def query(self, problem: Problem, state: StepwiseState) -> ValueQuery:
         """The question and the path's steps."""
         return ValueQuery(("stepwise", problem.question, state.steps), value_query(problem.question, state.steps))
@@ -192,6 +196,14 @@ class StepwiseTask(Task):
         """Instruction, worked examples, then "Question: ...\\nSolution:\\n"; blocks split by a blank line."""
         shots = [format_example(e.question, e.steps) for e in self.examples]
         return "\n".join([self.instruction + "\n", *shots, format_example(problem.question)])
+
+    def examples_span(self, problem: Problem) -> tuple[int, int] | None:
+        """The worked examples, between the instruction and the question (None without examples)."""
+        if not self.examples:
+            return None
+        start = len(self.instruction + "\n") + 1
+        shots = [format_example(e.question, e.steps) for e in self.examples]
+        return start, start + len("\n".join(shots)) + 1
 
     def initial_state(self, problem: Problem) -> StepwiseState:
         """No steps, no answer."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arbor_runtime import BudgetError, KVBudgetExceeded, Runtime, SamplingParams
+from arbor_runtime import BudgetError, KVBudgetExceeded, Runtime, SamplingParams, build_policy
 from benchmarks.memprof import transient_peak_bytes
 
 PROMPT = "Input: 4 4 6 8\nSteps:\n"
@@ -141,12 +141,28 @@ def test_prompt_larger_than_the_budget_is_prefilled_in_chunks(tiny, policy):
         assert rt.store.get(root.id).kept[:4].tolist() == [0, 1, 2, 3]  # sinks survive every chunk
 
 
-def test_arbor_and_full_refuse_a_prompt_larger_than_the_budget(tiny):
-    for policy in ("arbor", "full"):
-        rt = Runtime(tiny, policy=policy, budget_tokens=20)
+def test_full_and_all_or_nothing_arbor_refuse_a_prompt_larger_than_the_budget(tiny):
+    for policy in (build_policy("full", budget_tokens=20), build_policy("arbor", budget_tokens=20, degrade=False)):
+        rt = Runtime(tiny, policy=policy)
         with pytest.raises(BudgetError, match="budget_tokens=20 is smaller than the root prompt"):
             rt.new_tree(LONG_PROMPT)
         assert rt.store.pool.used == 0
+
+
+def test_arbor_prefills_a_prompt_larger_than_the_budget_in_chunks_keeping_every_token_on_the_host(tiny):
+    """Below its floor arbor degrades: the prompt is prefilled in chunks like a tree-blind policy's,
+    but what leaves the device goes to the host tier (nothing dropped) and the sinks stay."""
+    budget = 48
+    rt = Runtime(tiny, policy="arbor", budget_tokens=budget)
+    root = rt.new_tree(LONG_PROMPT)
+    assert root.length > 2 * budget
+    m = rt.metrics
+    assert m.peak_device_tokens <= budget and m.dropped_tokens == 0 and m.evicted_tokens > 0
+    assert rt.store.resident_tokens + rt.store.host_tokens == root.length  # every token in some tier
+    assert m.prefill_tokens == root.length
+    assert {0, 1, 2, 3} <= set(rt.store.get(root.id).kept.tolist())  # the sinks are pinned
+    kids = rt.expand(root, 2, SamplingParams(max_new_tokens=6, temperature=1.0, seed=0))
+    assert all(k.length for k in kids) and rt.metrics.peak_device_tokens <= budget
 
 
 def test_fallback_kernel_generates_what_generate_does(tiny):

@@ -36,6 +36,7 @@ EXPECTED = {
     ("thinkv", ()): TREE_BLIND_ATTENTION,
     ("arbor", ()): ARBOR,
     ("kvp", ()): TREE_BLIND,
+    ("random", ()): TREE_BLIND,
     ("lychee", ()): KEEPS_ALL,
     ("quest", ()): KEEPS_ALL,
     ("lychee", (("memory", "h2o"),)): TREE_BLIND_ATTENTION,
@@ -60,6 +61,23 @@ def test_each_policy_answers_as_before_and_through_its_capabilities(name, args):
 def test_a_sparse_wrapper_forwards_its_memory_policys_fields_too():
     policy = build_policy("lychee", budget_tokens=4096, memory=SnapKVPolicy(window_size=8))
     assert policy.observation_window == 8 and policy.needs_attention and policy.shrinks_active_path
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "degrades"),
+    [
+        ("arbor", {}, True),
+        ("arbor", {"degrade": False}, False),
+        ("lychee", {"memory": "arbor"}, True),
+        ("lychee", {"memory": "arbor", "rehydrate": "ranked"}, False),  # it has no floor to go below
+        ("h2o", {}, False),
+        ("full", {}, False),
+    ],
+)
+def test_only_arbor_degrades_below_its_floor_and_pins_its_sinks(name, args, degrades):
+    caps = build_policy(name, budget_tokens=4096, **args).capabilities
+    assert caps.degrades is degrades
+    assert caps.sink_tokens == (4 if name in ("arbor", "lychee") else 0)
 
 
 def test_capabilities_are_frozen_and_derive_the_two_path_answers():

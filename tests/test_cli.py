@@ -271,10 +271,16 @@ def test_budget_ratio_reads_the_reference_run(data_dir, tmp_path):
 
 
 def test_budget_below_active_path_fails_up_front(data_dir, tmp_path, capsys):
-    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.end=901", "policy=arbor", "policy.budget_tokens=520"))
+    over = ("task.end=901", "policy=arbor", "policy.budget_tokens=520", "policy.degrade=false")
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, *over))
     assert run(cfg) == 2
     err = capsys.readouterr().err
     assert "policy.budget_tokens=520 is smaller than the active path of problem 900 needs" in err
+    assert not (tmp_path / "results.jsonl").exists()
+    # below one prompt token and one thought no policy could run, degrading arbor included
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.end=901", "policy=arbor", "policy.budget_tokens=20"))
+    assert run(cfg) == 2
+    assert "one prompt token (it is prefilled in chunks) + one thought" in capsys.readouterr().err
     assert not (tmp_path / "results.jsonl").exists()
     cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, "task.end=901", "policy.budget_ratio=0.5"))
     assert run(cfg) == 2
@@ -286,10 +292,27 @@ def test_ratio_budgets_too_small_for_a_problem_are_recorded_as_oom(data_dir, tmp
     ref = tmp_path / "full"
     assert run(compose_cfg(*tiny_overrides(data_dir, ref, *common)), console=Console(width=200)) == 0
     out = tmp_path / "ratio"
-    over = ["policy=arbor", "policy.budget_ratio=0.5", f"policy.budget_reference={ref}"]
+    over = ["policy=arbor", "policy.budget_ratio=0.5", f"policy.budget_reference={ref}", "policy.degrade=false"]
     assert run(compose_cfg(*tiny_overrides(data_dir, out, *common, *over)), console=Console(width=200)) == 0
     row = read_rows(out)[0]
     assert row["oom"] is True and "smaller than the active path of problem 901 needs" in row["error"]
+
+
+def test_arbor_below_its_floor_runs_lossy_and_says_so_first(data_dir, tmp_path):
+    """The budget a user's device has, set from the start, below arbor's floor (the prompt alone is
+    larger): the run's first line says arbor will be lossy and why; every problem runs, never over
+    the budget, nothing dropped from the host tier."""
+    console = Console(width=400, record=True)
+    over = ["policy=arbor", "policy.budget_tokens=300", "task.start=900", "task.end=902"]
+    over += ["controller.n_generate=2", "controller.breadth=2"]
+    assert run(compose_cfg(*tiny_overrides(data_dir, tmp_path, *over)), console=console) == 0
+    first = console.export_text().splitlines()[0]
+    assert first.startswith("policy.budget_tokens=300 is below arbor's exact floor on 2 of 2 problems")
+    assert "token-extracts the few-shot examples" in first
+    rows = read_rows(tmp_path)
+    assert [r["oom"] for r in rows] == [False, False]
+    assert all(r["peak_device_tokens"] <= 300 and r["evicted_tokens"] > 0 for r in rows)
+    assert all(r["nodes_expanded"] >= 1 for r in rows)
 
 
 def test_sparse_policy_over_arbor_runs_and_reports_its_index(data_dir, tmp_path):

@@ -142,8 +142,15 @@ def test_a_prefill_is_chunked_under_a_policy_that_shrinks_the_active_path():
     child = bench.node(root, 30, stored=False)
     got = bench.sched.admit([(child, 30)], [], "prefill").required()
     assert (got.rows, got.slots, got.recompute) == (1, 8, [])
-    # a policy that keeps the active path cannot shrink it: alone, the block can never fit
+    # below its floor arbor prefills in chunks too (the path token-extracted, to the host)
     arbor = Bench(ArborPolicy(budget_tokens=32))
+    root = arbor.node(None, 20)
+    child = arbor.node(root, 30, stored=False)
+    got = arbor.sched.admit([(child, 30)], [], "prefill").required()
+    assert (got.rows, got.slots, got.recompute) == (1, 8, [])
+    assert arbor.store.pool.used <= 32 - 8 and arbor.store.host_tokens == 20 - arbor.store.resident_tokens
+    # all-or-nothing arbor cannot shrink the active path: alone, the block can never fit
+    arbor = Bench(ArborPolicy(budget_tokens=32, degrade=False))
     root = arbor.node(None, 20)
     child = arbor.node(root, 30, stored=False)
     with pytest.raises(KVBudgetExceeded, match="during prefill: needs 50 resident tokens, budget_tokens=32"):

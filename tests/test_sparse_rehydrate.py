@@ -83,9 +83,10 @@ def test_ranked_makes_the_path_whole_when_that_fits_as_whole_does(tiny, cls):
 
 @pytest.mark.parametrize("cls", [LycheePolicy, QuestPolicy])
 def test_ranked_starts_from_what_is_resident_and_brings_wanted_chunks_back(tiny, cls):
-    """At a budget where A's path cannot be made whole for the row, ranked starts it anyway."""
+    """At a budget where A's path cannot be made whole for the row (all-or-nothing arbor: an OOM),
+    ranked starts it anyway."""
     with pytest.raises(KVBudgetExceeded):
-        return_to_a(tiny, "whole", 530, cls)
+        return_to_a(tiny, "whole", 530, cls, memory_args={"degrade": False})
     hosted, seen, restored, answer, rt = return_to_a(tiny, "ranked", 530, cls)
     assert hosted > 0 and seen[0] == hosted  # the first pass reads what is resident
     assert seen[1] < hosted  # the wanted chunks came back and the first step ran again with them
@@ -96,10 +97,10 @@ def test_ranked_starts_from_what_is_resident_and_brings_wanted_chunks_back(tiny,
 
 
 def test_ranked_runs_a_search_at_a_budget_below_the_whole_active_path(tiny):
-    """At a budget where making A's path whole cannot fit, whole fails and ranked decodes, never
-    over the budget (the pool is the budget)."""
+    """At a budget where making A's path whole cannot fit, whole fails (all-or-nothing arbor) and
+    ranked decodes, never over the budget (the pool is the budget)."""
     for budget in range(600, 440, -10):
-        rt = Runtime(tiny, policy=policy("whole", budget))
+        rt = Runtime(tiny, policy=policy("whole", budget, memory_args={"degrade": False}))
         try:
             _, a = branch_away(rt)
         except KVBudgetExceeded:

@@ -147,7 +147,11 @@ def test_arbor_completes_exactly_at_any_budget_that_holds_the_longest_path(tiny,
     need = longest_path_tokens(trace)
     assert need < 0.6 * trace.full_replay_peak()  # a budget well below what full needs
     runs = replay_lockstep(tiny, trace, [ReplayRun("arbor", b) for b in (need - 1, need, need + 7)])
-    assert runs[1].oom  # one token short: the longest path alone cannot fit
+    below = runs[1]  # one token short: the longest path alone cannot fit, the path is token-extracted
+    assert not below.oom and below.fidelity.positions == trace.scored_positions
+    assert below.fidelity.kl_max > 1e-6 and below.metrics["peak_device_tokens"] <= below.budget_tokens
+    (_, strict) = replay_lockstep(tiny, trace, [ReplayRun("arbor", need - 1, policy_kwargs={"degrade": False})])
+    assert strict.oom  # the paper's all-or-nothing arbor stops there
     for run in runs[2:]:
         assert not run.oom and run.metrics["peak_device_tokens"] <= run.budget_tokens
         assert run.fidelity.positions == trace.scored_positions
@@ -157,7 +161,8 @@ def test_arbor_completes_exactly_at_any_budget_that_holds_the_longest_path(tiny,
 def test_oom_is_recorded_not_raised(tiny, trace):
     budget = budgets_for(trace, [LOW])[LOW]
     tiny_budget = len(trace.prompt_ids) - 1  # the root prompt itself does not fit
-    _, full, arbor = replay_lockstep(tiny, trace, [ReplayRun("full", budget), ReplayRun("arbor", tiny_budget)])
+    strict = ReplayRun("arbor", tiny_budget, policy_kwargs={"degrade": False})  # all-or-nothing
+    _, full, arbor = replay_lockstep(tiny, trace, [ReplayRun("full", budget), strict])
     assert full.oom and "budget" in full.error and full.steps[-1]["oom"]
     assert full.metrics["peak_device_tokens"] <= budget
     assert 0 < full.fidelity.positions < trace.scored_positions  # scored up to the OOM

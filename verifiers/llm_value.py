@@ -219,7 +219,7 @@ class LLMValueVerifier(Verifier):
         with self._lock:
             root = self.roots.get(prefix)
             if root is None or root.released:
-                root = self._bound().new_tree(prefix, seed=self.seed)
+                root = self._bound().new_tree(prefix, seed=self.seed, examples=self._prompt().examples_span())
                 root.meta["role"] = "value_prefix"
                 self.roots[prefix] = root
             return root

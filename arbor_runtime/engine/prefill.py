@@ -47,6 +47,7 @@ class PrefillJob:
     kind: str
     seed: int = 0
     node: Node | None = None
+    examples: tuple[int, int] | None = None  # a root's few-shot span (``Node.examples``)
     done: int = 0
     parts: list[torch.Tensor] = field(default_factory=list)
 
@@ -89,9 +90,18 @@ class Prefiller:
         #: called with (node, (T, V) log-probs) for every forced block; used by trace replay
         self.logits_hook: Callable[[Node, torch.Tensor], None] | None = None
 
-    def job(self, parent: Node | None, ids: list[int], text: str, kind: str, seed: int = 0) -> PrefillJob:
-        """The work that prefills ``ids`` as a block under ``parent`` (None: a tree's root)."""
-        return PrefillJob(self, parent, ids, text, kind, seed=seed)
+    def job(
+        self,
+        parent: Node | None,
+        ids: list[int],
+        text: str,
+        kind: str,
+        seed: int = 0,
+        examples: tuple[int, int] | None = None,
+    ) -> PrefillJob:
+        """The work that prefills ``ids`` as a block under ``parent`` (None: a tree's root, whose
+        few-shot span is ``examples``)."""
+        return PrefillJob(self, parent, ids, text, kind, seed=seed, examples=examples)
 
     def prefill(self, state: PrefillJob) -> Node:
         """Run (or resume) a prefill work: create the node, admit and forward its chunks."""
@@ -99,6 +109,7 @@ class Prefiller:
             state.node = self.new_node(state.parent, state.ids, state.text, state.kind, state.start_pos)
             if state.parent is None:
                 self.table.tree_seeds[state.node.id] = state.seed
+                state.node.examples = state.examples
             self.memory.begin([state.parent] if state.parent is not None else [], self.accounts.work.account)
         node = state.node
         try:

@@ -165,7 +165,8 @@ class Scheduler:
             plan = self.planner.admission(queue, running, finish=finish)
         else:
             plan = self.planner.admission(queue, running, shrink_active=False)
-            if not plan.rows and self.policy.shrinks_active_path:
+            caps = self.policy.capabilities
+            if not plan.rows and (caps.shrinks_active_path or caps.degrades):  # a lone entry (below the floor)
                 if kind == "prefill":
                     slots = min(slots, self.policy.chunk_tokens())
                     queue = [(head, slots)]
@@ -208,13 +209,18 @@ class Scheduler:
     def grow(self, plan: StepPlan) -> StepPlan:
         """Room for PAGE more slots for every row that has filled its slots; preempt the row that
         loses least (see :meth:`victim`) when even the policy cannot make room (it restarts later,
-        sampling the same tokens). A lone row that cannot grow fails its expansion."""
+        sampling the same tokens). A lone row that cannot grow goes below the floor under a policy
+        that degrades (its path token-extracted, :meth:`MemoryManager.below_floor`), else fails its
+        expansion."""
         while True:
             needy = [r for r in self.running if r.capacity <= r.fed]
             if not needy:
                 return plan
+            need = sum(page(r) for r in needy)
             with self.accounting(needy[0].job):
-                room = self.memory.make_room(sum(page(r) for r in needy), PAGE * len(self.running), self.owners())
+                room = self.memory.make_room(need, PAGE * len(self.running), self.owners())
+                if not room and len(self.running) == 1 and self.policy.capabilities.degrades:
+                    room = self.memory.below_floor(self.owners(), need, PAGE)
             if room:
                 break
             if len(self.running) == 1:

@@ -15,6 +15,7 @@ from arbor_runtime.policies.h2o import H2OPolicy
 from arbor_runtime.policies.kvp import KVPPolicy
 from arbor_runtime.policies.lychee import LycheePolicy
 from arbor_runtime.policies.quest import QuestPolicy
+from arbor_runtime.policies.random import RandomPolicy
 from arbor_runtime.policies.registry import MEMORY_POLICIES
 from arbor_runtime.policies.snapkv import SnapKVPolicy
 from arbor_runtime.policies.sparse import SparsePolicy
@@ -47,6 +48,7 @@ __all__ = [
     "MemoryView",
     "Policy",
     "QuestPolicy",
+    "RandomPolicy",
     "RetentionPlan",
     "SnapKVPolicy",
     "SparsePolicy",

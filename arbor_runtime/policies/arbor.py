@@ -9,11 +9,17 @@
   highest-attention tokens stay (token-extractive: no summaries).
 - Evicted spans go to the host tier; with ``host_budget_tokens`` set, the lowest-value spans
   are dropped when the host is full (they come back by recompute).
+- Below the floor (the active path plus a lone row's new tokens do not fit whole; the planner
+  decides it and pins what must stay: sinks, the frontier block, the prompt outside its few-shot
+  examples, the frontier's parent) the allocation goes on into the active path: every inactive
+  block leaves for the host, and the path keeps its pinned tokens plus its other tokens ranked by
+  attention per query, the resident ones and those on the host alike (the plan brings the best
+  back). A later operation that fits whole makes the path whole again (exact from there on).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -42,6 +48,8 @@ class ArborPolicy(Policy):
             the paper's choice) or ``kvp`` (the learned KVP scorers, :mod:`~arbor_runtime.policies.kvp`).
         kvp_weights: KVP weights file for ``token_scorer=kvp`` (None = the file shipped for the model).
         vocab_size: for entropy normalization (set by the runtime).
+        degrade: below the floor keep running, token-extracting the active path (see the module
+            docstring); False: the all-or-nothing ArborKV of the paper (an OOM below the floor).
         weights: the MSVE weights read from ``calibration`` (not a constructor argument).
     """
 
@@ -57,6 +65,7 @@ class ArborPolicy(Policy):
     vocab_size: int = 32000
     token_scorer: str = "attention"
     kvp_weights: str | None = None
+    degrade: bool = True
     weights: MSVEWeights = field(init=False, repr=False)
     kvp: KVPScores | None = field(init=False, repr=False, default=None)
 
@@ -69,8 +78,17 @@ class ArborPolicy(Policy):
         host = self.host_budget_tokens
         if host is not None and (isinstance(host, bool) or not isinstance(host, int) or host < 0):
             raise ValueError(f"host_budget_tokens={host!r} must be an integer >= 0, or None (unbounded)")
+        if not isinstance(self.degrade, bool):
+            raise ValueError(f"arbor degrade={self.degrade!r} must be true or false")
+        if isinstance(self.sink_tokens, bool) or not isinstance(self.sink_tokens, int) or self.sink_tokens < 0:
+            raise ValueError(f"arbor sink_tokens={self.sink_tokens!r} must be a number of tokens >= 0")
         self.weights = MSVEWeights.load(self.calibration)
         self.kvp = KVPScores(self.kvp_weights) if self.token_scorer == "kvp" else None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Arbor's, with ``degrades`` and the sinks the planner pins below the floor."""
+        return replace(self.CAPABILITIES, degrades=self.degrade, sink_tokens=self.sink_tokens)
 
     def bind(self, model) -> None:
         """Called by the runtime with its model: loads the KVP weights when tokens are chosen by KVP."""
@@ -83,6 +101,8 @@ class ArborPolicy(Policy):
         return Policy.on_event(self, event, view)
 
     def plan(self, view: MemoryView) -> RetentionPlan | None:
+        if view.pinned is not None:
+            return self._below_floor(view)
         values = block_values(view.blocks, self.weights, self.vocab_size)
         inactive = [b for b in view.blocks if not b.active]
         active_tokens = sum(b.kv.kept_tokens for b in view.blocks if b.active)
@@ -104,6 +124,28 @@ class ArborPolicy(Policy):
             if n < size:
                 plan.keep[b.node.id] = top_tokens(b.kv.kept, scores.get(b.node.id, b.kv.attention), must, n)
         plan.drop_host = self._host_overflow(view, values, plan)
+        return plan
+
+    def _below_floor(self, view: MemoryView) -> RetentionPlan:
+        """Every inactive block leaves; the active path keeps its pinned tokens and its best other
+        tokens (device or host), by attention per query, up to ``view.target``."""
+        plan = RetentionPlan()
+        for b in view.blocks:
+            if not b.active and b.kv.kept_tokens:
+                plan.keep[b.node.id] = b.kv.kept[:0].cpu()
+        active = [b for b in view.blocks if b.active]
+        pinned = [view.pinned.get(b.node.id, _EMPTY) for b in active]
+        room = view.target - sum(int(p.numel()) for p in pinned)
+        others = [_held(b)[~torch.isin(_held(b), p)] for b, p in zip(active, pinned, strict=True)]
+        scores = torch.cat([_per_query(b)[o] for b, o in zip(active, others, strict=True)] + [torch.zeros(0)])
+        best = torch.zeros(scores.numel(), dtype=torch.bool)
+        if room > 0 and scores.numel():
+            best[torch.topk(scores, min(room, scores.numel())).indices] = True
+        offset = 0
+        for b, p, o in zip(active, pinned, others, strict=True):
+            chosen = o[best[offset : offset + o.numel()]]
+            offset += o.numel()
+            plan.keep[b.node.id] = torch.sort(torch.cat([p.cpu(), chosen])).values
         return plan
 
     def _protected(self, b: BlockView) -> torch.Tensor:
@@ -133,6 +175,19 @@ class ArborPolicy(Policy):
                 drop.append(node_id)
                 total -= load[node_id]
         return drop
+
+
+_EMPTY = torch.zeros(0, dtype=torch.long)
+
+
+def _held(b: BlockView) -> torch.Tensor:
+    """(N,) block-local tokens some tier holds: on the device, then on the host."""
+    return torch.cat([b.kv.kept.cpu(), b.hosted.cpu()])
+
+
+def _per_query(b: BlockView) -> torch.Tensor:
+    """(length,) attention each token received per query that could see it (comparable across blocks)."""
+    return b.kv.attention.float() / max(b.kv.observers, 1.0)
 
 
 def _distance(b: BlockView, active: frozenset[int]) -> int:

@@ -9,7 +9,7 @@ policy never moves tensors itself. Policies read the tree and per-block statisti
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
@@ -22,11 +22,16 @@ from arbor_runtime.tree import Node
 
 @dataclass(frozen=True, slots=True)
 class BlockView:
-    """A live block as a policy sees it: its node (text, value, entropies, depth) and its KV record."""
+    """A live block as a policy sees it: its node (text, value, entropies, depth) and its KV record.
+
+    ``hosted``: (H,) block-local indices of its tokens on the host tier (empty: none); a plan below
+    the floor may keep them (they come back).
+    """
 
     node: Node
     kv: BlockKV
     active: bool
+    hosted: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +44,11 @@ class MemoryView:
         budget: ``budget_tokens``; target: resident block tokens the plan should get down to.
         read: ``read(block_id, tokens)`` -> copies of the K/V of a block's device ``tokens`` (N,),
             (L, H_kv, N, D) each, for policies that score tokens by their K/V (None: unavailable).
+        pinned: None at and above the floor (active blocks stay whole). Below the floor (the active
+            path plus the rows' new tokens do not fit whole; decided by the planner), block id ->
+            block-local tokens of the active path that stay whatever their value; every other
+            token of the active path, on the device or on the host, may then be kept or not: the
+            plan's ``keep`` of an active block is its whole residency (host tokens in it come back).
     """
 
     blocks: list[BlockView]
@@ -46,6 +56,7 @@ class MemoryView:
     budget: int | None
     target: int
     read: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
+    pinned: Mapping[int, torch.Tensor] | None = None
 
     @property
     def resident(self) -> int:
@@ -86,6 +97,13 @@ class Capabilities:
         shrinks_active_path: the policy may evict from the active path itself (tree-blind policies):
             a prompt larger than the budget is then prefilled in chunks, evicting between them.
             Default (None): ``frees_memory and not keep_active_whole``.
+        degrades: below its floor (a lone row's active path plus its new tokens do not fit whole)
+            a policy that keeps the active path whole keeps running instead of refusing: the planner
+            pins the root's ``sink_tokens``, the frontier block, the prompt outside its few-shot
+            examples and the frontier's parent (each as room allows, in that order) and the policy's plan
+            keeps the rest of the path by value, on the device or brought back from the host
+            (``MemoryView.pinned``); a prompt larger than the budget is prefilled in chunks.
+        sink_tokens: first tokens of each root pinned below the floor (with ``degrades``).
     """
 
     offload: bool = False
@@ -95,6 +113,8 @@ class Capabilities:
     observation_window: int | None = None
     restores_active_path: bool | None = None
     shrinks_active_path: bool | None = None
+    degrades: bool = False
+    sink_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.restores_active_path is None:
@@ -205,8 +225,9 @@ class Policy:
                 value.split_block(block_id, prefix_id, at)
 
     def on_event(self, event: Event, view: MemoryView) -> RetentionPlan | None:
-        """React to an event; the default plans only on memory pressure."""
-        if isinstance(event, MemoryThreshold) and view.resident > view.target:
+        """React to an event; the default plans only on memory pressure (below the floor always: the
+        plan also says which host tokens of the active path come back)."""
+        if isinstance(event, MemoryThreshold) and (view.resident > view.target or view.pinned is not None):
             return self.plan(view)
         return None
 

@@ -7,6 +7,7 @@ from arbor_runtime.policies.base import Policy
 from arbor_runtime.policies.full import FullPolicy
 from arbor_runtime.policies.h2o import H2OPolicy
 from arbor_runtime.policies.kvp import KVPPolicy
+from arbor_runtime.policies.random import RandomPolicy
 from arbor_runtime.policies.snapkv import SnapKVPolicy
 from arbor_runtime.policies.streaming import StreamingPolicy
 from arbor_runtime.policies.thinkv import ThinKVPolicy
@@ -19,4 +20,5 @@ MEMORY_POLICIES: dict[str, type[Policy]] = {
     "thinkv": ThinKVPolicy,
     "arbor": ArborPolicy,
     "kvp": KVPPolicy,
+    "random": RandomPolicy,
 }

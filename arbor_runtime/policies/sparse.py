@@ -147,9 +147,12 @@ class SparsePolicy(Policy):
     # ---- the memory policy decides residency ---------------------------------------------------
     @property
     def capabilities(self) -> Capabilities:
-        """The memory policy's, except that ``rehydrate=ranked`` brings the active path back on demand."""
+        """The memory policy's, except that ``rehydrate=ranked`` brings the active path back on demand
+        (and so has no floor to go below: it already runs with part of the path resident)."""
         inner = self.inner.capabilities
-        return replace(inner, restores_active_path=inner.restores_active_path and self.rehydrate == "whole")
+        whole = self.rehydrate == "whole"
+        restores = inner.restores_active_path and whole
+        return replace(inner, restores_active_path=restores, degrades=inner.degrades and whole)
 
     @property
     def host_budget_tokens(self) -> int | None:
