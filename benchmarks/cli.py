@@ -14,6 +14,7 @@ import torch
 from rich.console import Console
 
 from arbor_cli.build import USER_ERRORS, build, compose_config
+from arbor_cli.provenance import code_version
 from arbor_cli.report import fit_table
 from arbor_cli.results import Column, write_csv, write_jsonl
 from arbor_runtime import load_model
@@ -99,27 +100,52 @@ def replay_main(argv: Sequence[str] | None = None, console: Console | None = Non
     ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="comma-separated policy names")
     ap.add_argument("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)), help="budgets as shares of full peak")
     ap.add_argument("--out", default="results/replay", help="folder for replay.jsonl and replay.csv")
+    ap.add_argument(
+        "--resume", action="store_true", help="keep the traces already in <out>/replay.jsonl and replay only the rest"
+    )
+    ap.add_argument(
+        "--together", action="store_true", help="every policy in one lockstep group (full's reference replayed once)"
+    )
     args = ap.parse_args(argv)
     console = console or _console()
+    out = Path(args.out)
     try:
         _threads(args.threads)
         policies, fractions = _policies(args.policies), _floats(args.fractions, "--fractions")
         traces = [load_trace(p) for p in args.traces]
-        rows: list[dict[str, Any]] = []
+        rows = _replayed(out / "replay.jsonl") if args.resume else []
+        done = {r["trace"] for r in rows}
         for path, trace in zip(args.traces, traces, strict=True):
+            if str(path) in done:
+                continue
             loaded = _model_for(trace, args)
-            runs = compare_policies(loaded, trace, policies, fractions, on_group=lambda p: log.info("replayed %s", p))
-            mine = [trace_fields(trace) | {"trace": str(path)} | r.row() | {"steps": r.steps} for r in runs]
+            done_group = lambda p: log.info("replayed %s", p)  # noqa: E731
+            runs = compare_policies(loaded, trace, policies, fractions, on_group=done_group, together=args.together)
+            fields = trace_fields(trace) | {"trace": str(path), "code": code_version()}
+            mine = [fields | r.row() | {"steps": r.steps} for r in runs]
             console.print(replay_table(mine, title=f"replay fidelity · {path}", width=console.width))
             rows += mine
+            write_jsonl(out / "replay.jsonl", rows)  # each trace as it is done: an interrupted run resumes
     except USER_ERRORS as exc:
         print(f"replay_trace.py: error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out)
     write_jsonl(out / "replay.jsonl", rows)
     write_csv(out / "replay.csv", rows)
     console.print(f"wrote {out / 'replay.jsonl'} and {out / 'replay.csv'}")
     return 0
+
+
+def _replayed(path: Path) -> list[dict[str, Any]]:
+    """The rows of an earlier replay.jsonl (none when it does not exist); a torn last line is dropped."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            log.warning("%s: a torn line dropped (replayed again)", path)
+    return rows
 
 
 # ---- plot -----------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 #: budgets as fractions of the trace's full replay peak (ArborKV Table 1 style)
 DEFAULT_FRACTIONS = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 DEFAULT_POLICIES = ("full", "h2o", "streaming", "thinkv", "arbor")
+#: every memory policy, the random baseline first (the below-the-floor comparison, issue 44)
+ALL_POLICIES = ("random", "h2o", "streaming", "snapkv", "thinkv", "kvp", "arbor")
 OOM_ERRORS = (KVBudgetExceeded, BudgetError)
 
 
@@ -192,13 +194,14 @@ class ReplayRun:
         rt = self.rt
         if op.op == "new_tree":
             rec = trace.nodes[op.node]
-            node = rt.new_tree(rec.text)
-            if node.token_ids != rec.token_ids:
+            ids = rt.tokenizer(rec.text, add_special_tokens=True)["input_ids"]
+            if ids != rec.token_ids:
                 raise ValueError(
-                    f"root {op.node}: re-tokenizing its recorded text gives {len(node.token_ids)} ids that differ "
+                    f"root {op.node}: re-tokenizing its recorded text gives {len(ids)} ids that differ "
                     f"from the {len(rec.token_ids)} recorded ones; the trace was made with another tokenizer"
                 )
-            self.nodes[op.node] = node
+            examples = trace.oplog[op.source].get("examples")  # the few-shot span the search marked
+            self.nodes[op.node] = rt.new_tree_ids(ids, rec.text, examples=None if examples is None else tuple(examples))
         elif op.op == "append":
             rec = trace.nodes[op.child]
             self.nodes[op.child] = rt.append_ids(self.nodes[op.node], rec.token_ids, rec.text)
@@ -286,23 +289,30 @@ def compare_policies(
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     policy_kwargs: dict[str, dict[str, Any]] | None = None,
     on_group: Callable[[str], None] | None = None,
+    together: bool = False,
 ) -> list[ReplayRun]:
-    """Every policy at every budget fraction; one lockstep group (all budgets + full) per policy.
+    """Every policy at every budget fraction; one lockstep group (all budgets + full) per policy, or,
+    ``together``, one group for every policy (the reference replayed once; every run's KV held at once).
 
     Returns:
         the unbounded full reference (from the first group), then one run per (policy, fraction).
     """
     budgets = budgets_for(trace, fractions)
     out: list[ReplayRun] = []
-    for name in policies:
-        runs = [ReplayRun(name, b, f, dict((policy_kwargs or {}).get(name, {}))) for f, b in budgets.items()]
+    groups = [list(policies)] if together else [[name] for name in policies]
+    for names in groups:
+        runs = [
+            ReplayRun(name, b, f, dict((policy_kwargs or {}).get(name, {})))
+            for name in names
+            for f, b in budgets.items()
+        ]
         ref, *done = replay_lockstep(loaded, trace, runs)
         if not out:
             ref.fraction = 1.0
             out.append(ref)
         out += done
         if on_group is not None:
-            on_group(name)
+            on_group(",".join(names))
     return out
 
 

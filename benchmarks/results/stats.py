@@ -1,4 +1,5 @@
-"""Interval estimates for the rates a results table reports (solve rate, OOM rate)."""
+"""Interval estimates for the rates a results table reports (solve rate, OOM rate) and for means over
+problems (a per-tree fidelity: Student's t)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,24 @@ def sign_test(gained: int, lost: int) -> float:
     n = gained + lost
     tail = sum(math.comb(n, k) for k in range(min(gained, lost) + 1)) / 2**n
     return min(1.0, 2 * tail)
+
+
+#: two-sided 95% quantiles of Student's t by degrees of freedom (1..30); above 30 the normal's 1.96
+_T95 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+    2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def mean_interval(values: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of ``values`` and its 95% Student-t interval (one value: the mean
+    three times; none: ValueError). For per-problem figures averaged over a handful of problems."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("mean_interval: no values")
+    mean = math.fsum(values) / n
+    if n == 1:
+        return mean, mean, mean
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    half = (_T95[n - 2] if n - 1 <= len(_T95) else 1.96) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half

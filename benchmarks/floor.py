@@ -1,0 +1,192 @@
+"""Below the floor, replayed: teacher-forced fidelity of every memory policy at budgets under arbor's floor.
+
+Reads the ``replay.jsonl`` files of ``scripts/replay_trace.py`` (recorded ``full`` searches rebuilt under
+each policy at fractions of each tree's full peak; issue 44) and summarises, per task, policy and budget,
+over the trees: top-1 agreement with full and mean KL(full || policy) per position, each a mean over
+trees with its 95% Student-t interval; OOM runs; peak device tokens against the budget. Two more tables
+compare policies on the same trees (paired: per-tree differences, their mean and 95% interval):
+``vs_best``, arbor against the best tree-blind policy at each budget; ``vs_random``, every scorer against
+the random baseline.
+
+    python -m benchmarks.floor REPLAY_JSONL [REPLAY_JSONL ...] [--section floor] --command "..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.results.stats import mean_interval
+
+#: tree-blind policies (arbor is compared with the best of them at each budget)
+TREE_BLIND = ("random", "h2o", "streaming", "snapkv", "thinkv", "kvp")
+
+#: the main table: (key, header, fmt)
+COLUMNS = (
+    ("task", "task", "text"), ("budget", "budget", "text"), ("policy", "policy", "text"), ("trees", "trees", "auto"),
+    ("top1", "top-1 agreement [95% CI]", "text"), ("kl", "mean KL [95% CI]", "text"), ("oom", "OOM", "auto"),
+    ("peak_x_budget", "peak / budget", "{:.2f}"), ("rehydrations", "rehydrations", "{:.1f}"),
+)  # fmt: skip
+PAIRED_COLUMNS = (
+    ("task", "task", "text"), ("budget", "budget", "text"), ("policy", "policy", "text"),
+    ("against", "against", "text"), ("trees", "trees", "auto"),
+    ("top1_diff", "top-1 difference [95% CI]", "text"), ("kl_diff", "KL difference [95% CI]", "text"),
+    ("beyond", "beyond the interval", "text"),
+)  # fmt: skip
+
+
+def read(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Every row of the replay files (the per-step series dropped)."""
+    rows = []
+    for path in paths:
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rows.append({k: v for k, v in json.loads(line).items() if k != "steps"})
+    return rows
+
+
+def by_setting(rows: Sequence[dict]) -> dict[tuple[str, float, str], dict[str, dict]]:
+    """(task, budget fraction, policy) -> trace -> row, budgeted runs only (the unbounded reference is
+    full itself: top-1 1, KL 0)."""
+    out: dict[tuple[str, float, str], dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        if r.get("budget_fraction") is None or r.get("budget_tokens") is None:
+            continue
+        out[(str(r["task"]), float(r["budget_fraction"]), str(r["policy"]))][str(r["trace"])] = r
+    return out
+
+
+def _ci(values: list[float], digits: int = 3) -> str:
+    mean, lo, hi = mean_interval(values)
+    return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def _kl(row: dict) -> float:
+    return float(row["mean_kl"]) if row.get("mean_kl") is not None else float("nan")
+
+
+def summary_rows(groups: dict[tuple[str, float, str], dict[str, dict]]) -> list[dict[str, Any]]:
+    """The main table: one row per task, budget (large to small) and policy."""
+    out = []
+    for (task, frac, policy), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1], _order(kv[0][2]))):
+        rows = list(runs.values())
+        top1 = [float(r["top1_agreement"] or 0.0) for r in rows]
+        kl = [_kl(r) for r in rows]
+        out.append({
+            "task": task, "budget": f"{frac:g}x", "fraction": frac, "policy": policy, "trees": len(rows),
+            "top1": _ci(top1), "top1_mean": statistics.mean(top1), "kl": _ci(kl), "kl_mean": statistics.mean(kl),
+            "oom": sum(bool(r.get("oom")) for r in rows),
+            "peak_x_budget": max(float(r["peak_device_tokens"] or 0) / float(r["budget_tokens"]) for r in rows),
+            "rehydrations": statistics.mean(float(r.get("rehydrations") or 0) for r in rows),
+        })  # fmt: skip
+    return out
+
+
+def paired(
+    groups: dict[tuple[str, float, str], dict[str, dict]], task: str, frac: float, mine: str, theirs: str
+) -> dict[str, Any] | None:
+    """``mine`` minus ``theirs`` on the trees both replayed at this budget (top-1 and KL), with 95% intervals."""
+    a, b = groups.get((task, frac, mine), {}), groups.get((task, frac, theirs), {})
+    trees = sorted(set(a) & set(b))
+    if not trees:
+        return None
+    d_top = [float(a[t]["top1_agreement"] or 0) - float(b[t]["top1_agreement"] or 0) for t in trees]
+    d_kl = [_kl(a[t]) - _kl(b[t]) for t in trees]
+    mean, lo, hi = mean_interval(d_top)
+    beyond = "better" if lo > 0 else "worse" if hi < 0 else "no"
+    return {
+        "task": task, "budget": f"{frac:g}x", "fraction": frac, "policy": mine, "against": theirs,
+        "trees": len(trees), "top1_diff": _ci(d_top), "top1_diff_mean": mean, "kl_diff": _ci(d_kl),
+        "beyond": beyond,
+    }  # fmt: skip
+
+
+def versus_best(groups, summary: list[dict]) -> list[dict[str, Any]]:
+    """Arbor against the tree-blind policy with the highest mean top-1 at each task and budget."""
+    out = []
+    for task, frac in dict.fromkeys((r["task"], r["fraction"]) for r in summary):
+        blind = [r for r in summary if (r["task"], r["fraction"]) == (task, frac) and r["policy"] in TREE_BLIND]
+        if not blind:
+            continue
+        best = max(blind, key=lambda r: r["top1_mean"])["policy"]
+        row = paired(groups, task, frac, "arbor", best)
+        if row is not None:
+            out.append(row)
+    return out
+
+
+def versus_random(groups, summary: list[dict]) -> list[dict[str, Any]]:
+    """Every other policy against ``random`` at each task and budget."""
+    out = []
+    for task, frac in dict.fromkeys((r["task"], r["fraction"]) for r in summary):
+        for policy in [p for p in (*TREE_BLIND, "arbor") if p != "random"]:
+            row = paired(groups, task, frac, policy, "random")
+            if row is not None:
+                out.append(row)
+    return out
+
+
+def facts(summary: list[dict], best: list[dict]) -> dict[str, Any]:
+    """What the prose cites: arbor's OOMs, budgets where it is at least / beyond the best tree-blind."""
+    arbor = [r for r in summary if r["policy"] == "arbor"]
+    return {
+        "arbor_oom": sum(r["oom"] for r in arbor),
+        "arbor_runs": sum(r["trees"] for r in arbor),
+        "arbor_at_least_best": sum(r["top1_diff_mean"] >= 0 for r in best),
+        "arbor_beyond_best": sum(r["beyond"] == "better" for r in best),
+        "arbor_below_best": sum(r["beyond"] == "worse" for r in best),
+        "settings": len(best),
+        "max_peak_x_budget": max((r["peak_x_budget"] for r in summary), default=None),
+    }
+
+
+def _order(policy: str) -> int:
+    ranked = (*TREE_BLIND, "arbor")
+    return ranked.index(policy) if policy in ranked else len(ranked)
+
+
+def _columns(spec) -> list[dict]:
+    return [{"key": k, "header": h, "fmt": f, "numeric": f != "text"} for k, h, f in spec]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from benchmarks.results.data import write_section_data
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.floor", description=__doc__.split("\n")[0])
+    ap.add_argument("replays", type=Path, nargs="+", help="replay.jsonl files of scripts/replay_trace.py")
+    ap.add_argument("--section", default=None, help="write docs/data/<section>/results.json (else print only)")
+    ap.add_argument("--title", default="Below the floor, replayed: fidelity to full per policy and budget")
+    ap.add_argument("--command", default="", help="the commands that made the replay files (recorded)")
+    ap.add_argument("--setting", action="append", default=[], help="KEY=VALUE recorded in the section's settings")
+    args = ap.parse_args(argv)
+    rows = read(args.replays)
+    groups = by_setting(rows)
+    summary = summary_rows(groups)
+    best, random = versus_best(groups, summary), versus_random(groups, summary)
+    for r in summary:
+        print(" | ".join(str(r[k]) if not isinstance(r[k], float) else f"{r[k]:.2f}" for k, _, _ in COLUMNS))
+    for r in best:
+        print(" | ".join(str(r[k]) for k, _, _ in PAIRED_COLUMNS))
+    if args.section:
+        codes = sorted({str(r.get("code")) for r in rows if r.get("code")})
+        settings = dict(s.split("=", 1) for s in args.setting)
+        tables = {
+            "vs_best": {"columns": _columns(PAIRED_COLUMNS), "rows": best},
+            "vs_random": {"columns": _columns(PAIRED_COLUMNS), "rows": random},
+        }
+        extra = {"commit": codes[0]} if len(codes) == 1 else {}
+        path = write_section_data(
+            args.section, summary, args.command, settings, title=args.title, columns=_columns(COLUMNS),
+            tables=tables, facts=facts(summary, best), **extra,
+        )  # fmt: skip
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
