@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_budget import walked_kv_bytes
 
 from arbor_runtime import KVBudgetExceeded, Runtime, SamplingParams, build_policy
 from arbor_runtime.kv import BlockKV, KVStore
@@ -20,7 +21,6 @@ from arbor_runtime.planner import MemoryPlanner
 from arbor_runtime.policies import ArborPolicy, RandomPolicy
 from arbor_runtime.policies.base import BlockView, MemoryView
 from arbor_runtime.tree import GENERATED, PROMPT, Node
-from test_budget import walked_kv_bytes
 
 INSTRUCTION = "Use the four numbers and + - * / to make 24.\n"
 EXAMPLES = "".join(f"Input: {a} {a} 2 3\nAnswer: ({a} + {a}) * 2 * 3 = 24\n" for a in range(1, 7))
