@@ -210,7 +210,8 @@ class ChooseWork:
             if i in extents:
                 write[r, :n] = torch.cat([torch.arange(e.start, e.end) for e in extents[i]])
         context = [a.id for a in node.kv_path()]
-        batch = rt.runner.batch([context] * len(self.rows), width, write, stats=rt.policy.needs_attention)
+        stats = rt.memory.planner.records_statistics(sum(len(self.ids[i]) for i in self.write))
+        batch = rt.runner.batch([context] * len(self.rows), width, write, stats=stats)
         positions = torch.arange(node.end_pos, node.end_pos + width).expand(len(self.rows), width)
         return rt.runner.forward(batch, ids, positions, 0), batch
 

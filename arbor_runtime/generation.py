@@ -39,6 +39,8 @@ class Row:
         next_logits: (V,) logits after the final token, set when the row is done.
         extents: the pool slots admitted for its tokens (token i sits in the i-th slot).
         attention: (capacity,) attention mass its own tokens received from its later queries.
+        scored: its decode steps whose attention was recorded (statistics may be off; see
+            ``MemoryPlanner.records_statistics``).
     """
 
     owner: Node
@@ -53,6 +55,7 @@ class Row:
     next_logits: torch.Tensor | None = None
     extents: list[Extent] = field(default_factory=list)
     attention: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    scored: int = 0
     generator: torch.Generator = field(default_factory=torch.Generator)
     job: Any = None
     stop: StopChecker | None = None
@@ -96,7 +99,7 @@ class Row:
         gone = self.extents
         self.tokens, self.logprobs, self.entropies, self.extents = [], [], [], []
         self.fed, self.stop_reason, self.next_logits = 0, "", None
-        self.attention = torch.zeros(0)
+        self.attention, self.scored = torch.zeros(0), 0
         self.generator.manual_seed(self.seed)
         if self.matcher is not None:
             self.matcher.reset()
@@ -176,6 +179,7 @@ def add_own_attention(rows: Sequence[Row], batch: TreeBatch) -> None:
     if batch.own_mass is not None:
         for i, row in enumerate(rows):
             row.attention[: row.fed + 1] += batch.own_mass[i, : row.fed + 1].float().cpu()
+            row.scored += 1
 
 
 def postprocess(rows: Sequence[Row], logits: torch.Tensor, params: SamplingParams, stop: StopChecker) -> list[Row]:

@@ -236,6 +236,22 @@ class MemoryPlanner:
                 total += blk.length - blk.kept_tokens
         return total
 
+    # ---- attention statistics ---------------------------------------------------------------
+    def records_statistics(self, reach: int) -> bool:
+        """Does a forward record attention statistics, when the work it serves may add ``reach`` more
+        slots? Always for a policy that needs them and does not say ``stats_on_pressure``; for one that
+        does, only with a budget and when the slots in use, this work's ``reach`` and as much again
+        (the next operation of its size) would pass the threshold at which the policy plans: its plans
+        come no sooner, and until then the statistics pass (a second ``QK^T`` per layer) is not run."""
+        caps = self.caps
+        if not caps.needs_attention or caps.observation_window:
+            return bool(caps.needs_attention)
+        if not caps.stats_on_pressure:
+            return True
+        if self.budget is None:
+            return False
+        return self.store.pool.used + 2 * reach >= self.policy.threshold * self.budget
+
     # ---- room now ------------------------------------------------------------------------
     def has_free(self, need: int, reserve: int = 0) -> bool:
         """Are ``need`` slots free now, ``reserve`` more kept aside?"""

@@ -406,7 +406,8 @@ class Runtime:
             self.store.put(child.id, BlockKV.from_extents(used, child.start_pos, row.next_logits))
             row.extents = []  # the used slots are the block's now
             self.runner.free_slots(spare)
-            self.store.add_attention(child.id, torch.arange(n), row.attention[:n], n / 2)
+            # causal: each scored query saw half of the block on average (none when statistics were off)
+            self.store.add_attention(child.id, torch.arange(n), row.attention[:n], row.scored / 2)
             for m in self.accounts.targets():
                 m.decode_tokens += n
             self.memory.node_end(child)

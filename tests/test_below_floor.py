@@ -225,3 +225,35 @@ def test_random_keeps_sinks_and_a_recent_window_and_draws_the_rest_by_seed():
     assert plans[0] == plans[1] != plans[2]  # seeded: the same seed draws the same tokens
     for kept in plans:
         assert len(kept) == 40 and {0, 1, 2, 3} <= set(kept) and set(range(96, 100)) <= set(kept)
+
+
+# ---- attention statistics only under pressure (issue 46) --------------------------------------------------
+def observed(rt: Runtime) -> float:
+    """Queries counted over every stored block (each block's ``observers``)."""
+    return sum(rt.store.get(i).observers for i in rt.store.block_ids())
+
+
+@pytest.mark.parametrize(("policy", "budget", "records"), [
+    ("arbor", None, False),  # nothing is ever evicted: no plan would read them
+    ("arbor", 4000, False),  # far from the threshold all search long
+    ("arbor", 260, True),  # the threshold within reach
+    ("h2o", None, True),  # tree-blind scorers rank by the whole history: always
+])  # fmt: skip
+def test_arbor_records_attention_statistics_only_when_memory_is_short(tiny, policy, budget, records):
+    rt = Runtime(tiny, policy=policy, budget_tokens=budget)
+    root = rt.new_tree(PROMPT_TEXT, examples=SPAN)
+    rt.expand(root, 2, PARAMS)
+    assert (observed(rt) > 0) is records
+    assert bool(rt.store.get(root.id).attention.sum() > 0) is records
+
+
+def test_statistics_switch_on_one_operation_ahead_of_the_threshold(tiny):
+    """The planner's rule: slots in use + 2 x what the work may add >= threshold x budget."""
+    rt = Runtime(tiny, policy="arbor", budget_tokens=1000)
+    planner = rt.memory.planner
+    root = rt.new_tree(PROMPT_TEXT, examples=SPAN)  # 210 tokens: 210 + 2 x 0 < 900
+    used = rt.store.pool.used
+    assert not planner.records_statistics(0)
+    edge = (900 - used + 1) // 2
+    assert planner.records_statistics(edge) and not planner.records_statistics(edge - 1)
+    assert root.length == used

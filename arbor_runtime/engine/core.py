@@ -324,7 +324,9 @@ class Engine:
         if not self.running:
             return
         self._rehydrate_wanted()
-        stats = rt.policy.needs_attention and not rt.policy.observation_window  # a window scores prefills only
+        reach = sum(r.stop.params.max_new_tokens - r.fed for r in self.running)
+        # a window scores prefills only; a policy that plans only under pressure is not scored before it
+        stats = rt.memory.planner.records_statistics(reach) and not rt.policy.observation_window
         batch, ids, pos = decode_batch(rt.store, self.running, stats, rt.backend.kernel)
         start = time.perf_counter()
         logits = rt.backend.forward(batch, ids, pos)[:, -1]  # (R, V)

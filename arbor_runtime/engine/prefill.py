@@ -177,7 +177,8 @@ class Prefiller:
             slots = _slots(extents).view(1, count)
             window = self.policy.observation_window
             stats_from = max(0, count - window) if window else 0
-            batch = self.runner.batch([context], count, slots, stats=self.policy.needs_attention, stats_from=stats_from)
+            stats = self.memory.planner.records_statistics(node.length - offset)
+            batch = self.runner.batch([context], count, slots, stats=stats, stats_from=stats_from)
             positions = torch.arange(node.start_pos + offset, node.start_pos + offset + count).unsqueeze(0)
             ids = torch.tensor([node.token_ids[offset : offset + count]])
             self.engine.note_peak()

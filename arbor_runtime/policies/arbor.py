@@ -54,7 +54,7 @@ class ArborPolicy(Policy):
     """
 
     name = "arbor"
-    CAPABILITIES = Capabilities(offload=True, keep_active_whole=True, needs_attention=True)
+    CAPABILITIES = Capabilities(offload=True, keep_active_whole=True, needs_attention=True, stats_on_pressure=True)
 
     sink_tokens: int = 4
     tail_tokens: int = 2

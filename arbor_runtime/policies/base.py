@@ -104,6 +104,11 @@ class Capabilities:
             keeps the rest of the path by value, on the device or brought back from the host
             (``MemoryView.pinned``); a prompt larger than the budget is prefilled in chunks.
         sink_tokens: first tokens of each root pinned below the floor (with ``degrades``).
+        stats_on_pressure: the policy's plans need attention statistics only once memory is short:
+            a forward records them only when resident KV is within reach of the threshold (the
+            planner's :meth:`~arbor_runtime.planner.MemoryPlanner.records_statistics`), never without a
+            budget. False: every forward records them (``needs_attention``; the tree-blind scorers
+            rank by the whole history).
     """
 
     offload: bool = False
@@ -115,6 +120,7 @@ class Capabilities:
     shrinks_active_path: bool | None = None
     degrades: bool = False
     sink_tokens: int = 0
+    stats_on_pressure: bool = False
 
     def __post_init__(self) -> None:
         if self.restores_active_path is None:
