@@ -168,6 +168,33 @@ OMP_NUM_THREADS=1 python scripts/record_trace.py --threads 1 --out $OUT/floor/tr
 OMP_NUM_THREADS=1 python scripts/replay_trace.py TRACES-OF-LANE-k ${fl[*]} --out $OUT/floor/replay-k
 python -m benchmarks.floor $OUT/floor/replay-0/replay.jsonl $OUT/floor/replay-1/replay.jsonl --section floor"
 
+  # what arbor costs next to full (issue 46; bench_overhead.py): Game of 24 ToT rows 900-903 and GSM8K best-first
+  # rows 0-3, every setting (full; arbor with no budget, 1x, 0.5x, 0.25x of full's peak and at the floor) 3 times,
+  # interleaved inside each repeat, the two searches side by side (one core each); then a cProfile of full and
+  # of arbor without a budget on each search's first problem: where the time goes
+  oh=(--repeats 3 --threads 1)
+  overhead_lanes() {
+    OMP_NUM_THREADS=1 "$PYTHON" scripts/bench_overhead.py "${oh[@]}" --out "$OUT/overhead/game24" experiment=table1_game24 \
+      paths.data_dir="$DATA" task.end=904 &
+    OMP_NUM_THREADS=1 "$PYTHON" scripts/bench_overhead.py "${oh[@]}" --out "$OUT/overhead/gsm8k" experiment=table1_gsm8k \
+      paths.data_dir="$DATA" task.end=4
+    wait
+    OMP_NUM_THREADS=1 "$PYTHON" scripts/bench_overhead.py --profile --threads 1 --out "$OUT/overhead/game24" \
+      experiment=table1_game24 paths.data_dir="$DATA" task.end=901 &
+    OMP_NUM_THREADS=1 "$PYTHON" scripts/bench_overhead.py --profile --threads 1 --out "$OUT/overhead/gsm8k" \
+      experiment=table1_gsm8k paths.data_dir="$DATA" task.end=1
+    wait
+  }
+  step overhead "$OUT/overhead" -- overhead_lanes
+  step overhead-data -- "$PYTHON" -m benchmarks.overhead "$OUT/overhead/game24" "$OUT/overhead/gsm8k" --section overhead \
+    --command "# side by side, one core each:
+OMP_NUM_THREADS=1 python scripts/bench_overhead.py ${oh[*]} --out $OUT/overhead/game24 experiment=table1_game24 paths.data_dir=$DATA task.end=904
+OMP_NUM_THREADS=1 python scripts/bench_overhead.py ${oh[*]} --out $OUT/overhead/gsm8k experiment=table1_gsm8k paths.data_dir=$DATA task.end=4
+# then, side by side:
+OMP_NUM_THREADS=1 python scripts/bench_overhead.py --profile --threads 1 --out $OUT/overhead/game24 experiment=table1_game24 paths.data_dir=$DATA task.end=901
+OMP_NUM_THREADS=1 python scripts/bench_overhead.py --profile --threads 1 --out $OUT/overhead/gsm8k experiment=table1_gsm8k paths.data_dir=$DATA task.end=1
+python -m benchmarks.overhead $OUT/overhead/game24 $OUT/overhead/gsm8k --section overhead"
+
   # smallest exact budget per search (bench_budgets.py writes JSONL per search folder)
   b1=(--policies arbor --fractions 0.5,0.35 --threads 1 --out "$OUT/budgets/game24-legal-bfs5" model=smollm2
     task=game24 task.propose=legal task.start=901 task.end=902 controller=bfs controller.breadth=5
