@@ -142,7 +142,14 @@ def facts(summary: list[dict], best: list[dict]) -> dict[str, Any]:
         "arbor_below_best": sum(r["beyond"] == "worse" for r in best),
         "settings": len(best),
         "max_peak_x_budget": max((r["peak_x_budget"] for r in summary), default=None),
+        "fractions": _listed(sorted({r["fraction"] for r in summary}, reverse=True)),
     }
+
+
+def _listed(values: list[float]) -> str:
+    """``0.5, 0.25 and 0.1``."""
+    words = [f"{v:g}" for v in values]
+    return ", ".join(words[:-1]) + (" and " if len(words) > 1 else "") + words[-1] if words else ""
 
 
 def _order(policy: str) -> int:

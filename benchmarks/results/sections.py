@@ -156,6 +156,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("e2e-game24"),
     Section("e2e-gsm8k"),
     Section("replay"),
+    Section("floor", optional=True),
+    Section("overhead", optional=True),
     Section("memory-steps"),
     Section("e2e-configl-game24", optional=True),
     Section("e2e-configl-gsm8k"),
