@@ -46,8 +46,9 @@ def test_profile_buckets_charge_c_functions_to_the_code_that_called_them(tiny, o
 
 
 def test_the_script_runs_every_setting_interleaved_and_resumes(data_dir, tmp_path, capsys):
-    args = ["--repeats", "1", "--threads", "1", "--out", str(tmp_path), "model=tiny-random", f"paths.data_dir={data_dir}",
-            "task.start=0", "task.end=1", "controller.n_generate=2", "controller.breadth=2"]  # fmt: skip
+    args = ["--repeats", "1", "--threads", "1", "--out", str(tmp_path), "model=tiny-random",
+            f"paths.data_dir={data_dir}", "task.start=0", "task.end=1", "controller.n_generate=2",
+            "controller.breadth=2"]  # fmt: skip
     assert overhead_main(args) == 0
     lines = [json.loads(s) for s in (tmp_path / "overhead.jsonl").read_text().splitlines()]
     assert [r["setting"] for r in lines] == [label for label, _, _ in SETTINGS]
