@@ -69,6 +69,7 @@ class ModelBackend:
             (R, k, V) logits, k = q when logits_to_keep is 0 else logits_to_keep.
         """
         start = time.perf_counter()
+        batch.positions = position_ids.cpu()  # a sliding window is a mask on positions (attention/window.py)
         if self.sparse is not None and batch.own_slots is not None:  # decode steps only; prefill stays dense
             batch.sparse = self.sparse.prepare(batch, position_ids[:, -1])
         with tree_attention(self.model, batch):
