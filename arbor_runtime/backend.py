@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from arbor_runtime.attention import Kernel, attention_mass, merge_partials, tree_attention
+from arbor_runtime.attention.support import ModelAttention, model_attention
 from arbor_runtime.attention.tree import TreeBatch, context_groups
 from arbor_runtime.batch import Group, Piece  # their home is batch.py; importable from here too
 from arbor_runtime.kv.shape import KVShape
@@ -41,10 +42,15 @@ __all__ = [
 
 
 class ModelBackend:
-    """Runs the model on a :class:`TreeBatch`; counts forward calls and model time."""
+    """Runs the model on a :class:`TreeBatch`; counts forward calls and model time.
+
+    A model whose attention the tree attention cannot serve exactly is refused here (attention/support.py).
+    """
 
     def __init__(self, model: torch.nn.Module, fast_kernel: bool = True) -> None:
         self.model = model
+        #: what the model's attention asks for, per layer (windows, soft caps, sinks)
+        self.attention: ModelAttention = model_attention(model)
         self.shape = KVShape.of(model)
         self.kernel = Kernel(self.shape.device, use_fast=fast_kernel)
         self.forward_calls = 0

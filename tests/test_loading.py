@@ -27,7 +27,8 @@ def test_tiny_random_is_deterministic():
     ("spec", "message"),
     [
         ("/nonexistent/model.gguf", "does not exist"),
-        ("no-such-org/no-such-model", "neither a known name"),
+        ("no-such-org/no-such-model", "not in the local Hugging Face cache .* `hf download no-such-org/no-such-model`"),
+        ("no-such-model", "neither a known name"),
         ("", "empty"),
     ],
 )
