@@ -8,11 +8,11 @@ import json
 
 import pytest
 import torch
-from families import build_family
+from families import build_family, tokenizer
 from test_cli import compose_cfg, tiny_overrides
 
 from arbor_cli.run import run
-from arbor_runtime import Runtime, UnsupportedModelError
+from arbor_runtime import LoadedModel, Runtime, UnsupportedModelError
 from arbor_runtime.attention.support import check_config, model_attention
 from arbor_runtime.loading import inspect_model
 
@@ -69,49 +69,49 @@ class Silent(torch.nn.Module):
         return torch.zeros_like(hidden_states), None
 
 
-def test_a_layer_that_bypasses_the_attention_interface_is_refused(tiny):
-    model = build_family("llama", tiny.tokenizer).model
+def test_a_layer_that_bypasses_the_attention_interface_is_refused():
+    model = build_family("llama").model
     model.model.layers[1].self_attn = Silent()
     with pytest.raises(UnsupportedModelError, match="'llama' is not supported: .*layers 1 never call it"):
         model_attention(model)
 
 
-def test_an_argument_the_tree_attention_lacks_is_refused_at_load(tiny):
+def test_an_argument_the_tree_attention_lacks_is_refused_at_load():
     """A layer that passes ALiBi slopes (or anything else not implemented) to the attention function."""
-    model = build_family("llama", tiny.tokenizer).model
+    model = build_family("llama").model
     for layer in model.model.layers:
         forward = layer.self_attn.forward
         layer.self_attn.forward = lambda *a, _f=forward, **k: _f(*a, **k, alibi_slopes=torch.ones(4))
     with pytest.raises(UnsupportedModelError, match="'llama': its attention passes alibi_slopes, which the tree"):
-        Runtime(type(tiny)(model=model, tokenizer=tiny.tokenizer, spec="patched"))
+        Runtime(LoadedModel(model=model, tokenizer=tokenizer(), spec="patched"))
 
 
-def test_a_window_only_in_the_mask_is_refused(tiny):
+def test_a_window_only_in_the_mask_is_refused():
     """A config that declares a sliding window its attention call never carries (Llama's layers pass
     none): served, it would attend the whole context."""
-    model = build_family("llama", tiny.tokenizer).model
+    model = build_family("llama").model
     model.config.sliding_window = 8
     with pytest.raises(UnsupportedModelError, match="window of 8 on layer 0 but the attention call carries None"):
         model_attention(model)
 
 
-def test_a_model_in_training_mode_is_refused(tiny):
-    model = build_family("qwen2", tiny.tokenizer, attention_dropout=0.1).model.train()
+def test_a_model_in_training_mode_is_refused():
+    model = build_family("qwen2", attention_dropout=0.1).model.train()
     with pytest.raises(UnsupportedModelError, match="attention dropout 0.1"):
         model_attention(model)
 
 
-def test_qwen25_configs_are_plain_attention(tiny):
+def test_qwen25_configs_are_plain_attention():
     """Qwen2.5 checkpoints declare a sliding window but switch it off (use_sliding_window: false)."""
     fields = {"sliding_window": 32768, "use_sliding_window": False, "max_window_layers": 1}
-    assert model_attention(build_family("qwen2", tiny.tokenizer, **fields).model).plain
-    on = build_family("qwen2", tiny.tokenizer, sliding_window=8, use_sliding_window=True, max_window_layers=1)
+    assert model_attention(build_family("qwen2", **fields).model).plain
+    on = build_family("qwen2", sliding_window=8, use_sliding_window=True, max_window_layers=1)
     assert model_attention(on.model).windows == {1: 8}  # transformers' rule: layers from max_window_layers on
 
 
 @pytest.mark.parametrize("policy", ["quest", "lychee"])
 def test_sparse_decode_refuses_a_windowed_model(policy, tiny):
-    loaded = build_family("gemma2", tiny.tokenizer)
+    loaded = build_family("gemma2")
     with pytest.raises(UnsupportedModelError, match=f"policy={policy}: sparse decode attention serves plain"):
         Runtime(loaded, policy=policy)
     Runtime(tiny, policy=policy)  # plain attention: served
