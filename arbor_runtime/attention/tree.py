@@ -97,6 +97,7 @@ class TreeBatch:
         self.positions: torch.Tensor | None = None
         #: window -> per group, the visibility of its pieces (one entry for a packed group)
         self._visible: dict[int, list[list[Visibility]]] = {}
+        self._own_masks: dict[int, torch.Tensor] = {}  # window -> a prefill's mask over its new tokens
         #: a decode step's sparse layout (arbor_runtime/sparse); None = dense attention
         self.sparse: SparseStep | None = None
         #: decode steps: each row's context block ids in path order (blocks with no device token too)
@@ -175,7 +176,7 @@ class TreeBatch:
         if self.own_slots is None:
             g = query.shape[1] // key.shape[1]
             k, v = key.repeat_interleave(g, dim=1), value.repeat_interleave(g, dim=1)  # rows x new tokens only
-            mask = None if call.window is None else own_window_mask(self._positions(), call.window).to(query.device)
+            mask = None if call.window is None else self._own_mask(call.window)
             o, s = self.kernel(query, k, v, call.scale, causal=mask is None, softcap=call.softcap, mask=mask)
             r, hkv, gq, d = qg.shape  # o (R, Hq, q, D), s (R, Hq, q)
             return o.reshape(r, hkv, gq, d).float(), s.reshape(r, hkv, gq).float(), (query, k, mask)
@@ -199,15 +200,16 @@ class TreeBatch:
             if vis[0] is False:
                 return []
             ((k, v),) = self._group_kv(layer, grp, packed)
-            return [(None, k, v, _mask(vis[0], k.device))]
+            return [(None, k, v, None if vis[0] is True else vis[0])]
         return [
-            (j, *self._piece_kv(layer, piece), _mask(seen, self.pool.device))
+            (j, *self._piece_kv(layer, piece), None if seen is True else seen)
             for j, (piece, seen) in enumerate(zip(grp.pieces, vis, strict=True))
             if seen is not False
         ]
 
     def _visibility(self, i: int, window: int, g: int) -> list[Visibility]:
-        """Per piece of group ``i`` (one entry when packed): how its gathered queries see it, once per window."""
+        """Per piece of group ``i`` (one entry when packed): how its gathered queries see it (masks on
+        the pool's device), worked out once per window for every layer that has it."""
         per_window = self._visible.setdefault(window, [None] * len(self.groups))
         if per_window[i] is None:
             grp, packed = self.groups[i], self._packed[i]
@@ -217,8 +219,15 @@ class TreeBatch:
             keys = [grp.start_pos + p.idx for p in grp.pieces]
             if packed is not None:
                 keys = [torch.cat(keys)]
-            per_window[i] = [visibility(qpos, kpos, window) for kpos in keys]
+            seen = [visibility(qpos, kpos, window) for kpos in keys]
+            per_window[i] = [v if isinstance(v, bool) else v.to(self.pool.device) for v in seen]
         return per_window[i]
+
+    def _own_mask(self, window: int) -> torch.Tensor:
+        """(R, 1, q, q) bool: a prefill's new tokens over themselves, causal and within ``window`` (once per window)."""
+        if window not in self._own_masks:
+            self._own_masks[window] = own_window_mask(self._positions(), window).to(self.pool.device)
+        return self._own_masks[window]
 
     def _positions(self) -> torch.Tensor:
         if self.positions is None:
@@ -307,11 +316,6 @@ def _window(t: torch.Tensor, q: int, start: int) -> torch.Tensor:
     """(R, H_kv, g*q, ...) per-query tensor -> (R, H_kv, g*(q-start), ...) of queries start.. of each row."""
     r, hkv = t.shape[0], t.shape[1]
     return t.view(r, hkv, -1, q, *t.shape[3:])[:, :, :, start:].reshape(r, hkv, -1, *t.shape[3:])
-
-
-def _mask(seen: Visibility, device: torch.device) -> torch.Tensor | None:
-    """None for a piece every query sees whole, else its (M, n) mask on ``device``."""
-    return None if seen is True else seen.to(device)
 
 
 def _merge_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, q: int):
