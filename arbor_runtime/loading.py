@@ -90,7 +90,7 @@ def load_model(
     cast = torch_dtype if spec == "tiny-random" and isinstance(torch_dtype, torch.dtype) else None
     model = model.to(device=device, dtype=cast).eval()
     attention = model_attention(model)  # refuses, in one line, what the tree attention cannot serve
-    log.info("model %s: %s (%s)", spec, attention.model_type, attention.describe())
+    log.debug("model %s: %s (%s)", spec, attention.model_type, attention.describe())
     return LoadedModel(model=model, tokenizer=tok, spec=spec)
 
 

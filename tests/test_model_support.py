@@ -128,6 +128,20 @@ def test_arbor_solve_refuses_an_unsupported_model_before_any_search(data_dir, tm
     assert not (tmp_path / "run" / "results.jsonl").exists()
 
 
+def test_arbor_solve_refuses_what_only_the_load_time_probe_finds(data_dir, tmp_path, capsys):
+    """A Falcon folder (config and weights): its config passes, the loaded model's attention does not go
+    through the interface; refused when it loads, before any search, exit 2."""
+    folder = tmp_path / "falcon"
+    tiny("falcon", alibi=False).save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    capsys.readouterr()  # save_pretrained's progress bar
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path / "run", f"model.spec={folder}"))
+    assert run(cfg) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' weight-loading progress bar
+    assert err.startswith("arbor-solve: error: model type 'falcon' is not supported: its attention does not go")
+    assert not (tmp_path / "run" / "results.jsonl").exists()
+
+
 @pytest.mark.parametrize(
     ("option", "model_id"),
     [
