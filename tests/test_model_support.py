@@ -142,6 +142,19 @@ def test_arbor_solve_refuses_what_only_the_load_time_probe_finds(data_dir, tmp_p
     assert not (tmp_path / "run" / "results.jsonl").exists()
 
 
+def test_arbor_solve_refuses_sparse_decode_over_a_windowed_model_before_any_search(data_dir, tmp_path, capsys):
+    folder = tmp_path / "gemma2"
+    loaded = build_family("gemma2")
+    loaded.model.save_pretrained(folder)
+    loaded.tokenizer.save_pretrained(folder)
+    capsys.readouterr()  # save_pretrained's progress bar
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path / "run", f"model.spec={folder}", "policy=quest"))
+    assert run(cfg) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' weight-loading progress bar
+    assert err.startswith("arbor-solve: error: policy=quest: sparse decode attention serves plain attention only")
+    assert not (tmp_path / "run" / "results.jsonl").exists()
+
+
 @pytest.mark.parametrize(
     ("option", "model_id"),
     [
