@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from arbor_cli.budget import PolicyFactory, auto_budget
 from arbor_cli.validate import validate_config
 from arbor_runtime import ArborError, LoadedModel, Policy, Runtime, load_model
+from arbor_runtime.attention.support import check_policy, model_attention
 from arbor_runtime.controllers.base import Controller
 from arbor_runtime.tasks.base import Problem, Task
 from arbor_runtime.verifiers.base import Verifier
@@ -108,6 +109,8 @@ def load(prepared: Prepared, loaded: LoadedModel | None = None, device: str | No
     is chosen once it has loaded (``setup.policies.chosen`` says how)."""
     p = prepared
     loaded = loaded or load_model(**model_kwargs(p.cfg.model) | ({"device": device} if device else {}))
+    # a sparse policy over a model with windows, soft caps or sinks: refused here, not in the search
+    check_policy(p.policies.build(None), model_attention(loaded.model))
     if p.policies.auto:
         p.policies.resolve_auto(auto_budget(p.task, p.problems, loaded, p.concurrency))
     return Setup(p.cfg, p.task, p.verifier, p.problems, p.policies, loaded)

@@ -1,6 +1,14 @@
 """ArborKV runtime: tree-structured LLM reasoning with per-thought-block KV cache management."""
 
-from arbor_runtime.errors import ArborError, BudgetError, KVBudgetExceeded, ModelSpecError, NodeError, TokenIdError
+from arbor_runtime.errors import (
+    ArborError,
+    BudgetError,
+    KVBudgetExceeded,
+    ModelSpecError,
+    NodeError,
+    TokenIdError,
+    UnsupportedModelError,
+)
 from arbor_runtime.loading import LoadedModel, load_model
 from arbor_runtime.metrics import RuntimeMetrics
 from arbor_runtime.policies import Policy, build_policy
@@ -21,6 +29,7 @@ __all__ = [
     "RuntimeMetrics",
     "SamplingParams",
     "TokenIdError",
+    "UnsupportedModelError",
     "build_policy",
     "load_model",
 ]

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from arbor_runtime.engine import Account, Work
+from arbor_runtime.kv.windows import window_dead_bytes
 from arbor_runtime.metrics import MEMORY_SECONDS, RuntimeMetrics, TracePoint, store_totals
 
 if TYPE_CHECKING:
@@ -125,6 +126,8 @@ class Accounts:
             m.sync_sparse(self.backend.sparse.stats)
         if work.account is not None:
             work.account.metrics.sync_events(work.account.events)
+        dead = self.window_dead_bytes()
+        m.window_dead_bytes_max = max(m.window_dead_bytes_max, dead)
         point = TracePoint(
             step=len(m.trace),
             op=work.name,
@@ -136,8 +139,18 @@ class Accounts:
             events=len(self.memory.events.records),
             rehydrations=self.store.counters.rehydrations,
             branch_switch_events=m.branch_switch_events,
+            window_dead_bytes=dead,
         )
         for target in self.targets(work):
             target.trace.append(point)
         for hook in self.step_hooks:
             hook(point, work.account)
+
+    def window_dead_bytes(self) -> int:
+        """Device KV bytes the model's sliding-window layers can no longer read (0 without windows):
+        what a per-layer pool would free now (arbor_runtime/kv/windows.py)."""
+        windows = self.backend.attention.windows
+        if not windows:
+            return 0
+        readers = [([a.id for a in node.kv_path()], node.end_pos) for node in self.memory.nodes.values()]
+        return window_dead_bytes(self.store, readers, windows)

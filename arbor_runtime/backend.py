@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from arbor_runtime.attention import Kernel, attention_mass, merge_partials, tree_attention
+from arbor_runtime.attention.support import ModelAttention, model_attention
 from arbor_runtime.attention.tree import TreeBatch, context_groups
 from arbor_runtime.batch import Group, Piece  # their home is batch.py; importable from here too
 from arbor_runtime.kv.shape import KVShape
@@ -41,10 +42,15 @@ __all__ = [
 
 
 class ModelBackend:
-    """Runs the model on a :class:`TreeBatch`; counts forward calls and model time."""
+    """Runs the model on a :class:`TreeBatch`; counts forward calls and model time.
+
+    A model whose attention the tree attention cannot serve exactly is refused here (attention/support.py).
+    """
 
     def __init__(self, model: torch.nn.Module, fast_kernel: bool = True) -> None:
         self.model = model
+        #: what the model's attention asks for, per layer (windows, soft caps, sinks)
+        self.attention: ModelAttention = model_attention(model)
         self.shape = KVShape.of(model)
         self.kernel = Kernel(self.shape.device, use_fast=fast_kernel)
         self.forward_calls = 0
@@ -69,6 +75,7 @@ class ModelBackend:
             (R, k, V) logits, k = q when logits_to_keep is 0 else logits_to_keep.
         """
         start = time.perf_counter()
+        batch.positions = position_ids.cpu()  # a sliding window is a mask on positions (attention/window.py)
         if self.sparse is not None and batch.own_slots is not None:  # decode steps only; prefill stays dense
             batch.sparse = self.sparse.prepare(batch, position_ids[:, -1])
         with tree_attention(self.model, batch):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 if TYPE_CHECKING:
+    from arbor_runtime.attention.call import AttentionCall
     from arbor_runtime.kv.pool import DevicePool
 
 
@@ -33,13 +34,18 @@ class Piece:
 
 @dataclass(slots=True)
 class Group:
-    """A context block and the batch rows whose path holds it (``rows`` None = every row)."""
+    """A context block and the batch rows whose path holds it (``rows`` None = every row).
+
+    ``start_pos``: the block's first token's position: a piece's keys sit at ``start_pos + idx``
+    (what a sliding window is measured on).
+    """
 
     block_id: int
     rows: torch.Tensor | None
     n_rows: int
     pieces: list[Piece]
     mass: list[torch.Tensor] | None = None  # per piece (length,) float32 when statistics are on
+    start_pos: int = 0
 
 
 class BatchView(Protocol):
@@ -60,7 +66,8 @@ class BatchView(Protocol):
     context_ids: list[list[int]] | None
 
     def attend(
-        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, call: AttentionCall
     ) -> torch.Tensor:
-        """query (R, Hq, q, D); key/value (R, H_kv, q, D). Returns (R, q, Hq, D) in the query dtype."""
+        """query (R, Hq, q, D); key/value (R, H_kv, q, D); ``call``: the softmax the layer asks for.
+        Returns (R, q, Hq, D) in the query dtype."""
         ...

@@ -9,6 +9,11 @@ class ModelSpecError(ArborError, ValueError):
     """A model spec names no loadable model (unknown name, missing file, bad path)."""
 
 
+class UnsupportedModelError(ModelSpecError):
+    """A model whose attention the runtime cannot serve exactly (refused when it loads, never served
+    with silently different attention): the message names the model type and what is missing."""
+
+
 class BudgetError(ArborError, ValueError):
     """A KV budget that can never work (e.g. smaller than the prompt the active path needs)."""
 

@@ -1,7 +1,10 @@
 """Model loading: the embedded SmolLM2 GGUF, HF ids / local dirs, .gguf paths, a tiny test model.
 
 ``load_model(spec)`` returns a :class:`LoadedModel` (model in eval mode + tokenizer). Nothing is
-downloaded by the runtime itself; ``trust_remote_code`` stays off unless asked for.
+downloaded by the runtime itself; ``trust_remote_code`` stays off unless asked for. A model whose
+attention the tree attention cannot serve exactly is refused here, with one line
+(:mod:`arbor_runtime.attention.support`): from its config alone in :func:`inspect_model`, and by a
+two-token probe once the weights are loaded.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 import logging
 import mmap
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -19,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from arbor_runtime.attention.support import check_config, model_attention
 from arbor_runtime.errors import ModelSpecError
 
 log = logging.getLogger(__name__)
@@ -84,6 +89,8 @@ def load_model(
     # "auto" (the default on a GPU) means the checkpoint's own dtype: the tiny model is built in fp32
     cast = torch_dtype if spec == "tiny-random" and isinstance(torch_dtype, torch.dtype) else None
     model = model.to(device=device, dtype=cast).eval()
+    attention = model_attention(model)  # refuses, in one line, what the tree attention cannot serve
+    log.debug("model %s: %s (%s)", spec, attention.model_type, attention.describe())
     return LoadedModel(model=model, tokenizer=tok, spec=spec)
 
 
@@ -132,6 +139,7 @@ def inspect_model(
         cfg = _dir_config(Path(spec).expanduser())
     else:
         cfg = _hub_config(spec)
+    check_config(cfg)
     return _geometry(cfg, torch_dtype)
 
 
@@ -192,10 +200,26 @@ def _hub_config(spec: str) -> dict:
     try:
         return AutoConfig.from_pretrained(spec, local_files_only=True).to_dict()
     except (OSError, ValueError) as exc:
-        raise ModelSpecError(
-            f"model spec {spec!r} is neither a known name, a local directory, a .gguf file, "
-            f"nor an HF id available offline ({type(exc).__name__}); valid: {', '.join(KNOWN_SPECS)}"
-        ) from exc
+        raise _not_found(spec, exc) from exc
+
+
+#: an HF model id: ``owner/name``
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _not_found(spec: str, exc: Exception) -> ModelSpecError:
+    """The one-line error for a spec that names nothing loadable; an HF id says how to fetch it."""
+    if _HF_ID.match(spec) and not Path(spec).expanduser().exists():
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        return ModelSpecError(
+            f"model {spec!r} is not in the local Hugging Face cache ({HF_HUB_CACHE}) and the runtime does not "
+            f"download: fetch it once with `hf download {spec}` (huggingface_hub's CLI), then run again"
+        )
+    return ModelSpecError(
+        f"model spec {spec!r} is neither a known name, a local directory, a .gguf file, "
+        f"nor an HF id available offline ({type(exc).__name__}); valid: {', '.join(KNOWN_SPECS)}"
+    )
 
 
 #: GGUF metadata value types: struct format of the fixed-size ones (8: string, 9: array)
@@ -364,25 +388,25 @@ def _load_gguf(path: Path, torch_dtype: torch.dtype | str) -> tuple[torch.nn.Mod
 def _load_dir(path: Path, torch_dtype: torch.dtype | str, trust_remote_code: bool) -> tuple[torch.nn.Module, object]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _dir_config(path)  # no config.json, or no lm_head.weight that the config does not tie: refused here
+    check_config(_dir_config(path))  # no config.json, no lm_head.weight the config does not tie, or a model refused
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
     return model, tok
 
 
 def _load_hub_id(spec: str, torch_dtype: torch.dtype | str, trust_remote_code: bool) -> tuple[torch.nn.Module, object]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     try:
         # local_files_only: the runtime never downloads; users fetch models themselves.
         kw = {"trust_remote_code": trust_remote_code, "local_files_only": True}
+        check_config(AutoConfig.from_pretrained(spec, **kw).to_dict())  # refused before any weight loads
         tok = AutoTokenizer.from_pretrained(spec, **kw)
         model = AutoModelForCausalLM.from_pretrained(spec, dtype=torch_dtype, **kw)
     except (OSError, ValueError) as exc:
-        raise ModelSpecError(
-            f"model spec {spec!r} is neither a known name, a local directory, a .gguf file, "
-            f"nor an HF id available offline ({type(exc).__name__}); valid: {', '.join(KNOWN_SPECS)}"
-        ) from exc
+        if isinstance(exc, ModelSpecError):
+            raise
+        raise _not_found(spec, exc) from exc
     return model, tok
 
 

@@ -17,6 +17,8 @@ class TracePoint:
         t: seconds since the runtime was created.
         host_tokens: host-tier tokens after the operation; events, rehydrations, branch_switch_events:
             running totals.
+        window_dead_bytes: device KV bytes the model's sliding-window layers can no longer read after
+            the operation (outside every live node's window; arbor_runtime/kv/windows.py); 0 without windows.
     """
 
     step: int
@@ -29,6 +31,7 @@ class TracePoint:
     events: int = 0
     rehydrations: int = 0  # running totals since the runtime was created
     branch_switch_events: int = 0
+    window_dead_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -104,6 +107,10 @@ class RuntimeMetrics:
     recompute_seconds: float = 0.0
     decode_steps: int = 0
     decode_step_rows: int = 0
+    #: sliding-window models (Mistral, Gemma, gpt-oss): the most device KV bytes, at the end of any
+    #: operation, that window layers could no longer read (outside every live node's window). The pool
+    #: keeps them (a block's slots hold every layer): it is what a per-layer pool would have freed
+    window_dead_bytes_max: int = 0
     trace: list[TracePoint] = field(default_factory=list)
 
     @property

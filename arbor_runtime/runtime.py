@@ -22,6 +22,7 @@ import torch
 
 from arbor_runtime import validation
 from arbor_runtime.accounts import Accounts
+from arbor_runtime.attention.support import check_policy
 from arbor_runtime.backend import ModelBackend
 from arbor_runtime.choose import ChoiceScores, ChoosePlan, ChooseWork
 from arbor_runtime.engine import Account, Engine, ExpandJob, Work
@@ -80,6 +81,7 @@ class Runtime:
         self.policy = build_policy(policy, budget_tokens=budget_tokens)
         bind_policy(self.policy, self.model)
         self.backend = ModelBackend(self.model, fast_kernel=fast_kernel)
+        check_policy(self.policy, self.backend.attention)  # sparse decode reads plain attention only
         host_cap = getattr(self.policy, "host_budget_tokens", None)
         self.store = KVStore(self.backend.shape, capacity=self.policy.kv_budget_tokens, host_capacity=host_cap)
         self.metrics = RuntimeMetrics()

@@ -28,6 +28,7 @@ import torch
 
 from arbor_runtime.attention import Kernel
 from arbor_runtime.attention import tree as tree_attention
+from arbor_runtime.attention.call import AttentionCall
 from arbor_runtime.backend import Group, Piece, TreeBatch
 from arbor_runtime.kv import DevicePool, KVShape
 
@@ -52,7 +53,7 @@ def step_ms(pool: DevicePool, pieces: list[Piece], rows: int, stats: bool, pack:
     start = time.perf_counter()
     for layer in range(LAYERS):
         batch.update(kv, kv, layer)
-        batch.attend(layer, q, kv, kv, HEAD_DIM**-0.5)
+        batch.attend(layer, q, kv, kv, AttentionCall(HEAD_DIM**-0.5))
     return (time.perf_counter() - start) * 1e3
 
 

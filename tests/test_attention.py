@@ -8,6 +8,7 @@ import torch
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.attention import Kernel, attention_mass, attention_reference, merge_partials
 from arbor_runtime.attention import tree as tree_attention
+from arbor_runtime.attention.call import AttentionCall
 from arbor_runtime.backend import Group, Piece, TreeBatch
 from arbor_runtime.kv import DevicePool, KVShape
 
@@ -100,7 +101,7 @@ def test_tree_batch_equals_attention_over_each_rows_concatenated_path(fast, pack
     assert (batch._packed[0] is not None) == pack and batch._packed[1] is None  # a lone piece: in place
     query, key, value = torch.randn(3, 6, 1, 16), torch.randn(3, 2, 1, 16), torch.randn(3, 2, 1, 16)
     batch.update(key, value, 0)
-    out = batch.attend(FakeLayer.layer_idx, query, key, value, 16**-0.5)  # (R, q, Hq, D)
+    out = batch.attend(FakeLayer.layer_idx, query, key, value, AttentionCall(16**-0.5))  # (R, q, Hq, D)
     root_slots = [*range(30), *range(100, 120)]
     paths = [
         [*root_slots, *range(60, 70), 150, 151, 152],

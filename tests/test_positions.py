@@ -99,16 +99,12 @@ class Reference:
         if context:
             ks = torch.stack([self.kv[k][0] for k, _ in context], dim=2)  # (L, H_kv, C, D)
             vs = torch.stack([self.kv[k][1] for k, _ in context], dim=2)
-            cache = DynamicCache(
-                ddp_cache_data=[(ks[i].unsqueeze(0), vs[i].unsqueeze(0)) for i in range(ks.shape[0])],
-                config=self.model.config,
-            )
-        q = len(ids)
+            cache = self.cache([(ks[i].unsqueeze(0), vs[i].unsqueeze(0)) for i in range(ks.shape[0])])
         out = self.model(
             input_ids=torch.tensor([ids]),
             position_ids=torch.tensor([positions]),
-            attention_mask=torch.ones(1, len(context) + q, dtype=torch.long),
-            cache=cache if cache is not None else DynamicCache(config=self.model.config),
+            attention_mask=self.mask([p for _, p in context], positions),
+            cache=cache if cache is not None else self.cache(None),
             use_cache=True,
         )
         layers = out.cache.layers
@@ -119,6 +115,17 @@ class Reference:
                 torch.stack([lay.values[0, :, at] for lay in layers]),
             )
         return torch.log_softmax(out.logits[0].float(), dim=-1)
+
+    def mask(self, context_positions: list[int], positions: list[int]):
+        """The replayed forward's attention mask: every cached key and the new tokens causally (2-D
+        ones; tests/test_families.py replaces it with masks on original positions for sliding windows)."""
+        return torch.ones(1, len(context_positions) + len(positions), dtype=torch.long)
+
+    def cache(self, data: list[tuple[torch.Tensor, torch.Tensor]] | None) -> DynamicCache:
+        """The replay's cache holding ``data`` (per layer (K, V), each (1, H_kv, C, D)); None = empty."""
+        if data is None:
+            return DynamicCache(config=self.model.config)
+        return DynamicCache(ddp_cache_data=data, config=self.model.config)
 
     def context(self, fwd: Forward, blocks: list[Node], own: Node | None = None, before: int = 0):
         """(key, true position) of every token ``blocks`` retained at ``fwd`` (and ``own``'s first

@@ -1,8 +1,11 @@
 """The transformers hook: the ``arbor_tree`` attention implementation routes each layer to the batch.
 
 While :func:`tree_attention` is active, every attention layer of the model calls the running
-batch's ``attend`` (a :class:`~arbor_runtime.batch.BatchView`) with the layer's query and the new
-tokens' key / value; the batch decides what they attend (tree.py dense, sparse/step.py sparse).
+batch's ``attend`` (a :class:`~arbor_runtime.batch.BatchView`) with the layer's query, the new
+tokens' key / value and what the layer asked for (its scale, window, soft cap, sinks: call.py);
+the batch decides what they attend (tree.py dense, sparse/step.py sparse). An argument the tree
+attention does not implement raises :class:`~arbor_runtime.errors.UnsupportedModelError` (the
+load-time probe, support.py, makes that happen before any search).
 """
 
 from __future__ import annotations
@@ -13,18 +16,22 @@ from contextlib import contextmanager
 
 import torch
 
+from arbor_runtime.attention.call import attention_call
 from arbor_runtime.batch import BatchView
 
 IMPLEMENTATION = "arbor_tree"
 _ACTIVE: contextvars.ContextVar[BatchView | None] = contextvars.ContextVar("arbor_tree_batch", default=None)
 
 
-def _tree_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
-    """transformers attention interface: query (R, Hq, q, D); key/value (R, H_kv, q, D) = the new tokens."""
+def _tree_attention(module, query, key, value, attention_mask, **kwargs):
+    """transformers attention interface: query (R, Hq, q, D); key/value (R, H_kv, q, D) = the new tokens.
+
+    ``attention_mask`` is None (no mask function is registered for this implementation): causality
+    and windows come from positions, in the batch."""
     batch = _ACTIVE.get()
     if batch is None:
         raise RuntimeError("arbor_tree attention called outside a tree batch")
-    out = batch.attend(module.layer_idx, query, key, value, scaling or query.shape[-1] ** -0.5)
+    out = batch.attend(module.layer_idx, query, key, value, attention_call(module, query, kwargs))
     return out, None
 
 

@@ -29,26 +29,46 @@ QUERY_CHUNK = 512
 
 
 def attention_reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    causal: bool = False,
+    softcap: float | None = None,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Matmul attention with its log-sum-exp, keys in chunks of KEY_CHUNK merged exactly.
 
     q: (B, H, M, D); k, v: (B, H, N, D). Causal aligns the last query with the last key.
-    Returns out (B, H, M, D) float32 and lse (B, H, M) float32.
+    softcap: scores become ``softcap * tanh(score / softcap)`` before the softmax (Gemma2).
+    mask: bool, broadcastable to (B, H, M, N): True where a query sees a key (a sliding window).
+    Returns out (B, H, M, D) float32 and lse (B, H, M) float32; a query that sees no key gets
+    out 0 and lse -inf (it adds nothing when merged).
     """
     m, n = q.shape[-2], k.shape[-2]
     out = lse = None
     for c in range(0, n, KEY_CHUNK):
         kc, vc = k[..., c : c + KEY_CHUNK, :].float(), v[..., c : c + KEY_CHUNK, :].float()
-        scores = torch.matmul(q.float(), kc.transpose(-1, -2)) * scale  # (B, H, M, n_c)
+        scores = capped_scores(q, kc, scale, softcap)  # (B, H, M, n_c)
         if causal:
             qpos = torch.arange(m, device=q.device).unsqueeze(1) + (n - m)
             kpos = torch.arange(c, c + kc.shape[-2], device=q.device).unsqueeze(0)
             scores = scores.masked_fill(kpos > qpos, float("-inf"))
+        if mask is not None:
+            scores = scores.masked_fill(~mask[..., c : c + KEY_CHUNK], float("-inf"))
         s = torch.logsumexp(scores, dim=-1)
         o = torch.matmul(torch.softmax(scores, dim=-1).nan_to_num_(0.0), vc)
         out, lse = (o, s) if out is None else merge_partials(out, lse, o, s)
     return out, lse
+
+
+def capped_scores(q: torch.Tensor, k: torch.Tensor, scale: float, softcap: float | None = None) -> torch.Tensor:
+    """(..., M, D) x (..., N, D) -> (..., M, N) float32 scores ``scale q.k``, soft-capped when asked
+    (``softcap * tanh(s / softcap)``, Gemma2's order: scale first, then the cap)."""
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    return scores
 
 
 KernelFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -144,17 +164,47 @@ def _fast_kernel(device: torch.device):
     return None
 
 
+def _cpu_flash_masked(q, k, v, scale, mask):
+    """The fused CPU kernel with a visibility mask (an additive 0 / -inf bias in the query dtype). It
+    reports lse 0 for a query that sees no key: set to -inf here so the merge ignores it."""
+    bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, False, attn_mask=bias, scale=scale
+    )[:2]
+    blind = ~mask.any(dim=-1)  # (.., M) broadcast over (B, H, M)
+    if bool(blind.any()):
+        lse = lse.masked_fill(blind, float("-inf"))
+    return out, lse
+
+
 class Kernel:
-    """Attention with log-sum-exp: the fused op when available (``use_fast``), else the reference."""
+    """Attention with log-sum-exp: the fused op when available (``use_fast``), else the reference.
+
+    A soft cap runs the reference (no fused kernel here caps scores). A mask runs the fused CPU kernel
+    with an additive bias, the reference elsewhere (CUDA: correct, not fast; only the few pieces a
+    sliding window cuts through take it).
+    """
 
     def __init__(self, device: torch.device, use_fast: bool = True) -> None:
         self.fast = _fast_kernel(device) if use_fast else None
 
-    def __call__(self, q, k, v, scale: float, causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: (B, H, M, D); k, v: (B, H, N, D), strided views allowed. Returns (out, lse)."""
-        if self.fast is not None:
+    def __call__(
+        self,
+        q,
+        k,
+        v,
+        scale: float,
+        causal: bool = False,
+        softcap: float | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: (B, H, M, D); k, v: (B, H, N, D), strided views allowed; mask: bool broadcastable to
+        (B, H, M, N), True = seen. Returns (out, lse); a query that sees no key has lse -inf."""
+        if softcap is None and mask is not None and self.fast is _cpu_flash and not causal:
+            return _cpu_flash_masked(q, k, v, scale, mask)
+        if softcap is None and mask is None and self.fast is not None:
             return self.fast(q, k, v, scale, causal)
-        return attention_reference(q, k, v, scale, causal)
+        return attention_reference(q, k, v, scale, causal, softcap, mask)
 
     def name(self, dtype: torch.dtype, head_dim: int) -> str:
         """Which kernel runs for this dtype and head size (for reports)."""
@@ -164,7 +214,13 @@ class Kernel:
 
 
 def attention_mass(
-    q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float, causal: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lse: torch.Tensor,
+    scale: float,
+    causal: bool = False,
+    softcap: float | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax mass each key receives, summed over batch, heads and queries, in bounded tiles.
 
@@ -172,12 +228,13 @@ def attention_mass(
         q: (B, H, M, D); k: (B, H, N, D); lse: (B, H, M) the queries' final log-sum-exp over
             *all* keys they attend (so masses over a partial key set are true probabilities).
         causal: query i (of M) sees key j only if j <= i + N - M.
+        softcap: the scores' soft cap, as in attention; mask: (M, N) bool, True = seen (a window).
     Returns:
         (N,) float32.
 
     Each tile is one ``baddbmm`` (``-lse + (scale q) k^T``), an in-place ``exp`` and a sum; only a
     tile the causal diagonal crosses is masked (a prefill's statistics cost about as much as its
-    attention instead of twice as much).
+    attention instead of twice as much). A soft cap computes the capped scores of the tile instead.
     """
     m, n = q.shape[-2], k.shape[-2]
     lead = q.shape[:-2]
@@ -193,10 +250,16 @@ def attention_mass(
         seen = min(n, last_key + 1) if causal else n
         for c in range(0, seen, KEY_CHUNK):
             cols = min(KEY_CHUNK, seen - c)
-            p = torch.baddbmm(neg_lse[:, r : r + rows], qs[:, r : r + rows], ks[:, c : c + cols].transpose(1, 2))
+            kt = ks[:, c : c + cols].transpose(1, 2)
+            if softcap is None:
+                p = torch.baddbmm(neg_lse[:, r : r + rows], qs[:, r : r + rows], kt)
+            else:
+                p = torch.tanh(torch.bmm(qs[:, r : r + rows], kt) / softcap) * softcap + neg_lse[:, r : r + rows]
             if causal and c + cols - 1 > r + n - m:  # the diagonal crosses this tile
                 qpos = torch.arange(r, r + rows, device=q.device).unsqueeze(1) + (n - m)
                 kpos = torch.arange(c, c + cols, device=q.device).unsqueeze(0)
                 p.masked_fill_(kpos > qpos, float("-inf"))
+            if mask is not None:
+                p.masked_fill_(~mask[r : r + rows, c : c + cols], float("-inf"))
             mass[c : c + cols] += p.exp_().sum(dim=(0, 1))
     return mass

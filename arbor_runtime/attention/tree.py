@@ -13,6 +13,12 @@ partial outputs (rows x new tokens) plus, when statistics are on, score tiles of
 Attention statistics (the softmax mass each key receives, summed over heads and queries) come
 from the same partials: a second pass per segment with the final log-sum-exp.
 
+What a layer asks through the attention interface (:class:`~arbor_runtime.attention.call.AttentionCall`)
+is served exactly: its scale; a soft cap on every partial's scores (the log-sum-exp of capped scores
+merges like any other); a sliding window as a mask on the keys' original positions (pieces outside
+every query's window are not read, pieces inside it are read unmasked, window.py); learned sinks as
+one more partial with log-sum-exp ``sink`` and output 0, merged last.
+
 The batch is also the model's cache: transformers calls :meth:`TreeBatch.update` once per layer,
 which writes the new tokens' K/V straight into their pool slots.
 """
@@ -24,8 +30,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from arbor_runtime.attention.kernels import Kernel, attention_mass
+from arbor_runtime.attention.call import AttentionCall
+from arbor_runtime.attention.kernels import Kernel, attention_mass, capped_scores
 from arbor_runtime.attention.merge import merge_partials
+from arbor_runtime.attention.window import Visibility, decode_own_mask, own_window_mask, visibility
 from arbor_runtime.batch import Group, Piece
 from arbor_runtime.kv.pool import DevicePool, Extent
 from arbor_runtime.kv.store import KVStore
@@ -84,6 +92,12 @@ class TreeBatch:
         self._packed = [_packed_slots(g.pieces, device) for g in groups]
         self.stats = stats
         self.own_mass: torch.Tensor | None = None
+        #: (R, q) long original positions of the new tokens, on the host: set by the backend before the
+        #: forward (a sliding window needs them)
+        self.positions: torch.Tensor | None = None
+        #: window -> per group, the visibility of its pieces (one entry for a packed group)
+        self._visible: dict[int, list[list[Visibility]]] = {}
+        self._own_masks: dict[int, torch.Tensor] = {}  # window -> a prefill's mask over its new tokens
         #: a decode step's sparse layout (arbor_runtime/sparse); None = dense attention
         self.sparse: SparseStep | None = None
         #: decode steps: each row's context block ids in path order (blocks with no device token too)
@@ -109,63 +123,116 @@ class TreeBatch:
         return key_states, value_states
 
     # ---- attention ------------------------------------------------------------------------------
-    def attend(self, layer: int, query, key, value, scale: float) -> torch.Tensor:
+    def attend(self, layer: int, query, key, value, call: AttentionCall) -> torch.Tensor:
         """query (R, Hq, q, D); key/value (R, H_kv, q, D). Returns (R, q, Hq, D) in the query dtype."""
         if self.sparse is not None:
-            return self._attend_sparse(layer, query, key, value, scale)
+            return self._attend_sparse(layer, query, key, value, call)
         r, hq, q, d = query.shape
         hkv = key.shape[1]
         g = hq // hkv
         qg = query.reshape(r, hkv, g * q, d)  # query head h = kv * g + j: grouped, keys never repeated
-        own = self._attend_own(layer, qg, query, key, value, scale)
+        own = self._attend_own(layer, qg, query, key, value, call)
         out, lse = own[0], own[1]
-        gathered, keys = [], []
-        for grp, packed in zip(self.groups, self._packed, strict=True):
+        reads = []
+        for i, (grp, packed) in enumerate(zip(self.groups, self._packed, strict=True)):
             qf = _gather_queries(qg, grp.rows)  # (1, H_kv, rows * g * q, D)
-            kv = self._group_kv(layer, grp, packed)
+            parts = self._reads(layer, i, packed, call.window, g)
             if self.stats:  # the statistics pass reads the same keys (a packed copy once); else each
-                gathered.append(qf)  # group's copy is freed before the next group's is made
-                keys.append([k for k, _ in kv])
-            for k, v in kv:
-                o, s = self.kernel(qf, k, v, scale)
+                reads.append((qf, [(j, k, mask) for j, k, _, mask in parts]))  # group's copy is freed
+            for _, k, v, mask in parts:
+                o, s = self.kernel(qf, k, v, call.scale, softcap=call.softcap, mask=mask)
                 out, lse = _merge_rows(out, lse, grp.rows, grp.n_rows, o, s)
+        if call.sinks is not None:
+            out, lse = _merge_sinks(out, lse, call.sinks, q)
         if self.stats:
-            self._collect(qg, gathered, keys, own, lse, scale)
+            self._collect(qg, reads, own, lse, call)
         return out.to(query.dtype).view(r, hq, q, d).transpose(1, 2)
 
-    def _attend_sparse(self, layer: int, query, key, value, scale: float) -> torch.Tensor:
+    def _attend_sparse(self, layer: int, query, key, value, call: AttentionCall) -> torch.Tensor:
         """Decode attention over the context chunks ``self.sparse`` picks, plus the own tokens."""
+        if not call.plain:  # Runtime refuses sparse policies for such models before any work
+            raise RuntimeError("sparse decode attention serves plain softmax attention only")
+        scale = call.scale
         r, hq, q, d = query.shape
         hkv = key.shape[1]
         qg = query.reshape(r, hkv, (hq // hkv) * q, d)
         if not self.stats and self.sparse.owner.fast:  # own tokens in the same gather and softmax
             out = self.sparse.attend_all(layer, qg, self.own_slots, self.own_valid, scale)
             return out.to(query.dtype).view(r, hq, q, d).transpose(1, 2)
-        own_out, own_lse, own_scores = self._attend_own(layer, qg, query, key, value, scale)
+        own_out, own_lse, own_scores = self._attend_own(layer, qg, query, key, value, call)
         out, lse = self.sparse.attend(layer, qg, own_out, own_lse, scale)
         if self.stats:  # the own tokens' mass under the final log-sum-exp
             mass = torch.exp(own_scores - lse.unsqueeze(-1)).sum(dim=(1, 2))  # (R, n)
             self.own_mass = mass if self.own_mass is None else self.own_mass + mass
         return out.to(query.dtype).view(r, hq, q, d).transpose(1, 2)
 
-    def _attend_own(self, layer, qg, query, key, value, scale):
+    def _attend_own(self, layer, qg, query, key, value, call: AttentionCall):
         """Each row's own tokens: its generated tokens from the pool (decode) or causal new tokens.
 
         Returns (out, lse, extra): (R, H_kv, g*q, D), (R, H_kv, g*q) float32, and what the
-        statistics pass needs: the own scores (decode) or the (query, repeated keys) pair (prefill).
+        statistics pass needs: the own scores (decode) or the (query, repeated keys, mask) of a prefill
+        (mask: (R, 1, q, q) bool under a window, else None = causal).
         """
         if self.own_slots is None:
             g = query.shape[1] // key.shape[1]
             k, v = key.repeat_interleave(g, dim=1), value.repeat_interleave(g, dim=1)  # rows x new tokens only
-            o, s = self.kernel(query, k, v, scale, causal=True)  # (R, Hq, q, D), (R, Hq, q)
-            r, hkv, gq, d = qg.shape
-            return o.reshape(r, hkv, gq, d).float(), s.reshape(r, hkv, gq).float(), (query, k)
+            mask = None if call.window is None else self._own_mask(call.window)
+            o, s = self.kernel(query, k, v, call.scale, causal=mask is None, softcap=call.softcap, mask=mask)
+            r, hkv, gq, d = qg.shape  # o (R, Hq, q, D), s (R, Hq, q)
+            return o.reshape(r, hkv, gq, d).float(), s.reshape(r, hkv, gq).float(), (query, k, mask)
         k, v = _rows_gather(self.pool, layer, self.own_slots)  # (R, H_kv, n, D) each
-        scores = torch.matmul(qg.float(), k.float().transpose(-1, -2)) * scale  # (R, H_kv, g*q, n)
-        scores = scores.masked_fill(~self.own_valid[:, None, None, :], float("-inf"))
+        scores = capped_scores(qg, k, call.scale, call.softcap)  # (R, H_kv, g*q, n)
+        seen = decode_own_mask(self.own_valid, call.window)
+        scores = scores.masked_fill(~seen[:, None, None, :], float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)
         out = torch.matmul(torch.softmax(scores, dim=-1), v.float())
         return out, lse, scores
+
+    def _reads(self, layer: int, i: int, packed: Packed | None, window: int | None, g: int):
+        """What group ``i`` attends at this layer: (piece index or None for a packed copy, K, V, mask)
+        per read, K/V (1, H_kv, n, D); pieces outside every query's window are left out, a mask
+        (M, n) only where the window's edge cuts through a piece."""
+        grp = self.groups[i]
+        vis = [True] * (1 if packed is not None else len(grp.pieces))
+        if window is not None:
+            vis = self._visibility(i, window, g)
+        if packed is not None:
+            if vis[0] is False:
+                return []
+            ((k, v),) = self._group_kv(layer, grp, packed)
+            return [(None, k, v, None if vis[0] is True else vis[0])]
+        return [
+            (j, *self._piece_kv(layer, piece), None if seen is True else seen)
+            for j, (piece, seen) in enumerate(zip(grp.pieces, vis, strict=True))
+            if seen is not False
+        ]
+
+    def _visibility(self, i: int, window: int, g: int) -> list[Visibility]:
+        """Per piece of group ``i`` (one entry when packed): how its gathered queries see it (masks on
+        the pool's device), worked out once per window for every layer that has it."""
+        per_window = self._visible.setdefault(window, [None] * len(self.groups))
+        if per_window[i] is None:
+            grp, packed = self.groups[i], self._packed[i]
+            pos = self._positions()
+            qpos = pos if grp.rows is None else pos.index_select(0, grp.rows.cpu())
+            qpos = qpos.unsqueeze(1).expand(-1, g, -1).reshape(-1)  # the order of _gather_queries
+            keys = [grp.start_pos + p.idx for p in grp.pieces]
+            if packed is not None:
+                keys = [torch.cat(keys)]
+            seen = [visibility(qpos, kpos, window) for kpos in keys]
+            per_window[i] = [v if isinstance(v, bool) else v.to(self.pool.device) for v in seen]
+        return per_window[i]
+
+    def _own_mask(self, window: int) -> torch.Tensor:
+        """(R, 1, q, q) bool: a prefill's new tokens over themselves, causal and within ``window`` (once per window)."""
+        if window not in self._own_masks:
+            self._own_masks[window] = own_window_mask(self._positions(), window).to(self.pool.device)
+        return self._own_masks[window]
+
+    def _positions(self) -> torch.Tensor:
+        if self.positions is None:
+            raise RuntimeError("a sliding-window layer needs the batch's positions (set by the backend)")
+        return self.positions
 
     def _piece_kv(self, layer: int, piece: Piece) -> tuple[torch.Tensor, torch.Tensor]:
         """(1, H_kv, length, D) strided views into the pool: no copy."""
@@ -180,33 +247,41 @@ class TreeBatch:
         k, v = self.pool.gather_runs(layer, *packed)
         return [(k.unsqueeze(0), v.unsqueeze(0))]
 
-    def _collect(self, qg, gathered, keys, own, lse, scale) -> None:
+    def _collect(self, qg, reads, own, lse, call: AttentionCall) -> None:
         """Attention mass per key under the final log-sum-exp of each counted query.
 
-        ``keys``: per group, the (1, H_kv, n, D) keys its attention read (one packed run, or one view
-        per piece)."""
-        extra = own[2]
+        ``reads``: per group, its gathered queries and what its attention read: (piece index or None
+        for the packed copy, keys (1, H_kv, n, D), mask or None)."""
+        extra, scale, cap = own[2], call.scale, call.softcap
         if self.stats_from:  # the observation window: queries stats_from.. of each row (prefill only)
             qg, lse = _window(qg, self.q, self.stats_from), _window(lse, self.q, self.stats_from)
-            gathered = [_gather_queries(qg, grp.rows) for grp in self.groups]
-            query, k = extra
-            extra = (query[:, :, self.stats_from :], k)
-        for grp, qf, flat, ks in zip(self.groups, gathered, self._flat_mass, keys, strict=True):
+            reads = [(_gather_queries(qg, grp.rows), parts) for grp, (_, parts) in zip(self.groups, reads, strict=True)]
+            query, k, mask = extra
+            extra = (query[:, :, self.stats_from :], k, None if mask is None else mask[:, :, self.stats_from :])
+        for grp, (qf, parts), flat in zip(self.groups, reads, self._flat_mass, strict=True):
             s = lse if grp.rows is None else lse.index_select(0, grp.rows)
             s = s.transpose(0, 1).reshape(1, s.shape[1], -1)  # (1, H_kv, rows * g * q), query order of qf
-            if flat is not None:  # one packed run: its pieces' masses are views of ``flat``
-                flat += attention_mass(qf, ks[0], s, scale)
-                continue
-            for i, k in enumerate(ks):
-                grp.mass[i] += attention_mass(qf, k, s, scale)
+            for j, k, mask in parts:
+                if self.stats_from and mask is not None:  # the window's rows of the counted queries
+                    mask = _window(mask[None, None], self.q, self.stats_from)[0, 0]
+                target = flat if j is None else grp.mass[j]  # a packed run: its pieces' masses are views of flat
+                target += attention_mass(qf, k, s, scale, softcap=cap, mask=mask)
         if isinstance(extra, torch.Tensor):  # decode: (R, H_kv, g*q, n) scores of the own tokens
             mass = torch.exp(extra - lse.unsqueeze(-1)).sum(dim=(1, 2))  # (R, n)
         else:  # prefill: causal mass over the new tokens, row by row
-            query, k = extra
+            query, k, mask = extra
             final = lse.reshape(query.shape[0], query.shape[1], query.shape[2])  # (R, Hq, counted queries)
             mass = torch.stack(
                 [
-                    attention_mass(query[i : i + 1], k[i : i + 1], final[i : i + 1], scale, causal=True)
+                    attention_mass(
+                        query[i : i + 1],
+                        k[i : i + 1],
+                        final[i : i + 1],
+                        scale,
+                        causal=mask is None,
+                        softcap=cap,
+                        mask=None if mask is None else mask[i, 0],
+                    )
                     for i in range(query.shape[0])
                 ]
             )
@@ -241,6 +316,14 @@ def _window(t: torch.Tensor, q: int, start: int) -> torch.Tensor:
     """(R, H_kv, g*q, ...) per-query tensor -> (R, H_kv, g*(q-start), ...) of queries start.. of each row."""
     r, hkv = t.shape[0], t.shape[1]
     return t.view(r, hkv, -1, q, *t.shape[3:])[:, :, :, start:].reshape(r, hkv, -1, *t.shape[3:])
+
+
+def _merge_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, q: int):
+    """Merge learned sinks: (R, H_kv, g*q, D) / (R, H_kv, g*q) with a partial of output 0 and log-sum-exp
+    ``sinks[h]`` per query head h (Hq,) (gpt-oss: ``softmax([scores, sink])`` with the sink dropped)."""
+    r, hkv, gq, _ = out.shape
+    sink = sinks.detach().float().to(lse.device).view(hkv, gq // q, 1).expand(hkv, gq // q, q).reshape(1, hkv, gq)
+    return merge_partials(out, lse, torch.zeros_like(out), sink.expand(r, hkv, gq))
 
 
 def _merge_rows(out, lse, rows, n_rows, o, s):
@@ -278,5 +361,6 @@ def context_groups(store: KVStore, contexts: Sequence[Sequence[int]]) -> list[Gr
         if not pieces:
             continue
         every = len(rows) == len(contexts)
-        groups.append(Group(block_id, None if every else torch.tensor(rows), len(rows), pieces))
+        rows_t = None if every else torch.tensor(rows)
+        groups.append(Group(block_id, rows_t, len(rows), pieces, start_pos=blk.start_pos))
     return groups
