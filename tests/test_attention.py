@@ -142,7 +142,7 @@ def test_runtime_attributes_attention_to_blocks(tiny):
 
 
 def test_observers_count_the_queries_that_saw_each_block(tiny):
-    rt = Runtime(tiny, policy="arbor")
+    rt = Runtime(tiny, policy="h2o")  # statistics on every forward (arbor's only under memory pressure)
     root = rt.new_tree("Input: 4 4 6 8\nSteps:\n")
     kids = rt.expand(root, 2, SamplingParams(max_new_tokens=5, temperature=1.0, seed=0))
     # the prompt's own prefill (half of its queries see a given token on average) + every decode query
