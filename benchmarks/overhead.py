@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import cProfile
 import math
+import time
 import pstats
 import statistics
 from collections import defaultdict
@@ -128,10 +129,11 @@ def bucket_of(func: tuple[str, int, str]) -> str | None:
 
 
 def profile_buckets(fn: Callable[[], Any]) -> dict[str, float]:
-    """Seconds by bucket of one call of ``fn`` under cProfile: each function's own time to its bucket;
-    a function outside every bucket (a C function, the standard library) charged to its callers'
-    buckets, split as the profile records the calls from each caller."""
-    prof = cProfile.Profile()
+    """CPU seconds of this process by bucket, one call of ``fn`` under cProfile: each function's own time
+    to its bucket; a function outside every bucket (a C function, the standard library) charged to its
+    callers' buckets, split as the profile records the calls from each caller. The clock is the
+    process's CPU time, not the wall clock: another process on a busy machine does not move it."""
+    prof = cProfile.Profile(time.process_time)
     prof.runcall(fn)
     stats = pstats.Stats(prof).stats  # func -> (cc, nc, tt, ct, callers)
     out: dict[str, float] = defaultdict(float)
