@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import cProfile
 import math
-import time
 import pstats
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
