@@ -39,12 +39,27 @@ def validate_config(cfg: DictConfig, policies: PolicyFactory, device: str | None
     check_controller(cfg.controller)
     check_policy_counts(policies.node)
     device = device or cfg.model.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-    geometry = inspect_model(cfg.model.spec, device=device, dtype=cfg.model.get("dtype"))
+    geometry = check_model_files(cfg.model.spec, device, cfg.model.get("dtype"))
     check_kvp_weights(policies.node, cfg.model.spec)
     budget = policies.node.get("budget_tokens")
     if budget is not None:
         check_budget_fits(budget, geometry, device)
     return geometry
+
+
+#: what a model's config must say for its KV geometry to be known
+GEOMETRY_KEYS = ("num_hidden_layers", "num_attention_heads", "hidden_size")
+
+
+def check_model_files(spec: str, device: str, dtype: str | None) -> ModelGeometry:
+    """:func:`inspect_model`, a config that lacks a key the KV geometry needs named in one line."""
+    try:
+        return inspect_model(spec, device=device, dtype=dtype)
+    except KeyError as exc:
+        raise ModelSpecError(
+            f"model.spec={spec}: its config has no {exc.args[0]!r}; valid: a config.json that states "
+            f"{', '.join(GEOMETRY_KEYS)} (and num_key_value_heads, head_dim when they differ)"
+        ) from None
 
 
 def check_seed(seed: Any) -> None:
