@@ -30,6 +30,7 @@ from arbor_runtime.errors import BudgetError, KVBudgetExceeded
 from arbor_runtime.generation import Row
 from arbor_runtime.grammar import GrammarCompiler
 from arbor_runtime.kv import BlockKV, Extent, KVStore
+from arbor_runtime.kv.host import default_host_tokens
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.memory import MemoryManager
 from arbor_runtime.metrics import RuntimeMetrics, TracePoint
@@ -54,6 +55,10 @@ class Runtime:
         policy: a policy name (``"full"``, ``"arbor"``, ...) or a built :class:`Policy`.
         budget_tokens: cap on device KV tokens (used when ``policy`` is a name); the device pool
             holds exactly this many token slots, shared by every tree of the runtime.
+            Evicted KV a policy offloads goes to a host tier of at most the policy's
+            ``host_budget_tokens``, or by default of ``kv.host.HOST_SHARE`` (half) of the host
+            memory available when the runtime starts; what does not fit is dropped and recomputed
+            when the search returns to it.
         seed: default seed of each tree's sampling streams (``new_tree(seed=...)`` overrides it).
         fast_kernel: use the fused (out, lse) attention op when torch has one (False: the matmul
             reference, for tests).
@@ -83,6 +88,8 @@ class Runtime:
         bind_policy(self.policy, self.model)
         self.backend = ModelBackend(self.model, fast_kernel=fast_kernel)
         host_cap = getattr(self.policy, "host_budget_tokens", None)
+        if host_cap is None:  # the policy sets no cap: a share of the host memory available now
+            host_cap = default_host_tokens(self.backend.shape)
         self.store = KVStore(self.backend.shape, capacity=self.policy.kv_budget_tokens, host_capacity=host_cap)
         self.metrics = RuntimeMetrics()
         #: every node made here: live and all tables, ids, the owner stamp, tree seeds
