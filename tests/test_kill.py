@@ -8,9 +8,8 @@ triggers, after N more rows, mid-problem (a random moment after a row), and mid-
 problem's records start to land, before its results row), and a fourth run finishes it. Its results
 are compared, row by row, with those of an uninterrupted run at concurrency 1: answers, paths and
 generated tokens everywhere; prompt tokens, peaks and the whole search tree where each problem has a
-runtime of its
-own (concurrency 1 locally, and on Ray, whose actor searches one problem at a time). After each
-kill of the Ray driver, every process it started must be gone within seconds (the reaper,
+runtime of its own (concurrency 1 locally, and on Ray, whose actor searches one problem at a time).
+After each kill of the Ray driver, every process it started must be gone within seconds (the reaper,
 ``arbor_cli/runners/reaper.py``). The random points come from ``ARBOR_KILL_SEED`` when set (a
 failure names the seed it ran with).
 """
