@@ -164,7 +164,12 @@ class Kernel:
 
 
 def attention_mass(
-    q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, scale: float, causal: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lse: torch.Tensor,
+    scale: float,
+    causal: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax mass each key receives, summed over batch, heads and queries, in bounded tiles.
 
@@ -172,16 +177,18 @@ def attention_mass(
         q: (B, H, M, D); k: (B, H, N, D); lse: (B, H, M) the queries' final log-sum-exp over
             *all* keys they attend (so masses over a partial key set are true probabilities).
         causal: query i (of M) sees key j only if j <= i + N - M.
+        out: (N,) float32 to add the masses to (nothing of size N is allocated then); None: a new one.
     Returns:
-        (N,) float32.
+        (N,) float32: ``out`` when given.
 
     Each tile is one ``baddbmm`` (``-lse + (scale q) k^T``), an in-place ``exp`` and a sum; only a
     tile the causal diagonal crosses is masked (a prefill's statistics cost about as much as its
-    attention instead of twice as much).
+    attention instead of twice as much). One tile, at most B*H x QUERY_CHUNK x KEY_CHUNK floats, is
+    alive at a time.
     """
     m, n = q.shape[-2], k.shape[-2]
     lead = q.shape[:-2]
-    mass = torch.zeros(n, dtype=torch.float32, device=q.device)
+    mass = torch.zeros(n, dtype=torch.float32, device=q.device) if out is None else out
     qs = (q.float() * scale).reshape(-1, m, q.shape[-1])  # (BH, M, D)
     ks = k.float().reshape(-1, n, k.shape[-1])  # (BH, N, D)
     neg_lse = lse.float().reshape(-1, m, 1).neg()  # (BH, M, 1)
@@ -199,4 +206,5 @@ def attention_mass(
                 kpos = torch.arange(c, c + cols, device=q.device).unsqueeze(0)
                 p.masked_fill_(kpos > qpos, float("-inf"))
             mass[c : c + cols] += p.exp_().sum(dim=(0, 1))
+            del p  # freed before the next tile is made
     return mass
