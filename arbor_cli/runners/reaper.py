@@ -56,6 +56,9 @@ def reaped() -> Iterator[subprocess.Popen]:
 
 #: seconds between two looks at the instance's processes while the driver lives
 WATCH_SECONDS = 0.5
+#: a process's environment is read again on each look until it is this old (between fork and exec
+#: it still shows its parent's)
+SETTLE_SECONDS = 5
 
 
 def processes() -> dict[int, tuple[int, str]]:
@@ -80,22 +83,32 @@ def has_marker(pid: int, marker: str) -> bool:
     return f"{MARKER}={marker}".encode() in environ.split(b"\0")
 
 
-def watch(marker: str, spare: set[int], known: dict[int, str]) -> None:
+def watch(marker: str, spare: set[int], known: dict[int, str], checked: set[tuple[int, str]]) -> None:
     """Add to ``known`` (pid -> start time) every process with the marker and every descendant of one.
 
     Descendants count whatever their environment says now: Ray's agents rewrite their process title
-    over it (``setproctitle``), so only their parentage tells they belong to the instance.
+    over it (``setproctitle``), so only their parentage tells they belong to the instance. A process's
+    environment is read until it is :data:`SETTLE_SECONDS` old (``checked`` holds the (pid, start
+    time) pairs not to read again).
     """
-    now = processes()
+    now, settled = processes(), _ticks_now() - SETTLE_SECONDS * os.sysconf("SC_CLK_TCK")
     grew = True
     while grew:
         grew = False
         for pid, (ppid, started) in now.items():
             if pid in known or pid in spare:
                 continue
-            if ppid in known or has_marker(pid, marker):
+            fresh = (pid, started) not in checked
+            if int(started) < settled:  # a younger one may not have exec'd its environment yet
+                checked.add((pid, started))
+            if ppid in known or (fresh and has_marker(pid, marker)):
                 known[pid] = started
                 grew = True
+
+
+def _ticks_now() -> float:
+    """Clock ticks since boot (what ``/proc/<pid>/stat`` start times count)."""
+    return float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK")
 
 
 def reap(known: dict[int, str]) -> list[int]:
@@ -115,14 +128,14 @@ def main(argv: list[str]) -> int:
     marker, driver = argv[0], int(argv[1])
     if not Path("/proc/self/stat").exists():
         return 0
-    spare, known = {os.getpid(), driver}, {}
+    spare, known, checked = {os.getpid(), driver}, {}, set()
     stdin = sys.stdin.buffer
     while True:
         ready, _, _ = select.select([stdin], [], [], WATCH_SECONDS)
         if ready and not os.read(stdin.fileno(), 4096):  # nothing is ever written: b"" is the end
             break
-        watch(marker, spare, known)
-    watch(marker, spare, known)
+        watch(marker, spare, known, checked)
+    watch(marker, spare, known, checked)
     reap(known)
     return 0
 
