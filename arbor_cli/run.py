@@ -128,6 +128,9 @@ def verifier_title(setup: Setup) -> str:
 def resolve_run_dir(cfg: DictConfig) -> Path:
     """``cfg.run_dir`` when set, else Hydra's output dir for this job."""
     if cfg.get("run_dir"):
+        error = run_dir_error(cfg.run_dir)
+        if error:
+            raise ValueError(error)
         path = Path(cfg.run_dir)
     else:
         from hydra.core.hydra_config import HydraConfig
@@ -135,6 +138,18 @@ def resolve_run_dir(cfg: DictConfig) -> Path:
         path = Path(HydraConfig.get().runtime.output_dir)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def run_dir_error(run_dir: object) -> str | None:
+    """``run_dir``, when set, must be a folder or a path one can be made at (Hydra writes there first)."""
+    if not run_dir:
+        return None
+    path = Path(str(run_dir))
+    blocked = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        what = "is" if blocked == path else f"lies under {blocked}, which is"
+        return f"run_dir={run_dir}: {what} a file, not a folder; valid: a folder (made when missing)"
+    return None
 
 
 def show_trees(console: Console, run_dir: Path, rows: list[dict[str, Any]]) -> None:

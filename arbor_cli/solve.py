@@ -23,7 +23,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from arbor_cli.run import run
+from arbor_cli.run import run, run_dir_error
 
 #: config groups whose options are files conf/<group>/<option>.yaml
 GROUPS = ("task", "policy", "controller", "verifier", "model", "runner", "experiment")
@@ -118,17 +118,34 @@ def check_overrides(argv: Sequence[str]) -> str | None:
         try:
             (override,) = parser.parse_overrides([line])
         except HydraException as exc:
-            return f"{line}: {_one_line(exc)}"
+            return f"{_shown(line)}: {_parse_error(line, exc)}"
+        except ValueError as exc:  # Python's own refusals while parsing (a 5,000-digit integer)
+            return f"{_shown(line)}: {_one_line(exc).split(';')[0]}; valid: key=value with a value Hydra can read"
+        if not override.key_or_group:
+            return f"{_shown(line)}: an override needs a key before '='; valid: key=value (seed=5)"
         try:
             parsed.append((line, _first_value(override), override.key_or_group))
         except (HydraException, StopIteration):
             return None
     try:
-        _compose([applied for _, applied, _ in parsed])
-    except (HydraException, OmegaConfBaseException) as exc:
+        cfg = _compose([applied for _, applied, _ in parsed])
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
         found = UNKNOWN_KEY.match(str(exc))
         return _unknown_key(found.group(1), parsed) if found else _one_line(exc)
-    return None
+    return run_dir_error(cfg.get("run_dir"))
+
+
+def _shown(line: str, limit: int = 80) -> str:
+    """An override as an error line shows it: at most ``limit`` characters (a 5,000-digit seed is cut)."""
+    return line if len(line) <= limit else f"{line[:limit]}... ({len(line):,} characters)"
+
+
+def _parse_error(line: str, exc: HydraException) -> str:
+    """Why Hydra's grammar refuses an override, in words: an unquoted non-ASCII value says to quote it."""
+    key, sep, value = line.partition("=")
+    if sep and not value.isascii() and "'" not in value and '"' not in value:
+        return f"Hydra reads only ASCII characters in an unquoted value; valid: quote it, {key}='{value}'"
+    return _one_line(exc)
 
 
 @hydra.main(version_base="1.3", config_path="pkg://arbor_cli.conf", config_name="config")

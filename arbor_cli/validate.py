@@ -11,7 +11,6 @@ one ValueError naming the value and what is valid; ``arbor-solve`` prints it as 
 from __future__ import annotations
 
 import inspect
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from arbor_cli.budget import PolicyFactory
 from arbor_runtime import ModelSpecError
 from arbor_runtime.controllers.base import Controller
+from arbor_runtime.kv.host import available_host_bytes
 from arbor_runtime.loading import ModelGeometry, default_cache_dir, inspect_model
 
 #: policy settings that count tokens of a host tier or an index: an integer >= 0, or null
@@ -39,12 +39,27 @@ def validate_config(cfg: DictConfig, policies: PolicyFactory, device: str | None
     check_controller(cfg.controller)
     check_policy_counts(policies.node)
     device = device or cfg.model.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-    geometry = inspect_model(cfg.model.spec, device=device, dtype=cfg.model.get("dtype"))
+    geometry = check_model_files(cfg.model.spec, device, cfg.model.get("dtype"))
     check_kvp_weights(policies.node, cfg.model.spec)
     budget = policies.node.get("budget_tokens")
     if budget is not None:
         check_budget_fits(budget, geometry, device)
     return geometry
+
+
+#: what a model's config must say for its KV geometry to be known
+GEOMETRY_KEYS = ("num_hidden_layers", "num_attention_heads", "hidden_size")
+
+
+def check_model_files(spec: str, device: str, dtype: str | None) -> ModelGeometry:
+    """:func:`inspect_model`, a config that lacks a key the KV geometry needs named in one line."""
+    try:
+        return inspect_model(spec, device=device, dtype=dtype)
+    except KeyError as exc:
+        raise ModelSpecError(
+            f"model.spec={spec}: its config has no {exc.args[0]!r}; valid: a config.json that states "
+            f"{', '.join(GEOMETRY_KEYS)} (and num_key_value_heads, head_dim when they differ)"
+        ) from None
 
 
 def check_seed(seed: Any) -> None:
@@ -76,7 +91,8 @@ def check_policy_counts(node: dict[str, Any]) -> None:
             value = args.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(
-                    f"{where}.{key}={value!r} must be an integer >= 0 (tokens the host tier may hold) or null (no cap)"
+                    f"{where}.{key}={value!r} must be an integer >= 0 (tokens the host tier may hold) or null "
+                    "(half the host memory available)"
                 )
 
 
@@ -121,12 +137,7 @@ def free_memory(device: str) -> int:
     dev = torch.device(device)
     if dev.type == "cuda":
         return int(torch.cuda.mem_get_info(dev)[0])
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return available_host_bytes()
 
 
 def _kvp_paths(node: dict[str, Any]) -> list[tuple[str, str | None]]:

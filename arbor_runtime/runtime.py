@@ -25,12 +25,13 @@ from arbor_runtime.accounts import Accounts
 from arbor_runtime.attention.support import check_policy
 from arbor_runtime.backend import ModelBackend
 from arbor_runtime.choose import ChoiceScores, ChoosePlan, ChooseWork
-from arbor_runtime.engine import Account, Engine, ExpandJob, Work
+from arbor_runtime.engine import PAGE, Account, Engine, ExpandJob, Work
 from arbor_runtime.engine.prefill import Prefiller
 from arbor_runtime.errors import BudgetError, KVBudgetExceeded
 from arbor_runtime.generation import Row
 from arbor_runtime.grammar import GrammarCompiler
 from arbor_runtime.kv import BlockKV, Extent, KVStore
+from arbor_runtime.kv.host import default_host_tokens
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.memory import MemoryManager
 from arbor_runtime.metrics import RuntimeMetrics, TracePoint
@@ -55,6 +56,10 @@ class Runtime:
         policy: a policy name (``"full"``, ``"arbor"``, ...) or a built :class:`Policy`.
         budget_tokens: cap on device KV tokens (used when ``policy`` is a name); the device pool
             holds exactly this many token slots, shared by every tree of the runtime.
+            Evicted KV a policy offloads goes to a host tier of at most the policy's
+            ``host_budget_tokens``, or by default of ``kv.host.HOST_SHARE`` (half) of the host
+            memory available when the runtime starts; what does not fit is dropped and recomputed
+            when the search returns to it.
         seed: default seed of each tree's sampling streams (``new_tree(seed=...)`` overrides it).
         fast_kernel: use the fused (out, lse) attention op when torch has one (False: the matmul
             reference, for tests).
@@ -78,11 +83,15 @@ class Runtime:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         #: token ids a block may hold: 0 <= id < vocab_size (checked before any work)
         self.vocab_size = validation.vocab_size(self.model)
+        #: positions the model was built for: no block reaches past them (None: the model states none)
+        self.max_positions = validation.max_positions(self.model)
         self.policy = build_policy(policy, budget_tokens=budget_tokens)
         bind_policy(self.policy, self.model)
         self.backend = ModelBackend(self.model, fast_kernel=fast_kernel)
         check_policy(self.policy, self.backend.attention)  # sparse decode reads plain attention only
         host_cap = getattr(self.policy, "host_budget_tokens", None)
+        if host_cap is None:  # the policy sets no cap: a share of the host memory available now
+            host_cap = default_host_tokens(self.backend.shape)
         self.store = KVStore(self.backend.shape, capacity=self.policy.kv_budget_tokens, host_capacity=host_cap)
         self.metrics = RuntimeMetrics()
         #: every node made here: live and all tables, ids, the owner stamp, tree seeds
@@ -189,19 +198,26 @@ class Runtime:
         own block holds only that rest; the node itself still has the whole prompt and no parent.
 
         A prompt larger than the budget is prefilled in chunks under policies that may evict from
-        the active path or that degrade below their floor (``arbor``); under ``full`` it is refused
-        up front. ``examples``: the token span [start, end) of few-shot examples (``Node.examples``).
+        the active path or that degrade below their floor (``arbor``), when the budget can keep some
+        of it beside a row's first page (at least ``PAGE + 1`` = 9 tokens); under ``full`` it is
+        refused up front. ``examples``: the token span [start, end) of few-shot examples (``Node.examples``).
         """
         ids = self._token_ids(ids, "new_tree_ids")
         if not ids:
             raise ValueError("prompt is empty: a root block needs at least one token")
         examples = validation.token_span(examples, len(ids), "examples")
+        validation.positions(0, len(ids), self.max_positions, "new_tree: the prompt")
         budget = self.budget_tokens
         caps = self.policy.capabilities
         if budget is not None and len(ids) > budget and not (caps.shrinks_active_path or caps.degrades):
             raise BudgetError(
                 f"budget_tokens={budget} is smaller than the root prompt ({len(ids)} tokens): "
                 "the active path could never fit; raise the budget"
+            )
+        if budget is not None and len(ids) > budget and budget < PAGE + 1:
+            raise BudgetError(
+                f"budget_tokens={budget} is smaller than the root prompt ({len(ids)} tokens) and could keep "
+                f"none of it beside a decoding row's first page ({PAGE} slots); valid: at least {PAGE + 1}"
             )
         text = self.tokenizer.decode(ids) if text is None else text
         seed = self.seed if seed is None else int(seed)
@@ -215,7 +231,12 @@ class Runtime:
         return node
 
     def expand(self, node: Node, n: int = 1, sampling: SamplingParams | None = None) -> list[Node]:
-        """Sample ``n`` child thoughts of ``node`` (batched); returns the children."""
+        """Sample ``n`` child thoughts of ``node`` (batched); returns the children.
+
+        A child ends at ``sampling.max_new_tokens``, a stop string or EOS, and always where the model's
+        positions end (``stop_reason="length"``); a node whose path already fills them, or ``n`` above
+        ``validation.MAX_ROWS``, is refused (ValueError) before anything runs.
+        """
         return self.expand_many([(node, n)], sampling)[0]
 
     def expand_many(
@@ -237,10 +258,13 @@ class Runtime:
             one list of children per request, in request order.
         Raises:
             KVBudgetExceeded: a single row (its path plus its new tokens) cannot fit.
-            ValueError: a request or a regex / grammar that is not valid.
+            ValueError: a request or a regex / grammar that is not valid; more than
+                ``validation.MAX_ROWS`` children in all; a node whose path fills the model's positions.
         """
-        validation.check_requests(requests, self.table.check_live)
-        stops = validation.stop_checkers(requests, sampling, self.tokenizer, self._eos_ids, self.grammar)
+        validation.check_requests(requests, self.table.check_live, self.max_positions)
+        stops = validation.stop_checkers(
+            requests, sampling, self.tokenizer, self._eos_ids, self.grammar, self.max_positions
+        )
         job = ExpandJob("expand", self.accounts.current(), requests=list(requests), stops=stops)
         job.grammar = self.grammar
         return self.engine.submit(job)
@@ -269,6 +293,7 @@ class Runtime:
         plan = ChoosePlan.build(self.tokenizer, node, choices, keep, by)
         for choice, ids in zip(plan.choices, plan.token_ids, strict=True):
             self._token_ids(ids, f"choose: choice {choice!r}")
+            validation.positions(node.end_pos, len(ids), self.max_positions, f"choose: choice {choice!r}")
         every = list(range(len(plan.choices)))
         logprobs, kept = self._choose_pass(node, plan, every, list(plan.keep_given))
         result = ChoiceScores(plan.choices, plan.token_ids, [logprobs[i] for i in every], plan.by)
@@ -311,6 +336,7 @@ class Runtime:
         ids = self._token_ids(ids, "append_ids")
         if not ids:
             raise ValueError("append_ids needs at least one token id")
+        validation.positions(node.end_pos, len(ids), self.max_positions, f"append to {node!r}")
         text = self.tokenizer.decode(ids) if text is None else text
         job = self.prefiller.job(node, ids, text, FORCED)
         child = self.engine.submit(Work("append", self.accounts.current(), run=job))

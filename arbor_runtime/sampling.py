@@ -5,21 +5,24 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How one thought is generated (vLLM-style names).
+    """How one thought is generated (vLLM-style names); immutable, checked once when built.
 
     Attributes:
-        max_new_tokens: tokens a thought may take at most (> 0).
+        max_new_tokens: tokens a thought may take at most (> 0). A row also ends ("length") where
+            the model's positions end (``config.max_position_embeddings``): a thought never decodes
+            past them, whatever this says.
         temperature: 0 means greedy; otherwise logits are divided by it.
         top_p: nucleus mass in (0, 1]; 1 keeps the whole distribution.
         top_k: keep the k most likely tokens; 0 disables.
-        stop: strings that end a thought; the token completing a stop string is kept in the block.
+        stop: strings that end a thought (a string, or a sequence of strings; stored as a tuple,
+            empty strings left out); the token completing a stop string is kept in the block.
         seed: seeds this call's generator; None uses the runtime's own generator.
         stop_at_eos: end a thought at the tokenizer's EOS token (kept in the block).
         regex: constrain every sampled thought to match this regular expression (llguidance
@@ -29,13 +32,16 @@ class SamplingParams:
 
     A constrained row ends when its grammar admits no further token ("grammar"), or earlier at a
     stop string, EOS or ``max_new_tokens`` (then its text is a prefix of a match).
+
+    Frozen: a value is checked here once and cannot change afterwards (``p.temperature = nan``
+    raises ``FrozenInstanceError``); ``dataclasses.replace(p, temperature=0.0)`` makes a checked copy.
     """
 
     max_new_tokens: int = 48
     temperature: float = 0.7
     top_p: float = 1.0
     top_k: int = 0
-    stop: list[str] = field(default_factory=list)
+    stop: tuple[str, ...] = ()
     seed: int | None = None
     stop_at_eos: bool = True
     regex: str | None = None
@@ -53,9 +59,9 @@ class SamplingParams:
             raise ValueError(f"top_k={self.top_k!r} must be an integer >= 0 (0 disables)")
         if self.seed is not None and not _is_int(self.seed):
             raise ValueError(f"seed={self.seed!r} must be an integer or None")
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = [s for s in self.stop if s]
+        if not isinstance(self.stop_at_eos, bool):
+            raise ValueError(f"stop_at_eos={self.stop_at_eos!r} must be True or False")
+        object.__setattr__(self, "stop", _stop_strings(self.stop))
         if self.regex is not None and self.grammar is not None:
             raise ValueError("SamplingParams: give regex= or grammar=, not both")
         for name in ("regex", "grammar"):
@@ -71,6 +77,19 @@ class SamplingParams:
     def constrained(self) -> bool:
         """Whether thoughts are sampled under a regex or grammar."""
         return self.regex is not None or self.grammar is not None
+
+
+def _stop_strings(stop) -> tuple[str, ...]:
+    """``stop`` as a tuple of non-empty strings: one string, or a sequence of strings."""
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    valid = "valid: a string or a sequence of strings (stop=() for none)"
+    if not isinstance(stop, Sequence) or isinstance(stop, bytes):
+        raise ValueError(f"stop={stop!r:.60} must be a string or a sequence of strings; {valid}")
+    bad = next((s for s in stop if not isinstance(s, str)), None)
+    if bad is not None:
+        raise ValueError(f"stop={stop!r:.60}: {bad!r} is not a string; {valid}")
+    return tuple(s for s in stop if s)
 
 
 def _is_int(value) -> bool:

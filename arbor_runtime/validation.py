@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -80,8 +81,17 @@ def examples_tokens(tokenizer, prompt: str, ids: Sequence[int], span: Sequence[i
     return first, max(first, agree(end) - 1)
 
 
-def check_requests(requests: Sequence[tuple[Node, int]], check_live: Callable[[Node], None]) -> None:
-    """``expand_many``'s requests: at least one, each a (live node, positive int) pair."""
+#: rows one ``expand`` / ``expand_many`` call may ask for in all: every row's state (its sampling
+#: stream, its future child) is made when the call starts; ask for more in several calls
+MAX_ROWS = 4096
+
+
+def check_requests(
+    requests: Sequence[tuple[Node, int]], check_live: Callable[[Node], None], max_positions: int | None = None
+) -> None:
+    """``expand_many``'s requests: at least one, each a (live node, positive int) pair, at most
+    :data:`MAX_ROWS` rows in all, and each node's path short of the model's last position (a child
+    needs one position at least; ``max_positions`` None: the model states no limit)."""
     if not requests:
         raise ValueError("expand_many needs at least one (node, n) request")
     for request in requests:
@@ -91,28 +101,70 @@ def check_requests(requests: Sequence[tuple[Node, int]], check_live: Callable[[N
         check_live(node)
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"n={n!r} for {node!r} must be a positive integer")
+        if n > MAX_ROWS:
+            raise ValueError(f"n={n} for {node!r}: at most {MAX_ROWS} children in one call; ask in several calls")
+        positions(node.end_pos, 1, max_positions, f"expand {node!r}")
+    total = sum(n for _, n in requests)
+    if total > MAX_ROWS:
+        raise ValueError(f"expand_many asks for {total} children in all: at most {MAX_ROWS} in one call")
+
+
+def positions(start: int, count: int, max_positions: int | None, where: str) -> None:
+    """Refuse (ValueError) ``count`` tokens from position ``start`` that would pass the model's
+    ``max_positions`` (its ``config.max_position_embeddings``; None: no limit)."""
+    if max_positions is not None and start + count > max_positions:
+        raise ValueError(
+            f"{where}: {count} token(s) from position {start} pass the model's {max_positions} positions "
+            f"(config.max_position_embeddings); valid: at most {max(max_positions - start, 0)} from there"
+        )
+
+
+def max_positions(model: torch.nn.Module) -> int | None:
+    """Positions the model was built for (``config.max_position_embeddings``), or None when it says none."""
+    value = getattr(model.config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def stop_checkers(
-    requests: Sequence[object],
+    requests: Sequence[tuple[Node, int]],
     sampling: SamplingParams | Sequence[SamplingParams] | None,
     tokenizer,
     eos_ids: set[int],
     grammar: GrammarCompiler,
+    max_positions: int | None = None,
 ) -> list[StopChecker]:
     """One stop checker per request (shared when the requests share their parameters), each one's
-    regex / grammar checked (ValueError) before anything runs."""
+    regex / grammar checked (ValueError) before anything runs.
+
+    A request whose rows could decode past the model's ``max_positions`` gets a checker of its own
+    whose ``max_new_tokens`` stops there: its rows end with ``stop_reason="length"``.
+    """
     if sampling is None or isinstance(sampling, SamplingParams):
         stop = StopChecker(tokenizer, sampling or SamplingParams(), eos_ids)
         stops = [stop] * len(requests)
     else:
+        if isinstance(sampling, str | bytes) or not isinstance(sampling, Sequence):
+            raise ValueError(f"sampling={sampling!r:.60} must be a SamplingParams, one per request, or None")
         if len(sampling) != len(requests):
             raise ValueError(f"expand_many: {len(sampling)} SamplingParams for {len(requests)} requests")
+        bad = next((p for p in sampling if not isinstance(p, SamplingParams)), None)
+        if bad is not None:
+            raise ValueError(f"expand_many: {bad!r:.60} is not a SamplingParams")
         made: dict[int, StopChecker] = {}
         stops = [made.setdefault(id(p), StopChecker(tokenizer, p, eos_ids)) for p in sampling]
     for stop in {id(s): s for s in stops}.values():
         grammar.check(stop.params)
+    if max_positions is not None:
+        stops = [_capped(stop, node.end_pos, max_positions) for stop, (node, _) in zip(stops, requests, strict=True)]
     return stops
+
+
+def _capped(stop: StopChecker, start: int, max_positions: int) -> StopChecker:
+    """``stop``, or a copy whose rows end at the model's last position when they could pass it."""
+    room = max_positions - start
+    if stop.params.max_new_tokens <= room:
+        return stop
+    return StopChecker(stop.tokenizer, replace(stop.params, max_new_tokens=room), stop.eos_ids)
 
 
 def finite_value(value: float, node: Node) -> float:

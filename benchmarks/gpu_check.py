@@ -14,7 +14,9 @@ The forced blocks' log-probabilities (the runtime scores every forced token over
 vocabulary, in float32) are a transient of several hundred MB per block on top of the KV, the
 same under every policy; ``peak_device_kv_bytes`` and ``pool_bytes`` give the KV alone.
 
-Per run: peak ``torch.cuda.max_memory_allocated`` (and above the weights), peak device KV tokens,
+Per run: peak ``torch.cuda.max_memory_allocated`` (and above the weights), the largest scratch a
+forward allocated and the largest share of its bound (``arbor_runtime/scratch.py``; measured per
+forward by ``benchmarks.memprof.CudaForwardMeter``, on the CPU path by torch's profiler), peak device KV tokens,
 decode tokens/s (sampled tokens over the wall time of the expansions), restore GB/s (bytes over
 the restore lane's busy time, from CUDA events) and the share of restore time hidden behind
 compute (1 - compute's stalls on restore events / restore time). One JSON, one table.
@@ -44,6 +46,8 @@ from arbor_runtime import KVBudgetExceeded, Runtime, SamplingParams
 from arbor_runtime.attention import Kernel
 from arbor_runtime.kv.streams import CudaStreams, RecordingStreams
 from arbor_runtime.policies import build_policy
+from arbor_runtime.scratch import ScratchModel, forward_scratch_bytes
+from benchmarks.memprof import CudaForwardMeter, ForwardMeter
 from benchmarks.random_model import llama8b_config, random_model, tiny_config
 
 POLICIES = ("full", "h2o", "streaming", "thinkv", "arbor")
@@ -128,9 +132,11 @@ def measure(
     device = rt.backend.device
     rt.store.host.streams = CudaStreams(device, timing=True) if cuda else RecordingStreams()
     log = _log_forwards(rt) if dry_run else None
+    meter = CudaForwardMeter(rt.backend) if cuda else ForwardMeter(rt.backend)  # every forward's scratch
     start, oom, out = time.perf_counter(), None, {}
     try:
-        out = run_search(rt, w, int(loaded.model.config.vocab_size), max_seconds)
+        with meter:
+            out = run_search(rt, w, int(loaded.model.config.vocab_size), max_seconds)
     except KVBudgetExceeded as exc:
         oom = str(exc)
     seconds = time.perf_counter() - start
@@ -156,10 +162,10 @@ def measure(
         "offload_bytes": host.bytes_to_host,
         "tree_tokens": out.get("tree_tokens"),
         "truncated": out.get("truncated", False),
-    }
+    } | scratch_fields(meter, loaded.model, threads=0 if cuda else None)
     if cuda:
         overlap = rt.store.host.streams.overlap()
-        row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        row["peak_allocated_bytes"] = meter.max_allocated()
         row["peak_above_start_bytes"] = row["peak_allocated_bytes"] - base
         row["restore_gb_per_s"] = _rate(overlap["restore_bytes"], overlap["restore_seconds"])
         row["restore_seconds"] = overlap["restore_seconds"]  # the restore stream's busy time
@@ -172,6 +178,20 @@ def measure(
         row |= _ordering(log)
     del rt
     return row
+
+
+def scratch_fields(meter: ForwardMeter, model: torch.nn.Module, threads: int | None) -> dict[str, Any]:
+    """The largest scratch a forward allocated, and the largest share of its bound
+    (``arbor_runtime/scratch.py``; ``threads=0`` on CUDA: no CPU flash kernel tiles) any forward used."""
+    m = ScratchModel.of(model)
+    if not meter.records:
+        return {"max_forward_scratch_bytes": None, "max_scratch_over_bound": None}
+    ratios = [
+        r.peak_bytes / forward_scratch_bytes(m, r.rows, r.q, r.own, r.logits, r.stats, threads=threads)
+        for r in meter.records
+    ]
+    worst = max(r.peak_bytes for r in meter.records)
+    return {"max_forward_scratch_bytes": worst, "max_scratch_over_bound": max(ratios)}
 
 
 def _log_forwards(rt: Runtime) -> list[tuple]:
@@ -290,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         "notes": [
             "peak_allocated_bytes includes the weights; peak_above_start_bytes does not",
             "both include the forced blocks' full-vocabulary float32 log-probs, the same under every policy",
+            "max_scratch_over_bound: the largest share of arbor_runtime/scratch.py's bound a forward allocated",
             "hidden_share = 1 - compute stalls on restore events / restore stream busy time (CUDA events)",
         ],
         "tests": junit_summary(args.tests_xml),

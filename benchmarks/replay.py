@@ -62,7 +62,8 @@ class BlockRef(NamedTuple):
 
 @dataclass(slots=True)
 class Fidelity:
-    """Per-position agreement of a run's next-token distributions with the full reference.
+    """Per-position agreement of a run's next-token distributions with the full reference, and of
+    its log-probs of the recorded tokens with the recorded ones (``recorded_max_abs_diff``).
 
     ``max_abs_dlogp`` is the largest change of any log-prob (every position, whole vocabulary) and
     ``scale`` the largest |log-prob| of the reference it was measured against (rounding grows with it).
@@ -76,9 +77,12 @@ class Fidelity:
     recorded_max_abs_diff: float = 0.0
     max_abs_dlogp: float = 0.0
     scale: float = 0.0
+    #: compared with the reference (False for the reference itself: only with the recording)
+    compared: bool = False
 
     def add(self, ref: BlockRef, logp: torch.Tensor) -> None:
         """Score one block: ``logp`` (T, V) is this run's log-probs for the block's T positions."""
+        self.compared = True
         self.positions += int(ref.tokens.numel())
         self.top1_agree += int((logp.argmax(-1) == ref.top).sum())
         kl = (ref.probs * (ref.logp - logp)).sum(-1).clamp_min(0.0)  # (T,) KL(full || run)
@@ -88,20 +92,30 @@ class Fidelity:
         self.scale = max(self.scale, float(ref.logp.abs().max()))
         mine = logp.gather(-1, ref.tokens.view(-1, 1)).squeeze(-1)  # (T,)
         self.dll_sum += float((mine - ref.token_logp).sum())
+        self._recorded(ref, mine)
+
+    def add_recorded(self, ref: BlockRef, logp: torch.Tensor) -> None:
+        """Score one block against the recorded log-probs only (the full reference itself: comparing it
+        with itself would say nothing); the reference columns stay None."""
+        self.positions += int(ref.tokens.numel())
+        self._recorded(ref, logp.gather(-1, ref.tokens.view(-1, 1)).squeeze(-1))
+
+    def _recorded(self, ref: BlockRef, mine: torch.Tensor) -> None:
         if ref.recorded:
             diff = (mine.double().cpu() - torch.tensor(ref.recorded, dtype=torch.float64)).abs().max()
             self.recorded_max_abs_diff = max(self.recorded_max_abs_diff, float(diff))
 
     def to_dict(self) -> dict[str, Any]:
         n = max(self.positions, 1)
+        seen = self.positions and self.compared
         return {
             "positions": self.positions,
-            "top1_agreement": self.top1_agree / n if self.positions else None,
-            "mean_kl": self.kl_sum / n if self.positions else None,
-            "max_kl": self.kl_max if self.positions else None,
-            "mean_dll": self.dll_sum / n if self.positions else None,
+            "top1_agreement": self.top1_agree / n if seen else None,
+            "mean_kl": self.kl_sum / n if seen else None,
+            "max_kl": self.kl_max if seen else None,
+            "mean_dll": self.dll_sum / n if seen else None,
             "recorded_max_abs_diff": self.recorded_max_abs_diff,
-            "max_abs_dlogp": self.max_abs_dlogp,
+            "max_abs_dlogp": self.max_abs_dlogp if self.compared else None,
         }
 
 
@@ -242,7 +256,8 @@ def replay_lockstep(loaded: LoadedModel, trace: Trace, runs: Sequence[ReplayRun]
 
     Returns:
         [reference, *runs]; each run's ``fidelity`` compares it with the reference on every
-        recorded position, and ``fidelity.recorded_max_abs_diff`` with the recorded log-probs.
+        recorded position, and ``fidelity.recorded_max_abs_diff`` with the recorded log-probs; the
+        reference's compares it with the recorded log-probs only.
     """
     _check_model(loaded, trace)
     ref = ReplayRun("full")
@@ -255,8 +270,10 @@ def replay_lockstep(loaded: LoadedModel, trace: Trace, runs: Sequence[ReplayRun]
         if ref_logp is not None:
             rec = trace.nodes[op.child]
             block = BlockRef.of(ref_logp, rec.token_ids, rec.logprobs)
-        for run in everyone:
-            logp = ref_logp if run is ref else run.apply(op, trace)
+        if block is not None:  # the reference against the recording only: never against itself
+            ref.fidelity.add_recorded(block, ref_logp)
+        for run in runs:
+            logp = run.apply(op, trace)
             if logp is not None and block is not None:
                 run.fidelity.add(block, logp)
     for run in everyone:

@@ -102,8 +102,13 @@ def find_file(data_dir: str | Path, folder: str, filename: str) -> Path:
 
 def read_rows(path: Path, required: Sequence[str]) -> list[Row]:
     """Rows of a ``.jsonl`` or ``.csv`` file; ValueError naming the file and line of a bad row."""
-    if path.suffix == ".csv":
-        return _read_csv(path, required)
+    try:
+        return _read_csv(path, required) if path.suffix == ".csv" else _read_jsonl(path, required)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text (byte {err.start}); valid: a UTF-8 {path.suffix} data file") from None
+
+
+def _read_jsonl(path: Path, required: Sequence[str]) -> list[Row]:
     rows = []
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
@@ -140,6 +145,10 @@ def hub_rows(part: HubPart, cache_dir: str | None = None) -> list[Row]:
 
 def check_slice(start: int, end: int | None, size: int, name: str) -> tuple[int, int]:
     """Validate a ``[start, end)`` slice over ``size`` rows; ``end=None`` means to the end."""
+    for key, value in (("start", start), ("end", end)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            if value is not None or key == "start":
+                raise ValueError(f"{name}: task.{key}={value!r} must be an integer row index >= 0 (end: or null)")
     stop = size if end is None else end
     if start < 0 or stop < 0:
         raise ValueError(f"{name}: task.start={start} / task.end={end} must be >= 0")

@@ -98,7 +98,7 @@ def test_tree_batch_equals_attention_over_each_rows_concatenated_path(fast, pack
     valid = torch.tensor([[True, True, True], [True, True, False], [True, False, False]])
     write = torch.tensor([[152], [161], [170]])
     batch = TreeBatch(pool, groups, 3, 1, write, own, valid, stats=True, kernel=Kernel(shape.device, fast))
-    assert (batch._packed[0] is not None) == pack and batch._packed[1] is None  # a lone piece: in place
+    assert any(r.packed for r in batch._reads[0]) == pack and not batch._reads[1][0].packed  # a lone piece: in place
     query, key, value = torch.randn(3, 6, 1, 16), torch.randn(3, 2, 1, 16), torch.randn(3, 2, 1, 16)
     batch.update(key, value, 0)
     out = batch.attend(FakeLayer.layer_idx, query, key, value, AttentionCall(16**-0.5))  # (R, q, Hq, D)

@@ -1,5 +1,9 @@
 """Device memory is the budget: walked tensors, profiler-measured scratch, sub-batching, preemption,
-chunked prefill of prompts larger than the budget."""
+chunked prefill of prompts larger than the budget.
+
+The walk counts the KV-shaped tensors the runtime holds (the pool, allocated at exactly the budget);
+what each forward allocates beyond it, copies inside attention included, is measured from the
+allocator's events and held to ``arbor_runtime/scratch.py``'s bound in ``tests/test_scratch.py``."""
 
 from __future__ import annotations
 

@@ -147,6 +147,8 @@ def test_budget_overrun_is_recorded_as_oom(data_dir, tmp_path):
         ("task.start=950", "task.start=950 is greater than task.end=901"),
         ("model.spec=/no/such/model.gguf", "does not exist"),
         ("policy.budget_tokens=-5", "budget_tokens=-5"),
+        ("task.start=abc", "game24: task.start='abc' must be an integer row index >= 0"),  # was: '<' not supported
+        ("controller.temperature='héllo'", "controller.temperature='héllo' must be a finite number >= 0"),
     ],
 )
 def test_bad_values_end_with_one_clear_line(override, message, data_dir, tmp_path, capsys):
@@ -187,6 +189,14 @@ def test_an_unknown_config_group_option_is_one_line_naming_the_valid_ones(argv, 
         (["hydra.run.dirr=out"], "hydra.run.dirr=out: hydra.run has no key 'dirr'; valid: dir (+hydra.run.dirr=out"),
         (["task.end=[1,2"], "task.end=[1,2: no viable alternative at input '[1,2'"),
         (["+seed=3"], "Could not append to config. An item is already at 'seed'."),
+        # issue 47: these were tracebacks (exit 1) or the raw lexer exception
+        (["=5"], "=5: an override needs a key before '='; valid: key=value"),
+        (["seed=" + "9" * 5000], "seed=" + "9" * 75 + "... (5,005 characters): Exceeds the limit (4300 digits)"),
+        (
+            ["controller.temperature=héllo"],
+            "controller.temperature=héllo: Hydra reads only ASCII characters in an unquoted value; valid: quote it, "
+            "controller.temperature='héllo'",
+        ),
     ],
 )
 def test_an_override_hydra_cannot_apply_is_one_line_before_anything_runs(argv, message, monkeypatch, capsys):
@@ -218,6 +228,43 @@ def test_console_script_refuses_a_misspelt_key_with_exit_2(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().startswith("arbor-solve: error: polcy.budget_tokens=500: the config has no key 'polcy'")
     assert "\n" not in proc.stderr.strip() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_a_run_dir_that_is_a_file_is_one_line_before_anything_runs(below, tmp_path, monkeypatch, capsys):
+    """Was: Hydra's FileExistsError traceback, exit 1."""
+    (tmp_path / "afile").write_text("x")
+    run_dir = tmp_path / "afile" / below if below else tmp_path / "afile"
+    monkeypatch.setattr(sys, "argv", ["arbor-solve", "model=tiny-random", f"run_dir={run_dir}"])
+    monkeypatch.setattr(solve, "_solve", lambda: pytest.fail("Hydra's app ran"))
+    with pytest.raises(SystemExit) as stop:
+        solve.main()
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "\n" not in err
+    assert err.startswith(f"arbor-solve: error: run_dir={run_dir}: ") and "a file, not a folder" in err
+
+
+def test_a_model_config_without_its_geometry_names_the_missing_key(data_dir, tmp_path, capsys):
+    """Was: "arbor-solve: error: 'num_attention_heads'" (a bare KeyError)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path / "run", "task.end=901", f"model.spec={model}"))
+    assert run(cfg) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"arbor-solve: error: model.spec={model}: its config has no 'num_attention_heads'")
+    assert "\n" not in err
+
+
+def test_a_binary_data_file_is_named(tmp_path, capsys):
+    """Was: "'utf-8' codec can't decode byte 0xa0 in position 0" with no file named."""
+    data = tmp_path / "data" / "game24"
+    data.mkdir(parents=True)
+    (data / "24.csv").write_bytes(bytes(range(128, 256)) * 8)
+    cfg = compose_cfg(*tiny_overrides(tmp_path / "data", tmp_path / "run"))
+    assert run(cfg) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"arbor-solve: error: {data / '24.csv'}: not UTF-8 text (byte 0); valid: a UTF-8 .csv data file"
 
 
 def test_missing_data_dir(tmp_path, capsys):

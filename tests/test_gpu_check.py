@@ -49,6 +49,7 @@ def test_gpu_check_dry_run_runs_every_policy_and_budget_and_checks_the_restore_o
     for (policy, fraction), r in runs.items():
         assert "skipped" not in r and not r["truncated"] and r["peak_device_kv_tokens"] <= r["budget_tokens"]
         assert r["host_syncs"] == 0 and r["restores_inside_forward"] == 0
+        assert 0 < r["max_scratch_over_bound"] <= 1  # every forward within arbor_runtime/scratch.py's bound
         if r["oom"] is None:
             assert r["tree_tokens"] >= DRY_WORKLOAD.tokens and r["decode_tokens_per_s"] > 0
         if policy in ("h2o", "streaming", "thinkv") and fraction < 1.0:

@@ -200,3 +200,31 @@ def test_arbor_host_budget_bounds_the_host_pool_and_recompute_keeps_it_exact(tin
             assert rt.store.host.slots.capacity <= host_cap and rt.metrics.peak_host_tokens <= host_cap
             assert rt.metrics.recomputed_tokens > 0  # what the host could not keep came back by recompute
     assert trees[None] == trees[24]
+
+
+def test_the_host_tier_is_bounded_by_default_by_a_share_of_available_memory(tiny, monkeypatch):
+    """Issue 47: with no ``host_budget_tokens`` the host tier grew without bound (14,333 host tokens
+    against a 700-token device budget in one run). Now it holds at most ``HOST_SHARE`` of the host
+    memory available when the runtime starts; what does not fit is dropped and recomputed on return."""
+    import arbor_runtime.kv.host as host_module
+    from arbor_runtime import Runtime, SamplingParams
+
+    per_token = Runtime(tiny).backend.shape.bytes_per_token
+    assert host_module.available_host_bytes() > 0
+    monkeypatch.setattr(host_module, "available_host_bytes", lambda: 1 << 30)
+    assert Runtime(tiny, policy="arbor", budget_tokens=64).store.host.slots.limit == (1 << 29) // per_token
+    cap = 6
+    monkeypatch.setattr(host_module, "available_host_bytes", lambda: int(cap * per_token / host_module.HOST_SHARE))
+    rt = Runtime(tiny, policy="arbor", budget_tokens=45)
+    assert rt.policy.host_budget_tokens is None and rt.store.host.slots.limit == cap
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    root = rt.new_tree("Input: 4 4 6 8\nSteps:\n")
+    kids = rt.expand(root, 3, greedy)
+    deep = kids[2]
+    for _ in range(4):
+        deep = rt.expand(deep, 1, greedy)[0]
+    assert rt.metrics.peak_host_tokens <= cap and all(p.host_tokens <= cap for p in rt.metrics.trace)
+    assert rt.store.counters.host_full_tokens > 0  # the overflow was dropped, not kept
+    gone = next(k for k in kids[:2] if rt.residency(k)["host"] < k.length - rt.residency(k)["device"])
+    rt.expand(gone, 1, greedy)  # the search returns: what was dropped is recomputed
+    assert rt.metrics.recomputed_tokens > 0 and rt.store.get(gone.id).whole

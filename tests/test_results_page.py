@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_rebuilding_the_page_from_docs_data_changes_nothing(tmp_path):
     """`make results-page`'s script without site-packages (`-S`: the standard library only, no model, no
-    torch) into a temp dir equals the committed page, and copies the PNGs the page shows next to it."""
+    torch) into a temp dir equals the committed page, and copies the PNGs the page shows next to it (the
+    committed files: whether they show the data is test_the_plots_drawn_from_data_are_the_committed_ones)."""
     out = tmp_path / "results.md"
     cmd = [sys.executable, "-S", str(REPO / "scripts" / "results_page.py"), "--out", str(out), "--readme", ""]
     subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True)
@@ -245,19 +246,42 @@ def test_the_summary_follows_the_data():
     assert "**Not yet re-measured** (their data says why; `make results` reruns them): Sparse." in text
 
 
-def test_the_plots_drawn_from_data_are_on_the_page(tmp_path):
-    """Every plot of benchmarks/results/plots.py draws from the committed data alone and the page shows it,
-    and the page shows no other picture (one no step redraws would go stale)."""
+#: RMS difference (0-255 per channel, matplotlib's compare_images) a redrawn plot may have from the
+#: committed one: 0.0 on this machine (byte-identical); one point of the memory plot moved by 5% is 0.86
+PNG_RMS_TOL = 0.5
+
+
+def test_the_plots_drawn_from_data_are_the_committed_ones(tmp_path):
+    """Every plot of benchmarks/results/plots.py draws from the committed data alone into the picture
+    the page shows (redrawn and compared pixel by pixel, within PNG_RMS_TOL), and the page shows no
+    other picture (one no step redraws would go stale)."""
+    from matplotlib.testing.compare import compare_images
+
     from benchmarks.results.plots import PLOTS, draw_all
 
     written = draw_all(results_page.load_all(), tmp_path)
     assert sorted(p.name for p in written) == sorted(PLOTS)
     page = (REPO / "docs" / "results.md").read_text()
     for path in written:
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({path.name})" in page
-        assert (REPO / "docs" / path.name).is_file()
+        assert f"]({path.name})" in page
+        assert compare_images(str(REPO / "docs" / path.name), str(path), tol=PNG_RMS_TOL) is None, path.name
     shown = set(re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", page))
     assert shown == set(PLOTS), "every picture on the results page is drawn from docs/data"
+
+
+@pytest.mark.parametrize(("name", "table", "key"), [("memory-steps.png", "steps", "device")])
+def test_a_plot_of_other_data_fails_the_comparison(name, table, key, tmp_path):
+    """The tolerance can fail: one plotted value moved by 5% gives another picture."""
+    from matplotlib.testing.compare import compare_images
+
+    from benchmarks.results.plots import PLOTS
+
+    section, draw = PLOTS[name]
+    data = json.loads(json.dumps(results_page.load_all()[section]))
+    row = next(r for r in data["tables"][table]["rows"] if r.get(key))
+    row[key] *= 1.05
+    draw(data, tmp_path / name)
+    assert compare_images(str(REPO / "docs" / name), str(tmp_path / name), tol=PNG_RMS_TOL) is not None
 
 
 def test_a_rerun_keeps_what_it_did_not_remeasure_and_says_so(tmp_path):

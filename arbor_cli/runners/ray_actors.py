@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import socket
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,11 +29,14 @@ from omegaconf import DictConfig, OmegaConf
 from arbor_cli.build import Setup, model_kwargs
 from arbor_cli.runners.errors import RunnerError
 from arbor_cli.runners.finished import Finished
+from arbor_cli.runners.reaper import reaped
 from arbor_cli.runners.schedule import Schedule, first_line
 from arbor_cli.runners.search import solve
 from arbor_runtime.tasks.base import Problem
 
 log = logging.getLogger(__name__)
+#: reapers of the local Ray instances this process started (:mod:`arbor_cli.runners.reaper`)
+REAPERS: list[subprocess.Popen] = []
 #: the fields of :class:`Setup` an actor receives from the driver (it loads its own model and
 #: receives each problem with the call that searches it)
 SHIPPED = ("task", "verifier", "policies")
@@ -54,7 +58,8 @@ class RayRunner:
     """Spreads problems over Ray actors (see the module docstring; settings in ``conf/runner/ray.yaml``).
 
     Attributes:
-        address: None starts a local Ray instance (with the ``local`` settings); ``"auto"``, a head's
+        address: None starts a local Ray instance (with the ``local`` settings), whose processes
+            end with this one however it ends (:mod:`~arbor_cli.runners.reaper`); ``"auto"``, a head's
             ``"host:6379"`` or ``"ray://host:10001"`` (Ray Client) joins an existing cluster. A
             process that has already called ``ray.init`` keeps its connection.
         actors: how many; None = one per GPU of the cluster (``gpus_per_actor`` each), or without
@@ -142,7 +147,12 @@ class RayRunner:
         else:
             kwargs["address"] = self.address
         try:
-            ray.init(**kwargs)
+            if self.address is None:  # its processes end with this one, even when it is killed
+                with reaped() as reaper:
+                    ray.init(**kwargs)
+                REAPERS.append(reaper)  # holds the pipe's write end until this process ends
+            else:
+                ray.init(**kwargs)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             where = "a local Ray instance" if self.address is None else f"runner.address={self.address}"
             raise RunnerError(f"cannot start {where}: {first_line(exc)}") from exc

@@ -221,6 +221,7 @@ def attention_mass(
     causal: bool = False,
     softcap: float | None = None,
     mask: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax mass each key receives, summed over batch, heads and queries, in bounded tiles.
 
@@ -229,16 +230,18 @@ def attention_mass(
             *all* keys they attend (so masses over a partial key set are true probabilities).
         causal: query i (of M) sees key j only if j <= i + N - M.
         softcap: the scores' soft cap, as in attention; mask: (M, N) bool, True = seen (a window).
+        out: (N,) float32 to add the masses to (nothing of size N is allocated then); None: a new one.
     Returns:
-        (N,) float32.
+        (N,) float32: ``out`` when given.
 
     Each tile is one ``baddbmm`` (``-lse + (scale q) k^T``), an in-place ``exp`` and a sum; only a
     tile the causal diagonal crosses is masked (a prefill's statistics cost about as much as its
-    attention instead of twice as much). A soft cap computes the capped scores of the tile instead.
+    attention instead of twice as much). A soft cap computes the capped scores of the tile instead. One
+    tile, at most B*H x QUERY_CHUNK x KEY_CHUNK floats, is alive at a time.
     """
     m, n = q.shape[-2], k.shape[-2]
     lead = q.shape[:-2]
-    mass = torch.zeros(n, dtype=torch.float32, device=q.device)
+    mass = torch.zeros(n, dtype=torch.float32, device=q.device) if out is None else out
     qs = (q.float() * scale).reshape(-1, m, q.shape[-1])  # (BH, M, D)
     ks = k.float().reshape(-1, n, k.shape[-1])  # (BH, N, D)
     neg_lse = lse.float().reshape(-1, m, 1).neg()  # (BH, M, 1)
@@ -262,4 +265,5 @@ def attention_mass(
             if mask is not None:
                 p.masked_fill_(~mask[r : r + rows, c : c + cols], float("-inf"))
             mass[c : c + cols] += p.exp_().sum(dim=(0, 1))
+            del p  # freed before the next tile is made
     return mass

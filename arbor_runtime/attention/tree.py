@@ -3,15 +3,20 @@
 A batch's rows are root-to-leaf paths that share blocks. For each layer, the attention hook
 (hook.py) hands :meth:`TreeBatch.attend` the layer's query and new tokens; it attends each block
 segment once for all rows whose path contains it (their queries gathered, the keys read in place
-from the device pool, or as one packed copy when evictions left a block's kept tokens in many
-short runs), attends each row's own new tokens, and merges the partial results exactly (merge.py):
+from the device pool, or as packed copies of at most ``PACK_MAX_TOKENS`` when evictions left a
+block's kept tokens in many short runs), attends each row's own new tokens, and merges the partial
+results exactly (merge.py):
 
     s = logsumexp_i s_i,    o = sum_i exp(s_i - s) o_i          (DeFT, Hydragen, FlashInfer cascade)
 
-Nothing proportional to rows x context is ever materialized: scratch is the gathered queries and
-partial outputs (rows x new tokens) plus, when statistics are on, score tiles of bounded size.
-Attention statistics (the softmax mass each key receives, summed over heads and queries) come
-from the same partials: a second pass per segment with the final log-sum-exp.
+Nothing that grows with the context is ever materialized: scratch is the gathered queries and
+partial outputs (rows x new tokens), one packed copy at a time (at most ``PACK_MAX_TOKENS``), and,
+when statistics are on, score tiles of at most rows x new tokens x ``KEY_CHUNK`` keys
+(``arbor_runtime/scratch.py`` states the bound). Attention statistics (the softmax mass each key
+receives, summed over heads and queries) come from the same partials: a second pass per segment with
+the final log-sum-exp, which reads each segment again (a packed one is copied again) rather than
+keeping every segment's copy alive until then. The masses go into one float per context slot read,
+allocated with the batch.
 
 What a layer asks through the attention interface (:class:`~arbor_runtime.attention.call.AttentionCall`)
 is served exactly: its scale; a soft cap on every partial's scores (the log-sum-exp of capped scores
@@ -26,6 +31,7 @@ which writes the new tokens' K/V straight into their pool slots.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -86,31 +92,27 @@ class TreeBatch:
                 g.rows = g.rows.to(device)
         self.own_slots = None if own_slots is None else own_slots.to(device)
         self.own_valid = None if own_valid is None else own_valid.to(device)
-        #: per group: its pieces' pool slots in order and their runs (:class:`Packed`) when they are read
-        #: as one packed copy (several short pieces: one kernel call and one merge instead of one per
-        #: piece), else None
-        self._packed = [_packed_slots(g.pieces, device) for g in groups]
+        #: per group: how its pieces are read (:class:`Read`): each in place, or short pieces in packed
+        #: copies (one kernel call and one merge instead of one per piece)
+        self._reads = [_reads(g.pieces, device) for g in groups]
         self.stats = stats
         self.own_mass: torch.Tensor | None = None
         #: (R, q) long original positions of the new tokens, on the host: set by the backend before the
         #: forward (a sliding window needs them)
         self.positions: torch.Tensor | None = None
-        #: window -> per group, the visibility of its pieces (one entry for a packed group)
+        #: window -> per group, the visibility of each of its reads (:class:`Read`)
         self._visible: dict[int, list[list[Visibility]]] = {}
         self._own_masks: dict[int, torch.Tensor] = {}  # window -> a prefill's mask over its new tokens
         #: a decode step's sparse layout (arbor_runtime/sparse); None = dense attention
         self.sparse: SparseStep | None = None
         #: decode steps: each row's context block ids in path order (blocks with no device token too)
         self.context_ids: list[list[int]] | None = None
-        #: per packed group: one (n,) mass tensor whose views are its pieces' ``Group.mass`` (one add a layer)
+        #: per group: one (n,) mass tensor whose views are its pieces' ``Group.mass`` (a read adds to a slice)
         self._flat_mass: list[torch.Tensor | None] = [None] * len(groups)
         if stats:
-            for i, (g, packed) in enumerate(zip(groups, self._packed, strict=True)):
-                if packed is None:
-                    g.mass = [torch.zeros(p.length, dtype=torch.float32, device=device) for p in g.pieces]
-                else:
-                    self._flat_mass[i] = torch.zeros(packed[0].numel(), dtype=torch.float32, device=device)
-                    g.mass = list(torch.split(self._flat_mass[i], [p.length for p in g.pieces]))
+            for i, g in enumerate(groups):
+                self._flat_mass[i] = torch.zeros(sum(p.length for p in g.pieces), dtype=torch.float32, device=device)
+                g.mass = list(torch.split(self._flat_mass[i], [p.length for p in g.pieces]))
 
     # ---- Cache duck type: transformers calls this once per layer -------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -133,19 +135,17 @@ class TreeBatch:
         qg = query.reshape(r, hkv, g * q, d)  # query head h = kv * g + j: grouped, keys never repeated
         own = self._attend_own(layer, qg, query, key, value, call)
         out, lse = own[0], own[1]
-        reads = []
-        for i, (grp, packed) in enumerate(zip(self.groups, self._packed, strict=True)):
+        for i, grp in enumerate(self.groups):
             qf = _gather_queries(qg, grp.rows)  # (1, H_kv, rows * g * q, D)
-            parts = self._reads(layer, i, packed, call.window, g)
-            if self.stats:  # the statistics pass reads the same keys (a packed copy once); else each
-                reads.append((qf, [(j, k, mask) for j, k, _, mask in parts]))  # group's copy is freed
-            for _, k, v, mask in parts:
+            for read, mask in self._seen(i, call.window, g):  # one read's keys alive at a time
+                k, v = self._read_kv(layer, grp, read)
                 o, s = self.kernel(qf, k, v, call.scale, softcap=call.softcap, mask=mask)
                 out, lse = _merge_rows(out, lse, grp.rows, grp.n_rows, o, s)
+                del k, v, o, s
         if call.sinks is not None:
             out, lse = _merge_sinks(out, lse, call.sinks, q)
         if self.stats:
-            self._collect(qg, reads, own, lse, call)
+            self._collect(layer, qg, own, lse, call, g)
         return out.to(query.dtype).view(r, hq, q, d).transpose(1, 2)
 
     def _attend_sparse(self, layer: int, query, key, value, call: AttentionCall) -> torch.Tensor:
@@ -188,37 +188,27 @@ class TreeBatch:
         out = torch.matmul(torch.softmax(scores, dim=-1), v.float())
         return out, lse, scores
 
-    def _reads(self, layer: int, i: int, packed: Packed | None, window: int | None, g: int):
-        """What group ``i`` attends at this layer: (piece index or None for a packed copy, K, V, mask)
-        per read, K/V (1, H_kv, n, D); pieces outside every query's window are left out, a mask
-        (M, n) only where the window's edge cuts through a piece."""
-        grp = self.groups[i]
-        vis = [True] * (1 if packed is not None else len(grp.pieces))
-        if window is not None:
-            vis = self._visibility(i, window, g)
-        if packed is not None:
-            if vis[0] is False:
-                return []
-            ((k, v),) = self._group_kv(layer, grp, packed)
-            return [(None, k, v, None if vis[0] is True else vis[0])]
-        return [
-            (j, *self._piece_kv(layer, piece), None if seen is True else seen)
-            for j, (piece, seen) in enumerate(zip(grp.pieces, vis, strict=True))
-            if seen is not False
-        ]
+    def _seen(self, i: int, window: int | None, g: int) -> list[tuple[Read, torch.Tensor | None]]:
+        """The reads of group ``i`` a layer with ``window`` attends, each with its mask: None (every key
+        seen), else (M, n) bool where the window's edge cuts through the read; reads outside every
+        query's window are left out."""
+        reads = self._reads[i]
+        if window is None:
+            return [(read, None) for read in reads]
+        vis = self._visibility(i, window, g)
+        pairs = zip(reads, vis, strict=True)
+        return [(read, None if seen is True else seen) for read, seen in pairs if seen is not False]
 
     def _visibility(self, i: int, window: int, g: int) -> list[Visibility]:
-        """Per piece of group ``i`` (one entry when packed): how its gathered queries see it (masks on
-        the pool's device), worked out once per window for every layer that has it."""
+        """Per read of group ``i``: how its gathered queries see its keys (masks on the pool's device),
+        worked out once per window for every layer that has it."""
         per_window = self._visible.setdefault(window, [None] * len(self.groups))
         if per_window[i] is None:
-            grp, packed = self.groups[i], self._packed[i]
+            grp = self.groups[i]
             pos = self._positions()
             qpos = pos if grp.rows is None else pos.index_select(0, grp.rows.cpu())
             qpos = qpos.unsqueeze(1).expand(-1, g, -1).reshape(-1)  # the order of _gather_queries
-            keys = [grp.start_pos + p.idx for p in grp.pieces]
-            if packed is not None:
-                keys = [torch.cat(keys)]
+            keys = [torch.cat([grp.start_pos + p.idx for p in grp.pieces[r.lo : r.hi]]) for r in self._reads[i]]
             seen = [visibility(qpos, kpos, window) for kpos in keys]
             per_window[i] = [v if isinstance(v, bool) else v.to(self.pool.device) for v in seen]
         return per_window[i]
@@ -234,38 +224,35 @@ class TreeBatch:
             raise RuntimeError("a sliding-window layer needs the batch's positions (set by the backend)")
         return self.positions
 
-    def _piece_kv(self, layer: int, piece: Piece) -> tuple[torch.Tensor, torch.Tensor]:
-        """(1, H_kv, length, D) strided views into the pool: no copy."""
-        k, v = self.pool.layer_view(layer, Extent(piece.start, piece.length))
+    def _read_kv(self, layer: int, grp: Group, read: Read) -> tuple[torch.Tensor, torch.Tensor]:
+        """One read's keys and values, (1, H_kv, n, D) each: a strided view into the pool (one piece,
+        no copy) or one packed copy of its short pieces (``read.slots``, at most ``PACK_MAX_TOKENS``)."""
+        if read.slots is None:
+            piece = grp.pieces[read.lo]
+            k, v = self.pool.layer_view(layer, Extent(piece.start, piece.length))
+        else:
+            k, v = self.pool.gather_runs(layer, read.slots, read.runs)
         return k.unsqueeze(0), v.unsqueeze(0)
 
-    def _group_kv(self, layer: int, grp: Group, packed: Packed | None):
-        """The group's keys and values, (1, H_kv, n, D) each, in piece order: one packed copy of
-        every piece (``packed``: their slots and slot runs), else one in-place view per piece."""
-        if packed is None:
-            return [self._piece_kv(layer, piece) for piece in grp.pieces]
-        k, v = self.pool.gather_runs(layer, *packed)
-        return [(k.unsqueeze(0), v.unsqueeze(0))]
-
-    def _collect(self, qg, reads, own, lse, call: AttentionCall) -> None:
-        """Attention mass per key under the final log-sum-exp of each counted query.
-
-        ``reads``: per group, its gathered queries and what its attention read: (piece index or None
-        for the packed copy, keys (1, H_kv, n, D), mask or None)."""
+    def _collect(self, layer: int, qg, own, lse, call: AttentionCall, g: int) -> None:
+        """Attention mass per key under the final log-sum-exp of each counted query, read by read
+        (the keys read again, the queries gathered again: nothing of the first pass is kept)."""
         extra, scale, cap = own[2], call.scale, call.softcap
         if self.stats_from:  # the observation window: queries stats_from.. of each row (prefill only)
             qg, lse = _window(qg, self.q, self.stats_from), _window(lse, self.q, self.stats_from)
-            reads = [(_gather_queries(qg, grp.rows), parts) for grp, (_, parts) in zip(self.groups, reads, strict=True)]
             query, k, mask = extra
             extra = (query[:, :, self.stats_from :], k, None if mask is None else mask[:, :, self.stats_from :])
-        for grp, (qf, parts), flat in zip(self.groups, reads, self._flat_mass, strict=True):
+        for i, (grp, flat) in enumerate(zip(self.groups, self._flat_mass, strict=True)):
+            qf = _gather_queries(qg, grp.rows)
             s = lse if grp.rows is None else lse.index_select(0, grp.rows)
             s = s.transpose(0, 1).reshape(1, s.shape[1], -1)  # (1, H_kv, rows * g * q), query order of qf
-            for j, k, mask in parts:
+            for read, mask in self._seen(i, call.window, g):
                 if self.stats_from and mask is not None:  # the window's rows of the counted queries
                     mask = _window(mask[None, None], self.q, self.stats_from)[0, 0]
-                target = flat if j is None else grp.mass[j]  # a packed run: its pieces' masses are views of flat
-                target += attention_mass(qf, k, s, scale, softcap=cap, mask=mask)
+                k, _ = self._read_kv(layer, grp, read)
+                target = flat[read.offset : read.offset + read.length]
+                attention_mass(qf, k, s, scale, softcap=cap, mask=mask, out=target)
+                del k
         if isinstance(extra, torch.Tensor):  # decode: (R, H_kv, g*q, n) scores of the own tokens
             mass = torch.exp(extra - lse.unsqueeze(-1)).sum(dim=(1, 2))  # (R, n)
         else:  # prefill: causal mass over the new tokens, row by row
@@ -288,22 +275,63 @@ class TreeBatch:
         self.own_mass = mass if self.own_mass is None else self.own_mass + mass
 
 
-#: a block's pieces are read as one packed copy when it has several and they average fewer tokens
+#: a block's pieces are read as packed copies when it has several and they average fewer tokens
 #: than this: each piece read in place costs a kernel call and a merge per layer (after evictions a
 #: block's kept tokens lie in dozens of short runs), a copy costs its bytes
 PACK_BELOW_TOKENS = 512
+#: tokens one packed copy holds at most (a block's short pieces beyond it go to further copies, and a
+#: piece of PACK_BELOW_TOKENS or more is read in place): the copy alive at any time is bounded by this,
+#: never by the block's length
+PACK_MAX_TOKENS = 2048
 
 
-#: a packed group's pool slots in piece order (N,) and the [lo, hi) slot runs they lie in
-Packed = tuple[torch.Tensor, list[tuple[int, int]]]
+@dataclass(frozen=True, slots=True)
+class Read:
+    """Pieces ``lo:hi`` of a group, read together: in place (one piece, ``slots`` None) or as one
+    packed copy of the pool ``slots`` (N,) lying in the slot ``runs``. ``offset`` / ``length``: the
+    span of the group's tokens (pieces in order) it covers, where its attention mass goes."""
+
+    lo: int
+    hi: int
+    offset: int
+    length: int
+    slots: torch.Tensor | None = None
+    runs: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def packed(self) -> bool:
+        return self.slots is not None
 
 
-def _packed_slots(pieces: Sequence[Piece], device: torch.device) -> Packed | None:
-    """The pool slots of ``pieces`` and their runs when they should be read as one copy, else None."""
-    if len(pieces) < 2 or sum(p.length for p in pieces) >= PACK_BELOW_TOKENS * len(pieces):
-        return None
-    runs = [(p.start, p.start + p.length) for p in pieces]
-    return torch.cat([torch.arange(lo, hi) for lo, hi in runs]).to(device), runs
+def _reads(pieces: Sequence[Piece], device: torch.device) -> list[Read]:
+    """How a group's pieces are read: each in place, or, when there are several averaging fewer than
+    PACK_BELOW_TOKENS, runs of short pieces in packed copies of at most PACK_MAX_TOKENS each."""
+    offsets = [0]
+    for p in pieces:
+        offsets.append(offsets[-1] + p.length)
+    if len(pieces) < 2 or offsets[-1] >= PACK_BELOW_TOKENS * len(pieces):
+        return [Read(i, i + 1, offsets[i], p.length) for i, p in enumerate(pieces)]
+    reads, lo = [], 0
+    for i, p in enumerate([*pieces, None]):
+        long = p is not None and p.length >= PACK_BELOW_TOKENS
+        full = p is not None and offsets[i + 1] - offsets[lo] > PACK_MAX_TOKENS
+        if p is None or long or full:
+            if lo < i:
+                reads.append(_pack(pieces, lo, i, offsets, device))
+            lo = i
+        if long:
+            reads.append(Read(i, i + 1, offsets[i], p.length))
+            lo = i + 1
+    return reads
+
+
+def _pack(pieces: Sequence[Piece], lo: int, hi: int, offsets: list[int], device: torch.device) -> Read:
+    """One packed read of pieces ``lo:hi`` (a lone piece is read in place)."""
+    if hi - lo == 1:
+        return Read(lo, hi, offsets[lo], pieces[lo].length)
+    runs = tuple((p.start, p.start + p.length) for p in pieces[lo:hi])
+    slots = torch.cat([torch.arange(a, b) for a, b in runs]).to(device)
+    return Read(lo, hi, offsets[lo], offsets[hi] - offsets[lo], slots, runs)
 
 
 def _gather_queries(qg: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:

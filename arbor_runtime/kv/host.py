@@ -23,6 +23,7 @@ synchronously on the CPU (no pinning).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,27 @@ CHUNK_TOKENS = 4096
 STAGE_BYTES = 16 << 20
 #: staging buffers never hold fewer / more tokens than this
 STAGE_MIN_TOKENS, STAGE_MAX_TOKENS = 16, 8192
+
+
+#: share of the host memory available when a runtime starts that its host tier may hold when the
+#: policy sets no ``host_budget_tokens`` (the rest stays for the process, the model and other runs)
+HOST_SHARE = 0.5
+
+
+def available_host_bytes() -> int:
+    """Bytes of host memory available now (``psutil``'s ``available``, else free pages from sysconf)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def default_host_tokens(shape: KVShape) -> int:
+    """Host slots a tier may hold by default: :data:`HOST_SHARE` of the host memory available now,
+    in tokens of this model (``bytes_per_token`` each)."""
+    return int(HOST_SHARE * available_host_bytes()) // shape.bytes_per_token
 
 
 class HostFull(MemoryError):

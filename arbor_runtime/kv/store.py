@@ -47,7 +47,8 @@ class KVStore:
     Args:
         shape: the model's KV geometry.
         capacity: device slots; the budget when there is one (the pool never grows), else None.
-        host_capacity: host tier slots at most (a policy's ``host_budget_tokens``); None: unbounded.
+        host_capacity: host tier slots at most (a policy's ``host_budget_tokens``, or the runtime's
+            default :func:`~arbor_runtime.kv.host.default_host_tokens`); None: unbounded.
         streams: the host tier's copy lanes (default: CUDA side streams on CUDA, else synchronous).
     """
 

@@ -43,7 +43,8 @@ class ArborPolicy(Policy):
         min_ratio: smallest share of an inactive block's tokens the allocation aims to keep.
         calibration: MSVE calibration JSON path (None = the file shipped with the package, else
             the defaults of :class:`MSVEWeights`).
-        host_budget_tokens: cap on host-tier tokens (None = unbounded).
+        host_budget_tokens: cap on host-tier tokens (None: the runtime caps it at ``kv.host.HOST_SHARE``
+            of the host memory available when it starts).
         token_scorer: how tokens are chosen inside a block: ``attention`` (accumulated attention,
             the paper's choice) or ``kvp`` (the learned KVP scorers, :mod:`~arbor_runtime.policies.kvp`).
         kvp_weights: KVP weights file for ``token_scorer=kvp`` (None = the file shipped for the model).
@@ -77,7 +78,10 @@ class ArborPolicy(Policy):
             raise ValueError(f"arbor token_scorer={self.token_scorer!r}; valid: {', '.join(TOKEN_SCORERS)}")
         host = self.host_budget_tokens
         if host is not None and (isinstance(host, bool) or not isinstance(host, int) or host < 0):
-            raise ValueError(f"host_budget_tokens={host!r} must be an integer >= 0, or None (unbounded)")
+            raise ValueError(
+                f"host_budget_tokens={host!r} must be an integer >= 0, or None (the runtime's default: half "
+                "the available host memory)"
+            )
         if not isinstance(self.degrade, bool):
             raise ValueError(f"arbor degrade={self.degrade!r} must be true or false")
         if isinstance(self.sink_tokens, bool) or not isinstance(self.sink_tokens, int) or self.sink_tokens < 0:

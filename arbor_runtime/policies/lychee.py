@@ -20,7 +20,7 @@ class LycheePolicy(SparsePolicy):
     Attributes:
         token_share: as :class:`SparsePolicy`; 0.25 here (above the 8,192-token floor): with the
             centroid score and 4-8-token chunks a quarter of the context kept the answers half of it
-            kept under the old bound on the first measured slice (docs/data/longctx/README.md).
+            kept under the old bound on the first measured slice (rows in docs/data/longctx/).
         min_chunk_tokens / max_chunk_tokens: chunk length bounds inside long blocks (4-8: with the
             centroid score, half the KL to dense of 8-16 at a 25% read; issue 24, docs/data/longctx/).
         drift_threshold: key drift (1 - cosine to the preceding keys) that starts a chunk; inf = off.

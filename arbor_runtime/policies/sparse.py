@@ -51,7 +51,7 @@ class SparsePolicy(Policy):
             so decode stays dense up to 8K tokens of context. Below that on SmolLM2 every read
             share that saves time changed answers (25% of a 4K context: 6 of 9 RULER-style answers
             as dense's) and reads of half the context are slower than dense on this CPU (issue 24,
-            docs/data/longctx/README.md).
+            rows in docs/data/longctx/).
         token_share: read max(token_budget, token_share x the row's resident context) tokens
             (at most the context; 0 = ``token_budget`` alone). See ``arbor_runtime/sparse/reads.py``.
         dense_layers: the first this many layers read every resident token (0 = none).
@@ -62,7 +62,7 @@ class SparsePolicy(Policy):
             quest's per-channel min / max), below 1 the bound's spread term scaled down (lychee
             q.c + a |q| r, quest q.m + a sum |q_d| h_d); 0 (the default) the centroid (range middle)
             alone. The bound over-ranks wide chunks: at 10-50% reads the first answer token's KL to
-            dense is 1.1-2x lower with 0 (issue 24, docs/data/longctx/README.md).
+            dense is 1.1-2x lower with 0 (issue 24, rows in docs/data/longctx/).
         index_reserve: share of ``budget_tokens`` reserved for the index (with a budget).
         rehydrate: ``whole`` (the memory policy makes the active path whole before expanding it) or
             ``ranked`` (evicted spans of the active path come back on demand, in index order;
