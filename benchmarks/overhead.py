@@ -108,7 +108,14 @@ def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 # ---- where the time goes ----------------------------------------------------------------------------
 #: (bucket, path fragments): a function's time goes to the first bucket one of whose fragments its file holds
 BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("attention statistics", ("arbor_runtime/attention/tree.py:_collect", "arbor_runtime/runner.py:take_attention")),
+    (
+        "attention statistics",
+        (
+            "arbor_runtime/attention/tree.py:_collect",
+            "arbor_runtime/attention/kernels.py:attention_mass",
+            "arbor_runtime/runner.py:take_attention",
+        ),
+    ),
     ("tree attention", ("arbor_runtime/attention/",)),
     ("policy plans", ("arbor_runtime/policies/",)),
     ("memory manager, planner, store", ("arbor_runtime/memory.py", "arbor_runtime/planner.py", "arbor_runtime/kv/")),
