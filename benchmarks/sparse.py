@@ -101,27 +101,6 @@ def fewshot_ids(tokenizer, data_dir: str | Path, source: str, length: int) -> li
     raise ValueError(f"{source}: not enough rows for a {length}-token context")
 
 
-def smollm2_shape_config(max_positions: int):
-    """A LlamaConfig with SmolLM2-135M's shape (30 layers, 9 query / 3 KV heads of 64, hidden 576,
-    MLP 1536, 49,152-token vocabulary) and room for ``max_positions`` positions."""
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        max_position_embeddings=max_positions,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
-
-
 def synthetic_kv(layers: int, heads: int, tokens: int, dim: int, seed: int) -> Iterator[tuple[torch.Tensor, ...]]:
     """Per layer, (1, H, T, D) keys and values: runs of 8-32 tokens share a direction, plus noise."""
     gen = torch.Generator().manual_seed(seed)

@@ -18,7 +18,7 @@ from arbor_cli.report import fit_table
 from arbor_cli.results import Column, write_csv, write_jsonl
 from arbor_runtime import load_model
 from benchmarks.cli import USER_ERRORS, _console, _threads
-from benchmarks.random_model import random_model
+from benchmarks.random_model import random_model, smollm2_shape_config
 from benchmarks.sparse import (
     METHODS,
     SOURCES,
@@ -29,7 +29,6 @@ from benchmarks.sparse import (
     measure_speed,
     median_row,
     prefilled,
-    smollm2_shape_config,
 )
 
 log = logging.getLogger(__name__)
