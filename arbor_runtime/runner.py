@@ -1,6 +1,6 @@
 """The runner: the tensor side of a prefill-style forward (prompt, forced block, chunk, recompute, choose).
 
-It builds the :class:`~arbor_runtime.backend.TreeBatch` over context blocks, runs the backend and
+It builds the :class:`~arbor_runtime.attention.tree.TreeBatch` over context blocks, runs the backend and
 charges the time to the work being carried out, adds the forward's attention mass to the blocks it
 read, and gives pool slots back. It decides nothing: what to forward, where its KV goes and whether
 it fits were settled before (the memory manager's admission).
@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from arbor_runtime.backend import ModelBackend, TreeBatch, context_groups
+from arbor_runtime.attention.tree import TreeBatch, context_groups
+from arbor_runtime.backend import ModelBackend
 from arbor_runtime.kv import Extent, KVStore
 
 if TYPE_CHECKING:

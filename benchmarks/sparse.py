@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from arbor_runtime import LoadedModel, Node, Runtime, SamplingParams
-from arbor_runtime.backend import TreeBatch
+from arbor_runtime.attention.tree import TreeBatch
 from arbor_runtime.policies import LycheePolicy, Policy, QuestPolicy
 from arbor_runtime.sparse import SparseAttention, TreeConfig
 from arbor_runtime.tasks.data import DataSource, load_rows

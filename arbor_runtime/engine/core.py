@@ -41,7 +41,8 @@ from arbor_runtime.sampling import row_seed
 from arbor_runtime.tree import Node
 
 if TYPE_CHECKING:
-    from arbor_runtime.backend import ModelBackend, TreeBatch
+    from arbor_runtime.attention.tree import TreeBatch
+    from arbor_runtime.backend import ModelBackend
     from arbor_runtime.kv import KVStore
     from arbor_runtime.memory import MemoryManager
     from arbor_runtime.nodes import NodeTable
