@@ -24,7 +24,7 @@ FIXED = {"temperature": 0.0, "stop_at_eos": False}
 
 
 @pytest.fixture(autouse=True)
-def _threads(one_torch_thread):
+def threads(one_torch_thread):
     yield
 
 
@@ -501,6 +501,6 @@ def test_arbor_refuses_a_negative_host_budget():
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_msve_features_count_a_non_finite_value_as_zero(value):
-    from arbor_runtime.policies.msve import _unit
+    from arbor_runtime.policies.msve import unit_value
 
-    assert _unit(value) == 0.0
+    assert unit_value(value) == 0.0
