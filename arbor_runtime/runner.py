@@ -20,7 +20,7 @@ from arbor_runtime.kv import Extent, KVStore
 
 if TYPE_CHECKING:
     from arbor_runtime.accounts import Accounts
-    from arbor_runtime.policies import Policy
+    from arbor_runtime.planner import MemoryPlanner
 
 
 class Runner:
@@ -28,12 +28,12 @@ class Runner:
 
     Args:
         store: the block store (pool slots, attention records); backend: the model runner;
-        policy: whose ``observation_window`` says how attention records are kept;
+        planner: says how attention records are kept (added up, or replaced under a window);
         accounts: whose current work a forward's time is charged to.
     """
 
-    def __init__(self, store: KVStore, backend: ModelBackend, policy: Policy, accounts: Accounts) -> None:
-        self.store, self.backend, self.policy, self.accounts = store, backend, policy, accounts
+    def __init__(self, store: KVStore, backend: ModelBackend, planner: MemoryPlanner, accounts: Accounts) -> None:
+        self.store, self.backend, self.planner, self.accounts = store, backend, planner, accounts
 
     def batch(
         self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool, stats_from: int = 0
@@ -69,10 +69,10 @@ class Runner:
         """
         if not batch.stats:
             return
-        queries = batch.q - batch.stats_from
+        queries, windowed = batch.q - batch.stats_from, self.planner.windowed
         for grp in batch.groups:
             for i, (piece, mass) in enumerate(zip(grp.pieces, grp.mass, strict=True)):
-                if self.policy.observation_window and piece.block_id in self.store:
+                if windowed and piece.block_id in self.store:
                     self.store.get(piece.block_id).attention[piece.idx] = 0.0
                 self.store.add_attention(piece.block_id, piece.idx, mass, grp.n_rows * queries if i == 0 else 0.0)
 
