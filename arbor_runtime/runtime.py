@@ -103,6 +103,14 @@ class Runtime:
         self.step_hooks: list[Callable[[TracePoint, Account | None], None]] = []
         #: shared prefix blocks and the internal twins of the roots that read them
         self.prefixes = PrefixIndex(self.table, self.store, self.policy)
+        self._assemble(config, share_prefixes)
+        self._eos_ids = validation.eos_ids(loaded)
+        #: matchers for sampling under a regex or grammar (its tokenizer view is built on first use)
+        self.grammar = GrammarCompiler(self.tokenizer, int(self.model.config.vocab_size))
+
+    def _assemble(self, config: MemoryConfig, share_prefixes: bool) -> None:
+        """The deciding and executing side, each part given what it uses: planner (``config``),
+        memory manager, accounts, runner, sparse decode attention, scheduler, prefiller, engine."""
         #: what fits the budget: the pure arithmetic every decision reads (it owns the memory config)
         self.planner = MemoryPlanner(self.store, self.policy, config)
         # the memory manager sees every stored block: a shared root's block as its twin, the prefixes too
@@ -123,9 +131,6 @@ class Runtime:
             self.tokenizer.decode,
         )  # fmt: skip
         self.engine = self._engine()
-        self._eos_ids = validation.eos_ids(loaded)
-        #: matchers for sampling under a regex or grammar (its tokenizer view is built on first use)
-        self.grammar = GrammarCompiler(self.tokenizer, int(self.model.config.vocab_size))
 
     def __deepcopy__(self, memo: dict) -> Runtime:
         """A copy of the whole state (trees, KV, metrics) with its own engine and locks; nothing may
