@@ -110,7 +110,7 @@ BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention statistics", ("arbor_runtime/attention/tree.py:_collect", "arbor_runtime/runner.py:take_attention")),
     ("tree attention", ("arbor_runtime/attention/",)),
     ("policy plans", ("arbor_runtime/policies/",)),
-    ("memory manager, planner, store", ("arbor_runtime/memory.py", "arbor_runtime/planner.py", "arbor_runtime/kv/")),
+    ("memory manager, planner, store", ("arbor_runtime/memory.py", "arbor_runtime/plan", "arbor_runtime/kv/")),
     ("engine, scheduler, sampling", ("arbor_runtime/engine/", "arbor_runtime/generation.py", "arbor_runtime/sampling")),
     ("model (transformers, torch.nn)", ("transformers/", "torch/nn/")),
     ("runtime, search, verifier", ("arbor_runtime/", "controllers/", "verifiers/", "tasks/")),
