@@ -8,7 +8,7 @@ plan does to the store are decided by the pure :class:`~arbor_runtime.planner.Me
 - ``admit(plan)``: an admission the planner made (its rows' room, whole paths or, below the
   floor, the pinned tokens): the policy's retention plan for that room (evictions), then the host
   spans of the admitted paths restored (the planner listed what only a recompute brings back).
-- ``make_room(need, ahead, active)``: the planner's :class:`~arbor_runtime.planner.RoomPlan` for
+- ``make_room(need, ahead, active)``: the planner's :class:`~arbor_runtime.plans.RoomPlan` for
   ``need`` more slots carried out (parked blocks to the host, one plan of the policy); False when
   the room is still short (the scheduler's plan says what happens then).
 - ``below_floor(ends, need, ahead)``: room for a lone row whose path does not fit whole, under a

@@ -445,7 +445,8 @@ class MemoryPlanner:
     def refuses_prompt(self, tokens: int) -> bool:
         """Could a root prompt of ``tokens`` never be prefilled? Only when it is larger than the budget
         and the policy can neither shrink the active path nor degrade below its floor (then it is
-        prefilled in chunks)."""
+        prefilled in chunks). Against the user's budget, not the pool: a sparse index's reserve is not
+        counted here (as before issue 48; the CLI's check and the admissions count it)."""
         budget = self.config.budget_tokens
         return budget is not None and tokens > budget and not chunks_prompts(self.caps)
 

@@ -150,6 +150,7 @@ def test_the_growth_ladder_preempts_the_youngest_row_when_the_policy_cannot_make
     assert bench.sched.running == [old] and bench.sched.waiting == [young, waiting]  # back in its place by job start
     assert bench.store.pool.used == 20 + 2 * PAGE and not bench.failed
     assert (bench.metrics.preemptions, bench.metrics.preempted_tokens) == (1, PAGE)
+    assert bench.sched.reserve() == 32 - 2 * PAGE  # what the running row may still decode: on-demand restores leave it
 
 
 def test_a_lone_row_that_cannot_grow_fails_with_its_whole_need():
