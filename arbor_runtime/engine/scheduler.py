@@ -2,7 +2,7 @@
 
 It holds the ``waiting`` and ``running`` rows (nano-vllm's ``Scheduler``) and the searches' turns,
 reads the pure :class:`~arbor_runtime.planner.MemoryPlanner`, and returns plans; it carries nothing
-out (no tensor, no store change, no policy call, no memory manager). The engine's
+out (no store change, no policy call, no memory manager: it moves nothing). The engine's
 :class:`~arbor_runtime.engine.executor.Executor` carries every plan out:
 
     schedule() -> StepPlan        one decode step: an expansion that can never fit fails, or rows
