@@ -9,8 +9,9 @@ free once the model is loaded; on a CPU, where a pool as large as the machine wo
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from arbor_cli.results import RESULTS_FILE, load_done
 from arbor_runtime import BudgetError
+from arbor_runtime.planner import MemoryConfig, below_exact_floor, least_budget, manages_memory, opening
 from arbor_runtime.tasks.base import Problem, Task
 
 #: keys of conf/policy/*.yaml that the CLI consumes (not fields of the policy classes)
@@ -67,7 +69,7 @@ class PolicyFactory:
         if self.ratio is not None:
             self.peaks = _reference_peaks(float(self.ratio), reference, problems)
         policy = self.build(problems[0].index if problems else None)  # validates fields now, before any work
-        if tokens == AUTO and not policy.frees_memory:
+        if tokens == AUTO and not manages_memory(policy):
             raise ValueError(
                 f"policy.budget_tokens=auto: {type(policy).__name__} keeps every token, so any budget is an OOM; "
                 "use policy.budget_tokens=null (or a policy that manages memory, e.g. policy=arbor)"
@@ -132,21 +134,20 @@ def check_budget(factory: PolicyFactory, task: Task, problems: list[Problem], to
     infeasible = {}
     for problem in problems:
         policy = factory.build(problem.index)
-        budget = policy.kv_budget_tokens  # less a sparse index's reserve (lychee, quest)
-        if budget is None:
+        config = MemoryConfig.of(policy)  # the pool is the budget less a sparse index's reserve (lychee, quest)
+        prompt_tokens = _prompt_tokens(tokenizer, task, problem)
+        first = opening(policy, config.kv_budget_tokens, prompt_tokens, task.max_thought_tokens)
+        if first is None or first.fits:
             continue
-        chunked = policy.shrinks_active_path or policy.capabilities.degrades
-        prompt = 1 if chunked else len(tokenizer(task.prompt(problem))["input_ids"])
-        need = prompt + task.max_thought_tokens
-        if budget < need:
-            what = "one prompt token (it is prefilled in chunks)" if chunked else f"prompt {prompt}"
-            reserve = policy.budget_tokens - budget
-            kv = f" ({budget} for KV after the index reserve)" if reserve else ""
-            infeasible[problem.index] = (
-                f"policy.budget_tokens={policy.budget_tokens}{kv} is smaller than the active path of problem "
-                f"{problem.index} needs: {what} + one thought of {task.max_thought_tokens} tokens = {need}; "
-                f"use a budget >= {_with_reserve(need, getattr(policy, 'index_reserve', 0.0))}"
-            )
+        prompt = first.need - task.max_thought_tokens
+        what = "one prompt token (it is prefilled in chunks)" if first.chunked else f"prompt {prompt}"
+        budget, pool = config.budget_tokens, config.kv_budget_tokens
+        kv = f" ({pool} for KV after the index reserve)" if budget - pool else ""
+        infeasible[problem.index] = (
+            f"policy.budget_tokens={budget}{kv} is smaller than the active path of problem "
+            f"{problem.index} needs: {what} + one thought of {task.max_thought_tokens} tokens = {first.need}; "
+            f"use a budget >= {least_budget(first.need, getattr(policy, 'index_reserve', 0.0))}"
+        )
     if infeasible and factory.ratio is None:
         raise BudgetError(next(iter(infeasible.values())))
     return infeasible
@@ -159,12 +160,9 @@ def below_floor_note(factory: PolicyFactory, task: Task, problems: list[Problem]
     below = []
     for problem in problems:
         policy = factory.build(problem.index)
-        budget = policy.kv_budget_tokens
-        if budget is None or not policy.capabilities.degrades:
-            continue
-        floor = len(tokenizer(task.prompt(problem))["input_ids"]) + task.max_thought_tokens
-        if budget < floor:
-            below.append((problem.index, budget, floor))
+        pool, prompt = MemoryConfig.of(policy).kv_budget_tokens, _prompt_tokens(tokenizer, task, problem)
+        if below_exact_floor(policy, pool, prompt, task.max_thought_tokens):
+            below.append((problem.index, pool, prompt() + task.max_thought_tokens))
     if not below:
         return None
     index, budget, floor = below[0]
@@ -177,12 +175,9 @@ def below_floor_note(factory: PolicyFactory, task: Task, problems: list[Problem]
     )
 
 
-def _with_reserve(need: int, share: float) -> int:
-    """The least budget that leaves ``need`` KV tokens after reserving ``ceil(share * budget)``."""
-    budget = need
-    while budget - math.ceil(share * budget) < need:
-        budget += 1
-    return budget
+def _prompt_tokens(tokenizer, task: Task, problem: Problem) -> Callable[[], int]:
+    """``problem``'s prompt length in tokens, tokenized when first asked."""
+    return cache(lambda: len(tokenizer(task.prompt(problem))["input_ids"]))
 
 
 def _reference_peaks(ratio: float, reference: str | None, problems: list[Problem]) -> dict[int, int]:

@@ -161,9 +161,9 @@ def _cheap_fingerprint(spec: str) -> str | None:
     from arbor_runtime.policies.kvp_weights import model_fingerprint
 
     if spec == "tiny-random":
-        from arbor_runtime.loading import _tiny_random
+        from arbor_runtime.loading import tiny_random_model
 
-        return model_fingerprint(_tiny_random(None))  # tiny: built in milliseconds
+        return model_fingerprint(tiny_random_model())  # tiny: built in milliseconds
     folder = default_cache_dir() / "smollm2-135m-instruct" if spec == "smollm2" else Path(spec).expanduser()
     files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
     if not files:

@@ -4,9 +4,11 @@ Every count (tokens, nodes, store movements, time, peaks) goes to the runtime's 
 :class:`~arbor_runtime.metrics.RuntimeMetrics` and, when the work being carried out belongs to an
 :class:`~arbor_runtime.engine.Account` (one search among several in one runtime), to that
 account's metrics too. A thread opens an account with :meth:`Accounts.account`; the engine's
-driver marks the work it is carrying out with :meth:`Accounts.accounting`; :meth:`Accounts.end`
-closes a work: its time and peak, the runtime totals synced from the store and the backend, one
-:class:`~arbor_runtime.metrics.TracePoint` for the trace and the step hooks.
+driver marks the work it is carrying out with :meth:`Accounts.accounting`; :meth:`Accounts.start`
+puts a work in flight, :meth:`Accounts.note_peak` counts the pool in use toward every work in
+flight, and :meth:`Accounts.end` closes a work: its time and peak, the runtime totals synced from
+the store and the backend, one :class:`~arbor_runtime.metrics.TracePoint` for the trace and the
+step hooks.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from arbor_runtime.engine import Account, Work
+from arbor_runtime.engine.work import Account, Work
 from arbor_runtime.kv.windows import window_dead_bytes
 from arbor_runtime.metrics import MEMORY_SECONDS, RuntimeMetrics, TracePoint, store_totals
 
@@ -52,6 +54,7 @@ class Accounts:
         self.metrics, self.store, self.memory, self.backend = metrics, store, memory, backend
         self.step_hooks = step_hooks
         self.work: Work | None = None  # the work being carried out (driver only)
+        self.in_flight: list[Work] = []  # started, not done (their memory peaks are tracked)
         self._local = threading.local()  # .account: the calling thread's account
         self._t0 = time.perf_counter()
 
@@ -61,9 +64,9 @@ class Accounts:
         clone = object.__new__(type(self))
         memo[id(self)] = clone
         for name, value in self.__dict__.items():
-            if name not in ("work", "_local"):
+            if name not in ("work", "_local", "in_flight"):
                 setattr(clone, name, copy.deepcopy(value, memo))
-        clone.work, clone._local = None, threading.local()
+        clone.work, clone._local, clone.in_flight = None, threading.local(), []
         return clone
 
     def current(self) -> Account | None:
@@ -104,8 +107,22 @@ class Accounts:
                     m = work.account.metrics
                     setattr(m, name, getattr(m, name) + self.memory.seconds[key] - seconds[key])
 
+    def start(self, work: Work) -> None:
+        """``work`` is in flight (again, when it waited): its peak counts from the pool in use now."""
+        if work not in self.in_flight:
+            self.in_flight.append(work)
+            work.peak = self.store.pool.used
+
+    def note_peak(self) -> None:
+        """Pool slots in use now count toward the peak of every work in flight."""
+        used = self.store.pool.used
+        for work in self.in_flight:
+            work.peak = max(work.peak, used)
+
     def end(self, work: Work) -> None:
-        """A work is over: its time, the pool peak while it ran, a trace point (runtime and account)."""
+        """A work is over (out of flight): its time, the pool peak while it ran, a trace point
+        (runtime and account)."""
+        self.in_flight.remove(work)
         pool = self.store.pool
         seconds = time.perf_counter() - work.started
         peak = max(work.peak, pool.used)

@@ -8,8 +8,8 @@ attention layer makes (the batch duck-types that one method of ``Cache``), then 
 attention function (arbor_runtime/attention/) attends each piece once for all its rows. Positions always come
 from explicit ``position_ids`` (RoPE is already applied to cached keys); no mask is built.
 
-:class:`TreeBatch` and :func:`context_groups` live in arbor_runtime/attention/tree.py (the dense
-tree attention); they, and the batch types, stay importable from here.
+:class:`~arbor_runtime.attention.tree.TreeBatch` and ``context_groups`` live in
+arbor_runtime/attention/tree.py (the dense tree attention), the batch types in batch.py.
 """
 
 from __future__ import annotations
@@ -19,26 +19,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from arbor_runtime.attention import Kernel, attention_mass, merge_partials, tree_attention
+from arbor_runtime.attention import Kernel, tree_attention
 from arbor_runtime.attention.support import ModelAttention, model_attention
-from arbor_runtime.attention.tree import TreeBatch, context_groups
-from arbor_runtime.batch import Group, Piece  # their home is batch.py; importable from here too
 from arbor_runtime.kv.shape import KVShape
 
 if TYPE_CHECKING:
+    from arbor_runtime.attention.tree import TreeBatch
     from arbor_runtime.sparse import SparseAttention
 
-__all__ = [
-    "Group",
-    "Kernel",
-    "ModelBackend",
-    "Piece",
-    "TreeBatch",
-    "attention_mass",
-    "context_groups",
-    "merge_partials",
-    "tree_attention",
-]
+__all__ = ["ModelBackend"]
 
 
 class ModelBackend:

@@ -2,7 +2,7 @@
 
 A batch is R rows of q new tokens each. Its context is a list of :class:`Group` (a block and the
 rows whose path holds it), each a list of :class:`Piece` (a run of pool slots of that block).
-:class:`~arbor_runtime.backend.TreeBatch` builds and attends them; :class:`BatchView` is the part
+:class:`~arbor_runtime.attention.tree.TreeBatch` builds and attends them; :class:`BatchView` is the part
 of it that the attention hook (attention/hook.py) and sparse decode (sparse/step.py) read, so that
 neither imports the backend that runs them.
 """
@@ -49,7 +49,7 @@ class Group:
 
 
 class BatchView(Protocol):
-    """What readers of a :class:`~arbor_runtime.backend.TreeBatch` see of it.
+    """What readers of a :class:`~arbor_runtime.attention.tree.TreeBatch` see of it.
 
     Attributes:
         pool: the device pool holding every context token.

@@ -9,31 +9,28 @@ stored next-token logits, the others by the forward. Choices that are all one to
 forward at all.
 
 Kept choices become forced children of ``node`` with their KV written during that same forward
-(their slots admitted by the memory manager first), so a chosen step is a block like any other.
+(their slots admitted first: the pass asks the scheduler for them as a prefill does, by yielding a
+:class:`~arbor_runtime.engine.scheduler.Request`), so a chosen step is a block like any other.
 When the caller asks for "the best k" the kept rows are only known after scoring: a second,
-smaller forward then prefills just those (as ``append`` would).
+smaller forward then prefills just those (as ``append`` would). A pass works through the runtime's
+:class:`~arbor_runtime.engine.prefill.Prefiller` and its collaborators, never the runtime.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
-from arbor_runtime.engine import EngineHost
+from arbor_runtime.engine.scheduler import Request
 from arbor_runtime.kv import BlockKV
 from arbor_runtime.tree import FORCED, Node
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from arbor_runtime.accounts import Accounts
-    from arbor_runtime.engine import Engine
     from arbor_runtime.engine.prefill import Prefiller
-    from arbor_runtime.runner import Runner
 
 #: how choices are ranked and normalized
 RANKINGS = ("sum", "mean")
@@ -124,26 +121,16 @@ class ChoosePlan:
         return cls(choices, ids, given, best, by)
 
 
-class ChooseHost(EngineHost, Protocol):
-    """What a choose pass uses of the runtime (:class:`~arbor_runtime.runtime.Runtime`): the engine's
-    share, and the runtime's engine, prefiller, runner and accounts (see :class:`EngineHost`)."""
-
-    engine: Engine
-    prefiller: Prefiller
-    runner: Runner
-    accounts: Accounts
-    logits_hook: Callable[[Node, torch.Tensor], None] | None
-
-
 @dataclass(eq=False, slots=True)
 class ChooseWork:
     """One batched forward of some choices under ``node`` (run by the engine's driver).
 
     ``rows`` are the choice indices forwarded; ``write`` those among them whose KV is stored as
-    kept children. Returns (token log-probs per row, kept children in ``write`` order).
+    kept children. Returns (token log-probs per row, kept children in ``write`` order). Its
+    collaborators are the prefiller's (store, memory manager, node table, runner, accounts, planner).
     """
 
-    rt: ChooseHost
+    prefiller: Prefiller
     node: Node
     ids: list[list[int]]
     rows: list[int]
@@ -155,26 +142,34 @@ class ChooseWork:
         """(path end, slots) this pass needs: the node's path and the kept choices' tokens."""
         return self.node, sum(len(self.ids[i]) for i in self.write)
 
-    def __call__(self) -> tuple[dict[int, list[float]], list[Node]]:
-        rt, node = self.rt, self.node
-        rt.table.check_live(node)
+    def check(self) -> None:
+        """Its node is still live (NodeError when another operation released it)."""
+        self.prefiller.table.check_live(self.node)
+
+    def __call__(self) -> Generator[Request, int, tuple[dict[int, list[float]], list[Node]]]:
+        self.check()
+        return self._run()
+
+    def _run(self) -> Generator[Request, int, tuple[dict[int, list[float]], list[Node]]]:
+        pf, node = self.prefiller, self.node
         if not self.begun:
-            rt.memory.begin([node], rt.accounts.work.account)
+            pf.memory.begin([node], pf.accounts.work.account)
             self.begun = True
-        prev = rt.store.get(node.id).next_logits.float()  # (V,)
+        prev = pf.store.get(node.id).next_logits.float()  # (V,)
         if all(len(self.ids[i]) == 1 for i in self.rows) and not self.write:
             logp = torch.log_softmax(prev, dim=-1)
             return {i: [float(logp[self.ids[i][0]])] for i in self.rows}, []
-        need = sum(len(self.ids[i]) for i in self.write)
-        self._admit(need)
-        extents = {i: rt.store.pool.alloc(len(self.ids[i])) for i in self.write}
-        rt.engine.note_peak()
+        # the path made whole (where the policy keeps it whole) and the kept choices' slots, or
+        # wait / fail (the scheduler's answer; the executor recomputes what the path lacks)
+        yield Request(node, sum(len(self.ids[i]) for i in self.write), "choose")
+        extents = {i: pf.store.pool.alloc(len(self.ids[i])) for i in self.write}
+        pf.accounts.note_peak()
         try:
             logits, batch = self._forward(extents)
         except BaseException:
-            rt.runner.free_slots([e for ext in extents.values() for e in ext])
+            pf.runner.free_slots([e for ext in extents.values() for e in ext])
             raise
-        rt.runner.take_attention(batch)
+        pf.runner.take_attention(batch)
         scores, made = {}, {}
         for r, i in enumerate(self.rows):
             n = len(self.ids[i])
@@ -187,20 +182,13 @@ class ChooseWork:
         kept = [made[i] for i in self.write]
         self._count(kept)
         if kept:
-            rt.memory.after([node], kept, forced=True, running=rt.engine.running_owners())
-        rt.engine.note_peak()
+            pf.memory.after([node], kept, forced=True, running=pf.owners())
+        pf.accounts.note_peak()
         return scores, kept
-
-    def _admit(self, need: int) -> None:
-        """The path made whole (where the policy keeps it whole) and ``need`` slots, or wait / fail
-        (the scheduler's answer: NotYet, KVBudgetExceeded)."""
-        rt = self.rt
-        got = rt.engine.scheduler.admit([(self.node, need)], rt.engine.running_owners(), "choose").required()
-        rt.prefiller.recompute_all(got.recompute)
 
     def _forward(self, extents) -> tuple[torch.Tensor, object]:
         """(R, L, V) logits of the rows, right-padded to the longest; kept rows' KV written to their slots."""
-        rt, node = self.rt, self.node
+        pf, node = self.prefiller, self.node
         width = max(len(self.ids[i]) for i in self.rows)
         ids = torch.zeros(len(self.rows), width, dtype=torch.long)
         write = torch.full((len(self.rows), width), -1, dtype=torch.long)
@@ -210,29 +198,29 @@ class ChooseWork:
             if i in extents:
                 write[r, :n] = torch.cat([torch.arange(e.start, e.end) for e in extents[i]])
         context = [a.id for a in node.kv_path()]
-        stats = rt.memory.planner.records_statistics(sum(len(self.ids[i]) for i in self.write))
-        batch = rt.runner.batch([context] * len(self.rows), width, write, stats=stats)
+        stats = pf.planner.records_statistics(sum(len(self.ids[i]) for i in self.write))
+        batch = pf.runner.batch([context] * len(self.rows), width, write, stats=stats)
         positions = torch.arange(node.end_pos, node.end_pos + width).expand(len(self.rows), width)
-        return rt.runner.forward(batch, ids, positions, 0), batch
+        return pf.runner.forward(batch, ids, positions, 0), batch
 
     def _child(self, i: int, extents, logp: torch.Tensor, lps: list[float], last: torch.Tensor, own) -> Node:
         """A kept choice as a forced child block (its KV is already in its slots)."""
-        rt, n = self.rt, len(self.ids[i])
-        child = rt.prefiller.new_node(self.node, self.ids[i], self.texts[i], FORCED, self.node.end_pos)
+        pf, n = self.prefiller, len(self.ids[i])
+        child = pf.new_node(self.node, self.ids[i], self.texts[i], FORCED, self.node.end_pos)
         child.logprobs = lps
         child.entropies = (-(logp.exp() * logp).sum(-1)).tolist()
-        rt.store.put(child.id, BlockKV.from_extents(extents, child.start_pos, last.float().cpu().clone()))
+        pf.store.put(child.id, BlockKV.from_extents(extents, child.start_pos, last.float().cpu().clone()))
         if own is not None:  # causal: a block's own queries see half of it on average
-            rt.store.add_attention(child.id, torch.arange(n), own, n / 2)
-        if rt.logits_hook is not None:
-            rt.logits_hook(child, logp)
-        rt.memory.node_end(child)
+            pf.store.add_attention(child.id, torch.arange(n), own, n / 2)
+        if pf.logits_hook is not None:
+            pf.logits_hook(child, logp)
+        pf.memory.node_end(child)
         return child
 
     def _count(self, kept: list[Node]) -> None:
         kept_tokens = sum(c.length for c in kept)
         scored = sum(len(self.ids[i]) for i in self.rows) - kept_tokens
-        for m in self.rt.accounts.targets():
+        for m in self.prefiller.accounts.targets():
             m.prefill_tokens += kept_tokens
             m.scored_tokens += scored
 

@@ -38,7 +38,3 @@ class KVBudgetExceeded(ArborError, MemoryError):
         self.needed, self.budget = needed, budget
         at = f" during {where}" if where else ""
         super().__init__(f"KV budget exceeded{at}: needs {needed} resident tokens, budget_tokens={budget}")
-
-
-class NotYet(ArborError):
-    """Work that cannot be admitted now but will be once the rows in flight finish (it waits)."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from arbor_runtime.backend import TreeBatch, context_groups
+from arbor_runtime.attention.tree import TreeBatch, context_groups
 from arbor_runtime.grammar import Matcher, mask_logits
 from arbor_runtime.kv import Extent, KVStore
 from arbor_runtime.sampling import SamplingParams, sample_tokens, token_stats

@@ -20,6 +20,7 @@ import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -77,7 +78,7 @@ def load_model(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = _resolve_dtype(dtype, device)
     if spec == "tiny-random":
-        model, tok = _tiny_random(cache_dir), _smollm2_tokenizer(cache_dir)
+        model, tok = tiny_random_model(), _smollm2_tokenizer(cache_dir)  # SmolLM2's tokenizer
     elif spec == "smollm2":
         model, tok = _load_dir(_smollm2_dir(cache_dir), torch_dtype, trust_remote_code)
     elif spec.endswith(".gguf"):
@@ -416,12 +417,15 @@ def _smollm2_tokenizer(cache_dir: str | Path | None) -> object:
     return AutoTokenizer.from_pretrained(_smollm2_dir(cache_dir))
 
 
-def tiny_random_config(vocab_size: int = 49152):
-    """Config of the tiny random Llama used by tests: 2 layers, 4 query / 2 KV heads of dim 16."""
+def tiny_random_config(**changes: Any):
+    """Config of the tiny random Llama (``model=tiny-random``): 2 layers, 4 query / 2 KV heads of
+    dim 16, hidden 64, SmolLM2's 49,152-token vocabulary; ``changes`` set on it (e.g.
+    ``max_position_embeddings=131072``). The one place a tiny Llama's shape is written down: tests
+    and benchmarks that build another random copy start from here."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(
-        vocab_size=vocab_size,
+    cfg = LlamaConfig(
+        vocab_size=49152,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -436,13 +440,17 @@ def tiny_random_config(vocab_size: int = 49152):
         # margins far above float noise, so exactness tests are not decided by ties.
         initializer_range=0.5,
     )
+    for name, value in changes.items():
+        if not hasattr(cfg, name):
+            raise AttributeError(f"LlamaConfig has no {name!r}")
+        setattr(cfg, name, value)
+    return cfg
 
 
-def _tiny_random(cache_dir: str | Path | None) -> torch.nn.Module:
-    """Random-weight Llama from a config with a fixed seed (same weights on every machine)."""
+def tiny_random_model() -> torch.nn.Module:
+    """The tiny random-weight Llama, seed 0 (same weights on every machine; built in milliseconds)."""
     from transformers import LlamaForCausalLM
 
-    del cache_dir  # the tokenizer comes from the SmolLM2 cache; the weights are built here
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = LlamaForCausalLM(tiny_random_config())

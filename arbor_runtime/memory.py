@@ -1,16 +1,16 @@
 """Memory manager: carries out what the planner decided, and turns operations into policy events.
 
 Device KV is one pool of slots (kv/pool.py); with a budget the pool *is* the budget, so what the
-manager promises is what the process allocates. What fits is decided by the pure
-:class:`~arbor_runtime.planner.MemoryPlanner` (``self.planner``), which moves nothing; the
-manager executes:
+manager promises is what the process allocates. What fits, how room is made and what a policy's
+plan does to the store are decided by the pure :class:`~arbor_runtime.planner.MemoryPlanner`
+(``self.planner``), which moves nothing; the manager executes, and decides nothing itself:
 
-- ``admit(plan, ends)``: an admission the planner made (how many queued rows start, the room they
-  need, whether their paths are made whole): the policy's retention plan for that room
-  (evictions), the host spans to restore, the dropped blocks to list for recompute; returns the
-  admission (how many rows, what to recompute) for the runtime to execute.
-- ``make_room(need, ahead)``: room for ``need`` more slots (a growing row), or False when even
-  the policy's plan cannot make it (the scheduler then preempts, goes below the floor, or stops).
+- ``admit(plan)``: an admission the planner made (its rows' room, whole paths or, below the
+  floor, the pinned tokens): the policy's retention plan for that room (evictions), then the host
+  spans of the admitted paths restored (the planner listed what only a recompute brings back).
+- ``make_room(need, ahead, active)``: the planner's :class:`~arbor_runtime.plans.RoomPlan` for
+  ``need`` more slots carried out (parked blocks to the host, one plan of the policy); False when
+  the room is still short (the scheduler's plan says what happens then).
 - ``below_floor(ends, need, ahead)``: room for a lone row whose path does not fit whole, under a
   policy that degrades: the planner pins what must stay, the policy's plan keeps the rest of the
   path by value (evicting to the host, bringing host tokens back) and empties the inactive blocks.
@@ -24,26 +24,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
 from arbor_runtime.events import BranchSwitch, Event, EventLog, MemoryThreshold, NodeEnd
 from arbor_runtime.kv import KVStore
-from arbor_runtime.planner import AdmitPlan, MemoryPlanner, path_ids
+from arbor_runtime.planner import MemoryPlanner, union
+from arbor_runtime.plans import AdmitPlan, RoomPlan
 from arbor_runtime.policies.base import BlockView, MemoryView, Policy, RetentionPlan
-from arbor_runtime.tree import Node
+from arbor_runtime.tree import Node, ordered_path_nodes, path_ids
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Admission:
-    """What the manager decided for a queue head: ``rows`` start now; ``recompute`` (parents
-    first) must be rebuilt by the runtime before they run."""
-
-    rows: int = 0
-    recompute: list[Node] = field(default_factory=list)
 
 
 class MemoryManager:
@@ -51,13 +43,12 @@ class MemoryManager:
 
     Args:
         store: the block store (its pool holds every device KV slot).
-        policy: the retention policy; nodes: the runtime's live nodes by id.
+        policy: the retention policy (asked for plans); nodes: the runtime's live nodes by id.
+        planner: what fits and how room is made (the pure arithmetic the scheduler decides by too).
     """
 
-    def __init__(self, store: KVStore, policy: Policy, nodes: dict[int, Node]) -> None:
-        self.store, self.policy, self.nodes = store, policy, nodes
-        #: what fits: the pure arithmetic the scheduler and this manager decide by
-        self.planner = MemoryPlanner(store, policy)
+    def __init__(self, store: KVStore, policy: Policy, nodes: dict[int, Node], planner: MemoryPlanner) -> None:
+        self.store, self.policy, self.nodes, self.planner = store, policy, nodes, planner
         self.events = EventLog()
         #: events are also logged here while set (the account of the work being carried out)
         self.account = None
@@ -74,17 +65,8 @@ class MemoryManager:
 
     @property
     def budget(self) -> int | None:
-        """Device pool slots (the budget less a sparse index's reserve)."""
-        return self.policy.kv_budget_tokens
-
-    @property
-    def used(self) -> int:
-        """Device slots in use: resident block tokens plus slots held by rows in flight."""
-        return self.store.pool.used
-
-    @property
-    def free(self) -> int:
-        return self.planner.free
+        """Device pool slots (the planner's; events and views name them)."""
+        return self.planner.budget
 
     # ---- operation protocol --------------------------------------------------------------
     def begin(self, targets: Sequence[Node], account=None) -> None:
@@ -92,21 +74,21 @@ class MemoryManager:
         self.step += 1
         self._check_switch(targets)
 
-    def admit(self, plan: AdmitPlan, ends: Sequence[Node]) -> Admission:
+    def admit(self, plan: AdmitPlan, ends: Sequence[Node]) -> None:
         """Carry out an admission the planner made for the paths to ``ends`` (the admitted queue
-        entries): the policy is asked for the room they need (evictions), their paths' host spans
-        come back when the plan makes them whole, and the blocks that were dropped from every tier
-        are listed for recompute. Returns what the runtime executes next."""
+        entries): the policy is asked for the room they need (evictions), and their paths' host spans
+        come back when the plan makes them whole (what no tier holds is the plan's ``recompute``,
+        rebuilt by the runner next)."""
         if plan.rows == 0:
-            return Admission()
+            return
         self.active = plan.active
         if plan.pinned is not None:  # below the floor: nothing is recomputed, the plan decides the path
             self._fit_below_floor(plan.pinned, plan.need, ahead=0)
-            return Admission(plan.rows, [])
-        self._ensure(plan.need, ahead=0)
-        recompute = self._make_whole(ends) if plan.whole else []
+            return
+        self._make_room(plan.need, ahead=0)
+        if plan.whole:
+            self._make_whole(ends)
         self.store.prefetch()  # the plan's restores start copying now, before the step's forward
-        return Admission(plan.rows, recompute)
 
     def make_room(self, need: int, ahead: int = 0, active: Iterable[Node] = ()) -> bool:
         """Room for ``need`` more slots next to the ``active`` paths; ask the policy once if short.
@@ -116,7 +98,7 @@ class MemoryManager:
         budget, so a tight budget is not emptied for tokens that may never come.
         """
         self.active = frozenset(i for i in path_ids(active) if i in self.store)
-        return self._ensure(need, ahead)
+        return self._make_room(need, ahead)
 
     def below_floor(self, ends: Sequence[Node], need: int, ahead: int = 0) -> bool:
         """Room for ``need`` more slots for a lone row at ``ends`` whose path does not fit whole
@@ -136,17 +118,15 @@ class MemoryManager:
         Returns the tokens restored (the copies start before the next forward)."""
         wants = [(b, idx) for b, idx in wants if idx.numel() and b in self.store]
         start = time.perf_counter()
-        if self.budget is not None:  # one plan for the room all of them could take
-            room = self.planner.ranked_room(sum(int(idx.numel()) for _, idx in wants), set(self.active), reserve)
-            if room:
-                self._ensure(room, 0)
+        room = self.planner.ranked_room(sum(int(idx.numel()) for _, idx in wants), set(self.active), reserve)
+        if room:  # one plan for the room all of them could take
+            self._make_room(room, 0)
         restored = 0
         for block_id, idx in wants:
             n = int(idx.numel())
-            if self.budget is not None and not self.planner.has_free(n, reserve):
+            if not self.planner.has_free(n, reserve):
                 continue
-            blk = self.store.get(block_id)
-            self.store.apply(block_id, torch.cat([blk.kept.cpu(), idx.cpu()]), offload=self.policy.offload)
+            self._restore(block_id, torch.cat([self.store.get(block_id).kept.cpu(), idx.cpu()]))
             restored += n
         if restored:
             self.store.prefetch()
@@ -162,7 +142,7 @@ class MemoryManager:
 
     def node_end(self, node: Node) -> None:
         """A new block is complete and in the store."""
-        self.emit(NodeEnd(node.id), self._threshold_target())
+        self.emit(NodeEnd(node.id), self.planner.threshold_target())
 
     def after(
         self, targets: Sequence[Node], created: Sequence[Node], forced: bool = False, running: Iterable[Node] = ()
@@ -185,8 +165,8 @@ class MemoryManager:
                 self._sampled[tree] = set() if forced else {n.id for n in created}
         ends = [*targets, *created, *running]
         self.active = frozenset(path_ids(ends)) & frozenset(self.store.block_ids())
-        if self.budget is not None and self.store.resident_tokens > self._threshold_target():
-            self.emit(MemoryThreshold(self.store.resident_tokens, self.budget), self._threshold_target())
+        if self.planner.over_threshold():
+            self.emit(MemoryThreshold(self.store.resident_tokens, self.budget), self.planner.threshold_target())
         for node in created:
             if node.id in self.store:
                 self.store.consolidate(node.id)
@@ -207,6 +187,8 @@ class MemoryManager:
         the floor, what of the active path must stay; see :class:`MemoryView`)."""
         start = time.perf_counter()
         plan = self.policy.on_event(event, self.view(target, pinned))
+        if plan is not None:
+            plan.drop_host = plan.drop_host or self.planner.host_drops(plan, self.active)
         planned = time.perf_counter()
         self.seconds["plan"] += planned - start
         if plan or pinned:
@@ -243,30 +225,16 @@ class MemoryManager:
         return self.store.pool.read(self.store.get(block_id).slots_of(tokens))
 
     def execute(self, plan: RetentionPlan, pinned: dict[int, torch.Tensor] | None = None) -> None:
-        """Apply a plan's evictions (never growing a block: restores are the manager's own decision);
-        active blocks are never shrunk under a policy that keeps them whole, unless below the floor
-        (``pinned`` given): there the plan's ``keep`` of an active block, with its pinned tokens, is
-        its residency, and its host tokens in it come back once every eviction is done. Host spans
-        the plan drops go first, and those blocks' evicted tokens are dropped too: the host tier
-        never holds more than its capacity, even for a moment."""
-        drop_host = [i for i in plan.drop_host if i not in self.active]
-        for block_id in drop_host:
+        """Carry out a policy's plan as the planner says (:meth:`MemoryPlanner.retention`): host spans
+        dropped, evictions, then below the floor (``pinned`` given) the active path's host tokens in
+        its residency brought back."""
+        retention = self.planner.retention(plan, self.active, pinned)
+        for block_id in retention.drop_host:
             self.store.drop_host(block_id)
-        path: dict[int, torch.Tensor] = {}
-        for block_id, keep in plan.keep.items():
-            keep = keep.cpu()
-            if self.policy.keep_active_whole and block_id in self.active:
-                if pinned is None:
-                    continue
-                keep = path[block_id] = _union(keep, pinned.get(block_id))
-            kept = self.store.get(block_id).kept
-            offload = self.policy.offload and block_id not in drop_host
-            self.store.apply(block_id, kept[torch.isin(kept, keep)], offload=offload)
-        for block_id, idx in (pinned or {}).items():
-            if block_id not in path and block_id in self.store:
-                path[block_id] = _union(self.store.get(block_id).kept.cpu(), idx)
-        if path:
-            self._bring_back(path, pinned)
+        for block_id, keep, offload in retention.apply:
+            self.store.apply(block_id, keep, offload=offload)
+        if retention.path:
+            self._bring_back(retention.path, pinned)
 
     def _bring_back(self, path: dict[int, torch.Tensor], pinned: dict[int, torch.Tensor]) -> None:
         """Restore the host tokens of ``path`` (block id -> its residency below the floor), pinned
@@ -280,34 +248,34 @@ class MemoryManager:
             keep = path[block_id]
             if not self.planner.has_free(int(torch.isin(host.cpu(), keep).sum())):
                 log.warning("below the floor: block %d's ranked tokens do not fit, its pinned ones come back", block_id)
-                keep = _union(blk.kept.cpu(), pinned.get(block_id))
-            self.store.apply(block_id, _union(blk.kept.cpu(), keep), offload=self.policy.offload)
+                keep = union(blk.kept.cpu(), pinned.get(block_id))
+            self._restore(block_id, union(blk.kept.cpu(), keep))
         self.seconds["restore"] += time.perf_counter() - start
 
     # ---- internals -----------------------------------------------------------------------
+    def _restore(self, block_id: int, keep: torch.Tensor) -> None:
+        """A block's residency grows to ``keep`` (every resident token in it: nothing leaves); its
+        host tokens in ``keep`` come back."""
+        self.store.apply(block_id, keep, offload=True)
+
     def _fit_below_floor(self, pinned: dict[int, torch.Tensor], need: int, ahead: int) -> None:
         """One MemoryThreshold below the floor: the policy's plan keeps the pinned tokens and, by value,
         as much more of the active path as leaves ``need`` (+ ``ahead``) slots; the inactive blocks go
         first. Its restores start copying before the next forward."""
-        if self.parked and self.policy.offload:
-            self._park()
-        target = self.planner.room_target(need, ahead)
-        resident = self.store.resident_tokens
-        self.emit(MemoryThreshold(resident, self.budget, max(resident - target, 0)), target, pinned)
+        room = self.planner.room_plan(need, ahead, self.parked, self.active, below_floor=True)
+        self._carry_out(room, pinned)
         self.store.prefetch()
 
-    def _ensure(self, need: int, ahead: int) -> bool:
-        """Ask the policy for room (one MemoryThreshold plan) when ``need`` slots are not free."""
-        if self.planner.has_free(need):
-            return True
-        if self.parked and self.policy.offload:
-            self._park()
-            if self.planner.has_free(need):
-                return True
-        if self.policy.frees_memory:
-            target = self.planner.room_target(need, ahead)
-            self.emit(MemoryThreshold(self.store.resident_tokens, self.budget, need - self.free), target)
+    def _make_room(self, need: int, ahead: int) -> bool:
+        """The planner's way to ``need`` free slots carried out (parked blocks out, one policy plan)."""
+        self._carry_out(self.planner.room_plan(need, ahead, self.parked, self.active))
         return self.planner.has_free(need)
+
+    def _carry_out(self, room: RoomPlan, pinned: dict[int, torch.Tensor] | None = None) -> None:
+        if room.park:
+            self._park()
+        if room.ask:
+            self.emit(MemoryThreshold(self.store.resident_tokens, self.budget, room.short), room.target, pinned)
 
     def _park(self) -> None:
         """Offload every resident token of the parked blocks (the waiting searches' trees) at once."""
@@ -318,25 +286,15 @@ class MemoryManager:
         self.parked = frozenset()
         self.seconds["evict"] += time.perf_counter() - start
 
-    def _make_whole(self, ends: Sequence[Node]) -> list[Node]:
-        """Restore the paths to ``ends`` from the host tier, top-down; returns blocks still missing
-        tokens (dropped from every tier), parents first, for the runtime to recompute."""
-        if not self.policy.keep_active_whole:
-            return []
-        recompute, start = [], time.perf_counter()
-        for node in _ordered_path_nodes(ends, self.active):
+    def _make_whole(self, ends: Sequence[Node]) -> None:
+        """Restore the paths to ``ends`` from the host tier, top-down (what no tier holds is
+        recomputed by the runner: the admission's ``recompute``)."""
+        start = time.perf_counter()
+        for node in ordered_path_nodes(ends, self.active):
             blk = self.store.get(node.id)
-            if blk.whole:
-                continue
-            if node.id in self.store.host:
-                self.store.apply(node.id, torch.arange(blk.length), offload=self.policy.offload)
-            if not self.store.get(node.id).whole:
-                recompute.append(node)
+            if not blk.whole and node.id in self.store.host:
+                self._restore(node.id, torch.arange(blk.length))
         self.seconds["restore"] += time.perf_counter() - start
-        return recompute
-
-    def _threshold_target(self) -> int:
-        return int(self.policy.threshold * self.budget) if self.budget is not None else 1 << 62
 
     def _check_switch(self, targets: Sequence[Node]) -> None:
         """A BranchSwitch per tree whose targets leave that tree's frontier."""
@@ -349,19 +307,4 @@ class MemoryManager:
                 continue
             switched = tuple(t.id for t in mine if not any(n.id in leaves for n in t.path()))
             if switched:
-                self.emit(BranchSwitch(max(leaves), switched), self._threshold_target())
-
-
-def _union(a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """Sorted union of two index sets (``b`` None: ``a`` sorted)."""
-    return torch.unique(a if b is None else torch.cat([a, b.cpu()]))
-
-
-def _ordered_path_nodes(ends: Sequence[Node], active: frozenset[int]) -> list[Node]:
-    """Active blocks on the KV paths to ``ends`` (shared prefixes too), parents before children."""
-    seen: dict[int, tuple[int, Node]] = {}
-    for end in ends:
-        for depth, n in enumerate(end.kv_path()):
-            if n.id in active:
-                seen[n.id] = (depth, n)
-    return [n for _, n in sorted(seen.values(), key=lambda dn: (dn[0], dn[1].id))]
+                self.emit(BranchSwitch(max(leaves), switched), self.planner.threshold_target())

@@ -1,10 +1,13 @@
 """The memory planner: what fits the budget, computed from the store's bookkeeping alone.
 
-Pure: it reads block sizes and residency (the store's records, the pool's count of used slots)
-and the policy's :class:`~arbor_runtime.policies.base.Capabilities` and budget, and moves no
-tensor; it never asks the policy for a plan. Every comparison against the budget is made here
-(the pool's hard backstop in kv/pool.py aside): the scheduler asks it what to admit, the memory
-manager asks it whether a plan is needed and how much room to ask for, then carries the plan out.
+Pure: it reads block sizes and residency (the store's records, the pool's count of used slots), the
+:class:`MemoryConfig` it owns (budget, host budget, threshold, prefill chunk) and the policy's
+:class:`~arbor_runtime.policies.base.Capabilities`, and moves no tensor; it never asks the policy for
+a plan. It is the one place that compares anything against the budget (the pool's hard backstop in
+kv/pool.py aside) and the one place that reads a policy's capabilities: the scheduler asks it what to
+admit, grow or chunk; the memory manager asks it how room is made and what carrying out a plan does
+to the store; the runner and the engine ask it whether a forward records attention statistics; the
+CLI asks it whether a budget can serve a problem at all.
 
 The floor. A policy that keeps the active path whole needs, for a lone row, its whole path plus its
 new tokens on the device. Below that, a policy that ``degrades`` (arbor) keeps running: the planner
@@ -16,55 +19,90 @@ no policy could run with.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from arbor_runtime.tree import PROMPT
+from arbor_runtime.errors import KVBudgetExceeded
+from arbor_runtime.plans import AdmitPlan, Retention, RoomPlan
+from arbor_runtime.tree import PROMPT, Entry, demand_tokens, ordered_path_nodes, path_ids
 
 if TYPE_CHECKING:
     from arbor_runtime.kv import KVStore
-    from arbor_runtime.policies.base import Capabilities, Policy
+    from arbor_runtime.policies.base import Capabilities, RetentionPlan
     from arbor_runtime.tree import Node
 
 #: free slots without a budget
 UNBOUNDED = 1 << 62
 
 
+class Declares(Protocol):
+    """What the planner reads of a policy: its capabilities (nothing else; it never asks for a plan)."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+
 @dataclass(frozen=True, slots=True)
-class AdmitPlan:
-    """An admission decided, not yet carried out.
+class MemoryConfig:
+    """The memory settings, owned by the planner (the user sets them with the policy, the runtime
+    reads them off it once, :meth:`of`).
 
     Attributes:
-        rows: how many entries of the queue's head start now (0: none fits).
-        need: slots they need now: their own slots, plus, when ``whole``, the evicted tokens of
-            their paths (restored from the host tier or recomputed).
-        active: block ids (in the store) of the running and admitted paths.
-        whole: the admitted paths are made whole before they run.
-        pinned: below the floor (a lone row whose path does not fit whole), block id -> block-local
-            tokens of its path that stay on the device (:meth:`MemoryPlanner.pinned`); the policy
-            ranks the rest of the path. None: at or above the floor.
+        budget_tokens: the KV budget in device tokens (None: no budget).
+        kv_budget_tokens: device pool slots: the budget less what the policy reserves for itself (a
+            sparse attention index, in pool-equivalent tokens); the budget when it reserves nothing.
+        host_budget_tokens: host tier tokens at most (None: unbounded).
+        threshold: a MemoryThreshold fires when resident blocks pass ``threshold`` x the pool after
+            an operation; the policy's plan then aims at that level.
+        prefill_chunk: tokens per chunk when a block is prefilled in chunks (None: a quarter of the
+            pool, 512 without a budget).
     """
 
-    rows: int = 0
-    need: int = 0
-    active: frozenset[int] = field(default_factory=frozenset)
-    whole: bool = False
-    pinned: dict[int, torch.Tensor] | None = None
+    budget_tokens: int | None = None
+    kv_budget_tokens: int | None = None
+    host_budget_tokens: int | None = None
+    threshold: float = 0.9
+    prefill_chunk: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_budget_tokens is None and self.budget_tokens is not None:
+            object.__setattr__(self, "kv_budget_tokens", self.budget_tokens)
+        if (self.budget_tokens is None) != (self.kv_budget_tokens is None):
+            raise ValueError(f"kv_budget_tokens={self.kv_budget_tokens} needs budget_tokens (got None)")
+        if self.budget_tokens is not None and not 0 < self.kv_budget_tokens <= self.budget_tokens:
+            raise ValueError(f"kv_budget_tokens={self.kv_budget_tokens} must be in 1..{self.budget_tokens}")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold={self.threshold} must be in (0, 1]")
+
+    @classmethod
+    def of(cls, policy) -> MemoryConfig:
+        """The settings a built policy carries (its fields were validated when it was built)."""
+        host = getattr(policy, "host_budget_tokens", None)
+        return cls(policy.budget_tokens, policy.kv_budget_tokens, host, policy.threshold, policy.prefill_chunk)
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Tokens per prefill chunk when a block must be prefilled in chunks."""
+        if self.prefill_chunk is not None:
+            return self.prefill_chunk
+        return max(1, (self.kv_budget_tokens or 2048) // 4)
 
 
 class MemoryPlanner:
-    """Admission and room arithmetic over one store under one policy's capabilities and budget.
+    """Admission, room and statistics arithmetic over one store, one config, one policy's capabilities.
 
     Args:
         store: the block store (read only: block lengths, kept tokens, the pool's used slots).
-        policy: read for its ``capabilities`` and ``kv_budget_tokens`` only (never asked to plan).
+        policy: read for its ``capabilities`` only (never asked to plan).
+        config: the memory settings (default: none, no budget).
     """
 
-    def __init__(self, store: KVStore, policy: Policy) -> None:
-        self.store, self.policy = store, policy
+    def __init__(self, store: KVStore, policy: Declares, config: MemoryConfig | None = None) -> None:
+        self.store, self.policy, self.config = store, policy, config or MemoryConfig()
 
     @property
     def caps(self) -> Capabilities:
@@ -73,7 +111,7 @@ class MemoryPlanner:
     @property
     def budget(self) -> int | None:
         """Device pool slots (the budget less a sparse index's reserve)."""
-        return self.policy.kv_budget_tokens
+        return self.config.kv_budget_tokens
 
     @property
     def free(self) -> int:
@@ -81,9 +119,23 @@ class MemoryPlanner:
         return UNBOUNDED if self.budget is None else self.budget - self.store.pool.used
 
     @property
+    def used(self) -> int:
+        """Pool slots in use: resident block tokens plus slots held by rows in flight."""
+        return self.store.pool.used
+
+    @property
     def in_flight(self) -> int:
         """Pool slots held by rows in flight (not by stored blocks)."""
         return self.store.pool.used - self.store.resident_tokens
+
+    @property
+    def degrades(self) -> bool:
+        """A lone row that cannot fit whole goes below the floor (instead of failing)."""
+        return self.caps.degrades
+
+    def exceeded(self, needed: int, where: str = "") -> KVBudgetExceeded:
+        """The OOM of work that needs ``needed`` slots alone (it names the user's budget)."""
+        return KVBudgetExceeded(needed, self.config.budget_tokens, where)
 
     # ---- admission -----------------------------------------------------------------------
     def admission(
@@ -116,7 +168,21 @@ class MemoryPlanner:
                 (rows, need, active), whole = partial, False
         if rows == 0:
             return self.below_floor(*queue[0]) if lone and queue else AdmitPlan()
-        return AdmitPlan(rows, need, frozenset(i for i in active if i in self.store), whole)
+        active = frozenset(i for i in active if i in self.store)
+        recompute = tuple(self.recompute([n for n, _ in queue[:rows]], active)) if whole else ()
+        return AdmitPlan(rows, need, active, whole, recompute=recompute)
+
+    def work_admission(self, node: Node, slots: int, running: Sequence[Node], prefill: bool) -> tuple[AdmitPlan, int]:
+        """(plan, slots admitted) for one prefill or choose pass at ``node`` needing ``slots``: first
+        with its path kept as it is; else, under a policy that prefills in chunks (it may shrink the
+        active path, or degrades below its floor), as a lone entry, a ``prefill`` cut to the
+        configured chunk."""
+        plan = self.admission([(node, slots)], running, shrink_active=False)
+        if plan.rows or not chunks_prompts(self.caps):
+            return plan, slots
+        if prefill:
+            slots = min(slots, self.config.chunk_tokens)
+        return self.admission([(node, slots)], running), slots
 
     def below_floor(self, end: Node, slots: int) -> AdmitPlan:
         """One row at ``end`` with ``slots`` new slots, below the floor: admitted with the tokens of
@@ -128,6 +194,11 @@ class MemoryPlanner:
             return AdmitPlan()
         active = frozenset(i for i in path_ids([end]) if i in self.store)
         return AdmitPlan(1, slots, active, whole=False, pinned=pinned)
+
+    def recompute(self, ends: Sequence[Node], active: frozenset[int]) -> list[Node]:
+        """Blocks of the ``active`` paths to ``ends`` with tokens no tier holds, parents first: what
+        making those paths whole must rebuild (their host tokens are restored)."""
+        return [n for n in ordered_path_nodes(ends, active) if self.store.dropped(n.id)]
 
     # ---- below the floor ------------------------------------------------------------------
     def pinned(self, ends: Sequence[Node], need: int) -> dict[int, torch.Tensor] | None:
@@ -236,26 +307,37 @@ class MemoryPlanner:
                 total += blk.length - blk.kept_tokens
         return total
 
-    # ---- attention statistics ---------------------------------------------------------------
-    def records_statistics(self, reach: int) -> bool:
-        """Does a forward record attention statistics, when the work it serves may add ``reach`` more
-        slots? Always for a policy that needs them and does not say ``stats_on_pressure``; for one that
-        does, only with a budget and when the slots in use, this work's ``reach`` and as much again
-        (the next operation of its size) would pass the threshold at which the policy plans: its plans
-        come no sooner, and until then the statistics pass (a second ``QK^T`` per layer) is not run."""
-        caps = self.caps
-        if not caps.needs_attention or caps.observation_window:
-            return bool(caps.needs_attention)
-        if not caps.stats_on_pressure:
-            return True
-        if self.budget is None:
-            return False
-        return self.store.pool.used + 2 * reach >= self.policy.threshold * self.budget
+    # ---- search-level admission -------------------------------------------------------------
+    def holds(self, entries: Iterable[Entry]) -> bool:
+        """Does the budget hold this work at once (every path whole, and each entry's slots)?"""
+        return fits_together(entries, self.budget)
 
     # ---- room now ------------------------------------------------------------------------
     def has_free(self, need: int, reserve: int = 0) -> bool:
         """Are ``need`` slots free now, ``reserve`` more kept aside?"""
         return self.free - reserve >= need
+
+    def room_plan(
+        self, need: int, ahead: int, parked: frozenset[int], active: frozenset[int], below_floor: bool = False
+    ) -> RoomPlan:
+        """How ``need`` free slots are made now, ``ahead`` more asked of a policy's plan (see
+        :meth:`room_target`): nothing when they are free; else, under a policy that offloads, the
+        ``parked`` blocks (of searches waiting for their turn; the ``active`` ones stay) go to the
+        host tier in one go, and when that is not enough a policy that frees memory is asked for a
+        plan. ``below_floor``: a lone row's path is token-extracted (the parked blocks go, and the
+        policy is always asked: its plan decides the path's residency)."""
+        if self.has_free(need) and not below_floor:
+            return RoomPlan()
+        park = bool(parked) and self.caps.offload
+        freed = sum(self.store.get(i).kept_tokens for i in parked - active if i in self.store) if park else 0
+        if below_floor:
+            target = self.room_target(need, ahead)
+            return RoomPlan(park, True, target, max(self.store.resident_tokens - freed - target, 0))
+        if park and self.has_free(need - freed):
+            return RoomPlan(park=True)
+        if not self.caps.frees_memory:
+            return RoomPlan(park)
+        return RoomPlan(park, True, self.room_target(need, ahead), need - self.free - freed)
 
     def room_target(self, need: int, ahead: int) -> int:
         """Resident block tokens a policy's plan must get down to for ``need`` free slots now, and
@@ -271,7 +353,172 @@ class MemoryPlanner:
         want = min(total, self.room(active, lone=False) - reserve)
         return 0 if self.has_free(want, reserve) else want + reserve
 
+    # ---- thresholds ----------------------------------------------------------------------
+    def threshold_target(self) -> int:
+        """Resident block tokens a plan answering an event aims at: ``threshold`` x the pool."""
+        return int(self.config.threshold * self.budget) if self.budget is not None else UNBOUNDED
 
-def path_ids(ends: Iterable[Node]) -> set[int]:
-    """Ids of every block on the KV paths to ``ends`` (root to end inclusive, shared prefix blocks too)."""
-    return {n.id for end in ends for n in end.kv_path()}
+    def over_threshold(self) -> bool:
+        """Do resident blocks pass the threshold (a MemoryThreshold after an operation)?"""
+        return self.budget is not None and self.store.resident_tokens > self.threshold_target()
+
+    # ---- carrying out a policy's plan ---------------------------------------------------------
+    def retention(
+        self, plan: RetentionPlan, active: frozenset[int], pinned: dict[int, torch.Tensor] | None
+    ) -> Retention:
+        """What the store does with a policy's plan. Evictions only (restores are the manager's own
+        decision): active blocks are never shrunk under a policy that keeps them whole, unless below
+        the floor (``pinned`` given): there the plan's ``keep`` of an active block, with its pinned
+        tokens, is its residency, and its host tokens in it come back (``path``). Host spans the
+        plan drops go first (never an active block's), and those blocks' evicted tokens are dropped
+        too: the host tier never holds more than its capacity, even for a moment. Evicted tokens go
+        to the host under a policy that offloads."""
+        out = Retention(drop_host=[i for i in plan.drop_host if i not in active])
+        for block_id, keep in plan.keep.items():
+            keep = keep.cpu()
+            if self.caps.keep_active_whole and block_id in active:
+                if pinned is None:
+                    continue
+                keep = out.path[block_id] = union(keep, pinned.get(block_id))
+            kept = self.store.get(block_id).kept
+            offload = self.caps.offload and block_id not in out.drop_host
+            out.apply.append((block_id, kept[torch.isin(kept, keep)], offload))
+        for block_id, idx in (pinned or {}).items():
+            if block_id not in out.path and block_id in self.store:
+                out.path[block_id] = union(self.store.get(block_id).kept.cpu(), idx)
+        return out
+
+    def host_drops(self, plan: RetentionPlan, active: frozenset[int]) -> list[int]:
+        """Blocks whose host spans go so the host tier stays under its cap once ``plan`` is carried
+        out, taken in the plan's ``host_order`` (lowest value first; the policy ranks, the planner
+        decides how many): a block's load is its tokens off the device plus those the plan moves
+        off; active blocks and empty ones are skipped. None without a cap or an order."""
+        cap = self.config.host_budget_tokens
+        if cap is None or plan.host_order is None:
+            return []
+        kept = {i: self.store.get(i).kept_tokens for i in self.store.block_ids()}
+        moved = {i: kept[i] - int(keep.numel()) for i, keep in plan.keep.items() if i in kept}
+        load = {i: self.store.get(i).length - kept[i] + moved.get(i, 0) for i in kept}
+        total, drop = sum(load.values()), []
+        for block_id in plan.host_order:
+            if total <= cap:
+                break
+            if load.get(block_id) and block_id not in active:
+                drop.append(block_id)
+                total -= load[block_id]
+        return drop
+
+    # ---- attention statistics ---------------------------------------------------------------
+    def records_statistics(self, reach: int) -> bool:
+        """Does a forward record attention statistics, when the work it serves may add ``reach`` more
+        slots? Always for a policy that needs them and does not say ``stats_on_pressure``; for one that
+        does, only with a budget and when the slots in use, this work's ``reach`` and as much again
+        (the next operation of its size) would pass the threshold at which the policy plans: its plans
+        come no sooner, and until then the statistics pass (a second ``QK^T`` per layer) is not run."""
+        caps = self.caps
+        if not caps.needs_attention or caps.observation_window:
+            return bool(caps.needs_attention)
+        if not caps.stats_on_pressure:
+            return True
+        if self.budget is None:
+            return False
+        return self.store.pool.used + 2 * reach >= self.config.threshold * self.budget
+
+    def decode_statistics(self, reach: int) -> bool:
+        """Does a decode step record attention statistics (:meth:`records_statistics`)? Never under
+        an observation window: a window scores prefills only."""
+        return self.records_statistics(reach) and not self.caps.observation_window
+
+    def prefill_statistics(self, count: int, reach: int) -> tuple[bool, int]:
+        """(record, from which query) for a prefill-style forward of ``count`` new tokens serving work
+        that may add ``reach`` slots: under an observation window only its last queries count."""
+        window = self.caps.observation_window
+        return self.records_statistics(reach), max(0, count - window) if window else 0
+
+    @property
+    def windowed(self) -> bool:
+        """Attention statistics come from an observation window: a new record replaces the old one
+        of every token it saw (SnapKV), instead of adding to it."""
+        return bool(self.caps.observation_window)
+
+    # ---- refusals before any work --------------------------------------------------------------
+    def refuses_prompt(self, tokens: int) -> bool:
+        """Could a root prompt of ``tokens`` never be prefilled? Only when it is larger than the budget
+        and the policy can neither shrink the active path nor degrade below its floor (then it is
+        prefilled in chunks). Against the user's budget, not the pool: a sparse index's reserve is not
+        counted here (as before issue 48; the CLI's check and the admissions count it)."""
+        budget = self.config.budget_tokens
+        return budget is not None and tokens > budget and not chunks_prompts(self.caps)
+
+    def keeps_none_of_prompt(self, tokens: int, page: int) -> bool:
+        """Would a root prompt of ``tokens`` larger than the budget keep none of itself beside a decoding
+        row's first ``page`` slots (a budget under ``page + 1``)? Then it is refused, not dropped whole."""
+        budget = self.config.budget_tokens
+        return budget is not None and tokens > budget and budget < page + 1
+
+
+# ---- pure functions of a budget (no store: the CLI checks a budget before any runtime) -------------
+def fits_together(entries: Iterable[Entry], budget: int | None) -> bool:
+    """Does work needing ``entries`` fit ``budget`` device slots at once (None: no budget, always)?"""
+    return budget is None or demand_tokens(entries) <= budget
+
+
+def chunks_prompts(caps: Capabilities) -> bool:
+    """A prompt larger than the room left is prefilled in chunks: under a policy that may shrink the
+    active path, or one that degrades below its floor."""
+    return bool(caps.shrinks_active_path or caps.degrades)
+
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """What a problem's first operation asks of a budget (:func:`opening`).
+
+    Attributes:
+        need: the least pool slots: the prompt (one token when it is prefilled in chunks) plus one thought.
+        chunked: the prompt may be prefilled in chunks.
+        fits: the pool holds ``need`` (else the problem can never start).
+    """
+
+    need: int
+    chunked: bool
+    fits: bool
+
+
+def opening(policy: Declares, kv_budget: int | None, prompt: Callable[[], int], thought: int) -> Opening | None:
+    """The first operation of a problem whose prompt has ``prompt()`` tokens (asked only when it
+    matters) and whose thoughts have at most ``thought``, under ``policy`` with ``kv_budget`` pool
+    slots (None: no budget, nothing to check)."""
+    if kv_budget is None:
+        return None
+    chunked = chunks_prompts(policy.capabilities)
+    need = (1 if chunked else prompt()) + thought
+    return Opening(need, chunked, kv_budget >= need)
+
+
+def below_exact_floor(policy: Declares, kv_budget: int | None, prompt: Callable[[], int], thought: int) -> bool:
+    """Does a policy that degrades run lossy on a problem whose prompt has ``prompt()`` tokens (asked
+    only when it matters): are ``kv_budget`` pool slots fewer than the prompt plus one thought (the
+    exact floor; deeper paths raise it)? False without a budget or for a policy that does not degrade."""
+    if kv_budget is None or not policy.capabilities.degrades:
+        return False
+    return kv_budget < prompt() + thought
+
+
+def manages_memory(policy: Declares) -> bool:
+    """Can the policy run under a budget at all (its plans free device memory)? ``full`` cannot: any
+    budget it passes is an OOM."""
+    return policy.capabilities.frees_memory
+
+
+def least_budget(need: int, reserve_share: float) -> int:
+    """The least budget that leaves ``need`` pool slots after a reserve of ``ceil(share x budget)``."""
+    budget = need
+    while budget - math.ceil(reserve_share * budget) < need:
+        budget += 1
+    return budget
+
+
+# ---- index sets --------------------------------------------------------------------------
+def union(a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """Sorted union of two index sets (``b`` None: ``a`` sorted)."""
+    return torch.unique(a if b is None else torch.cat([a, b.cpu()]))

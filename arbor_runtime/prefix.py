@@ -26,19 +26,19 @@ tier ends what can be shared, so a tree never reads a prefix that a separate tre
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from arbor_runtime.engine.prefill import PrefillJob
-from arbor_runtime.errors import NotYet
 from arbor_runtime.tree import PROMPT, Node
 
 if TYPE_CHECKING:
     from arbor_runtime.accounts import Accounts
     from arbor_runtime.engine.prefill import Prefiller
+    from arbor_runtime.engine.scheduler import Request
     from arbor_runtime.kv import KVStore
     from arbor_runtime.memory import MemoryManager
     from arbor_runtime.nodes import NodeTable
@@ -213,7 +213,7 @@ class SharingHost(Protocol):
 @dataclass(eq=False, slots=True)
 class SharedRootJob:
     """``new_tree``'s work with sharing on (driver thread): attach below the longest stored prefix,
-    then prefill only the suffix, over the prefix's KV; resumable like any prefill.
+    then prefill only the suffix, over the prefix's KV; it asks for room, and waits, like any prefill.
 
     Without a prefix worth sharing it is the ordinary prompt prefill. Counts go to the work's
     metrics: ``prefix_trees``, ``prefix_prefill_saved_tokens`` (prompt tokens not prefilled) and
@@ -227,25 +227,34 @@ class SharedRootJob:
     seed: int
     examples: tuple[int, int] | None = None  # the prompt's few-shot span (``Node.examples``)
     root: Node | None = None
-    job: Callable[[], Node] | None = None
+    job: PrefillJob | None = None
     resident: int = 0
 
     def demand(self) -> tuple[Node | None, int]:
         """(path end, slots) this work still needs: before it starts, a new root of the whole prompt
         (what it may share is found when it starts); then its prefill's demand."""
-        if isinstance(self.job, PrefillJob):
+        if self.job is not None:
             return self.job.demand()
         return None, len(self.ids)
 
-    def __call__(self) -> Node:
+    def check(self) -> None:
+        """What its prefill checks before it asks for room again (its parent is live)."""
+        if self.job is not None:
+            self.job.check()
+
+    def __call__(self) -> Generator[Request, int, Node]:
         if self.job is None:
             self._start()
         if self.root is None:
             return self.job()
+        return self._shared(self.job())
+
+    def _shared(self, prefill: Generator[Request, int, Node]) -> Generator[Request, int, Node]:
+        """The suffix's prefill below the shared prefix, then the counts of what sharing saved."""
         try:
-            self.job()
-        except NotYet:
-            raise  # resumed in a later engine cycle
+            yield from prefill
+        except GeneratorExit:  # dropped by an engine abort while waiting: left as it was
+            raise
         except BaseException:  # the prefill undid the twin's block and the node: drop its prefixes
             self.root.released = True
             self.rt.memory.forget(self.rt.prefixes.release(self.root))

@@ -1,6 +1,6 @@
 """The runner: the tensor side of a prefill-style forward (prompt, forced block, chunk, recompute, choose).
 
-It builds the :class:`~arbor_runtime.backend.TreeBatch` over context blocks, runs the backend and
+It builds the :class:`~arbor_runtime.attention.tree.TreeBatch` over context blocks, runs the backend and
 charges the time to the work being carried out, adds the forward's attention mass to the blocks it
 read, and gives pool slots back. It decides nothing: what to forward, where its KV goes and whether
 it fits were settled before (the memory manager's admission).
@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from arbor_runtime.backend import ModelBackend, TreeBatch, context_groups
+from arbor_runtime.attention.tree import TreeBatch, context_groups
+from arbor_runtime.backend import ModelBackend
 from arbor_runtime.kv import Extent, KVStore
 
 if TYPE_CHECKING:
     from arbor_runtime.accounts import Accounts
-    from arbor_runtime.policies import Policy
+    from arbor_runtime.planner import MemoryPlanner
 
 
 class Runner:
@@ -27,12 +28,12 @@ class Runner:
 
     Args:
         store: the block store (pool slots, attention records); backend: the model runner;
-        policy: whose ``observation_window`` says how attention records are kept;
+        planner: says how attention records are kept (added up, or replaced under a window);
         accounts: whose current work a forward's time is charged to.
     """
 
-    def __init__(self, store: KVStore, backend: ModelBackend, policy: Policy, accounts: Accounts) -> None:
-        self.store, self.backend, self.policy, self.accounts = store, backend, policy, accounts
+    def __init__(self, store: KVStore, backend: ModelBackend, planner: MemoryPlanner, accounts: Accounts) -> None:
+        self.store, self.backend, self.planner, self.accounts = store, backend, planner, accounts
 
     def batch(
         self, contexts: list[list[int]], q: int, write: torch.Tensor, stats: bool, stats_from: int = 0
@@ -68,10 +69,10 @@ class Runner:
         """
         if not batch.stats:
             return
-        queries = batch.q - batch.stats_from
+        queries, windowed = batch.q - batch.stats_from, self.planner.windowed
         for grp in batch.groups:
             for i, (piece, mass) in enumerate(zip(grp.pieces, grp.mass, strict=True)):
-                if self.policy.observation_window and piece.block_id in self.store:
+                if windowed and piece.block_id in self.store:
                     self.store.get(piece.block_id).attention[piece.idx] = 0.0
                 self.store.add_attention(piece.block_id, piece.idx, mass, grp.n_rows * queries if i == 0 else 0.0)
 

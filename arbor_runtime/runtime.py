@@ -2,12 +2,16 @@
 
 Controllers call ``new_tree``, ``expand``/``expand_many``, ``append``, ``set_value`` and
 ``release``, from one thread or from many (one search per thread, several trees in one runtime).
-Each call is a unit of work for the :class:`~arbor_runtime.engine.Engine`, which runs every
-expansion in flight as one serving loop: the memory manager admits as many rows as fit
-(schedule), the backend runs one step for all of them with attention that reads every block in
-place (run), rows sample their next token or finish, and waiting rows take the place of finished
-ones (postprocess). New blocks go to the store; the memory manager turns each operation into
-policy events.
+Each call is a unit of work for the :class:`~arbor_runtime.engine.core.Engine`, which runs every
+expansion in flight as one serving loop: the scheduler plans as many rows as fit over the memory
+planner (schedule) and the executor carries the plan out, the backend runs one step for all of them
+with attention that reads every block in place (run), rows sample their next token or finish, and
+waiting rows take the place of finished ones (postprocess). New blocks go to the store; the memory
+manager turns each operation into policy events.
+
+The runtime builds the collaborators and hands each what it uses: the planner owns the memory
+config (read off the policy once, :class:`~arbor_runtime.planner.MemoryConfig`); the engine gets
+its collaborators, not the runtime.
 """
 
 from __future__ import annotations
@@ -25,22 +29,24 @@ from arbor_runtime.accounts import Accounts
 from arbor_runtime.attention.support import check_policy
 from arbor_runtime.backend import ModelBackend
 from arbor_runtime.choose import ChoiceScores, ChoosePlan, ChooseWork
-from arbor_runtime.engine import PAGE, Account, Engine, ExpandJob, Work
+from arbor_runtime.engine.core import Engine
 from arbor_runtime.engine.prefill import Prefiller
+from arbor_runtime.engine.scheduler import PAGE, Scheduler
+from arbor_runtime.engine.work import Account, ExpandJob, Work
 from arbor_runtime.errors import BudgetError, KVBudgetExceeded
-from arbor_runtime.generation import Row
 from arbor_runtime.grammar import GrammarCompiler
-from arbor_runtime.kv import BlockKV, Extent, KVStore
+from arbor_runtime.kv import KVStore
 from arbor_runtime.kv.host import default_host_tokens
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.memory import MemoryManager
 from arbor_runtime.metrics import RuntimeMetrics, TracePoint
 from arbor_runtime.nodes import NodeTable, RuntimeOwner
+from arbor_runtime.planner import MemoryConfig, MemoryPlanner
 from arbor_runtime.policies import Policy, build_policy
 from arbor_runtime.prefix import PrefixIndex, SharedRootJob
 from arbor_runtime.runner import Runner
 from arbor_runtime.sampling import SamplingParams
-from arbor_runtime.tree import FORCED, GENERATED, PROMPT, Node
+from arbor_runtime.tree import FORCED, PROMPT, Node
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +95,11 @@ class Runtime:
         bind_policy(self.policy, self.model)
         self.backend = ModelBackend(self.model, fast_kernel=fast_kernel)
         check_policy(self.policy, self.backend.attention)  # sparse decode reads plain attention only
-        host_cap = getattr(self.policy, "host_budget_tokens", None)
+        config = MemoryConfig.of(self.policy)
+        host_cap = config.host_budget_tokens
         if host_cap is None:  # the policy sets no cap: a share of the host memory available now
             host_cap = default_host_tokens(self.backend.shape)
-        self.store = KVStore(self.backend.shape, capacity=self.policy.kv_budget_tokens, host_capacity=host_cap)
+        self.store = KVStore(self.backend.shape, config.kv_budget_tokens, host_cap)
         self.metrics = RuntimeMetrics()
         #: every node made here: live and all tables, ids, the owner stamp, tree seeds
         self.table = NodeTable(self.store, seed)
@@ -106,24 +113,34 @@ class Runtime:
         self.step_hooks: list[Callable[[TracePoint, Account | None], None]] = []
         #: shared prefix blocks and the internal twins of the roots that read them
         self.prefixes = PrefixIndex(self.table, self.store, self.policy)
+        self._assemble(config, share_prefixes)
+        self._eos_ids = validation.eos_ids(loaded)
+        #: matchers for sampling under a regex or grammar (its tokenizer view is built on first use)
+        self.grammar = GrammarCompiler(self.tokenizer, int(self.model.config.vocab_size))
+
+    def _assemble(self, config: MemoryConfig, share_prefixes: bool) -> None:
+        """The deciding and executing side, each part given what it uses: planner (``config``),
+        memory manager, accounts, runner, sparse decode attention, scheduler, prefiller, engine."""
+        #: what fits the budget: the pure arithmetic every decision reads (it owns the memory config)
+        self.planner = MemoryPlanner(self.store, self.policy, config)
         # the memory manager sees every stored block: a shared root's block as its twin, the prefixes too
-        self.memory = MemoryManager(self.store, self.policy, ChainMap(self.prefixes.nodes, self.nodes))
+        self.memory = MemoryManager(self.store, self.policy, ChainMap(self.prefixes.nodes, self.nodes), self.planner)
         #: where counts go (the runtime's metrics, each thread's account), and each work's trace point
         self.accounts = Accounts(self.metrics, self.store, self.memory, self.backend, self.step_hooks)
         #: batches, forwards, attention records and slot frees of prefill-style forwards
-        self.runner = Runner(self.store, self.backend, self.policy, self.accounts)
+        self.runner = Runner(self.store, self.backend, self.planner, self.accounts)
         decode = getattr(self.tokenizer, "decode", None)
         self.backend.sparse = self.policy.sparse_attention(self.store, self.block_token_ids, decode)
         #: whether new trees attach below stored prefixes (see ``share_prefixes``)
         self.share_prefixes = share_prefixes and self.backend.sparse is None
-        self.engine = Engine(self)
+        #: decides what runs, waits or gives way (rows, admissions, the searches' turns)
+        self.scheduler = Scheduler(self.planner)
         #: prefills (prompts, forced blocks) and recomputes of dropped blocks
         self.prefiller = Prefiller(
-            self.store, self.memory, self.table, self.runner, self.accounts, self.policy, self.engine
-        )
-        self._eos_ids = validation.eos_ids(loaded)
-        #: matchers for sampling under a regex or grammar (its tokenizer view is built on first use)
-        self.grammar = GrammarCompiler(self.tokenizer, int(self.model.config.vocab_size))
+            self.store, self.memory, self.table, self.runner, self.accounts, self.planner, self.scheduler.owners,
+            self.tokenizer.decode,
+        )  # fmt: skip
+        self.engine = self._engine()
 
     def __deepcopy__(self, memo: dict) -> Runtime:
         """A copy of the whole state (trees, KV, metrics) with its own engine and locks; nothing may
@@ -135,16 +152,31 @@ class Runtime:
         clone = object.__new__(type(self))
         memo[id(self)] = clone
         for name, value in self.__dict__.items():
-            if name == "engine":  # a fresh one, which the copied prefiller then holds
-                clone.engine = memo[id(value)] = Engine(clone)
-            else:
+            if name != "engine":
                 setattr(clone, name, value if name in shared else copy.deepcopy(value, memo))
+        clone.engine = memo[id(self.engine)] = clone._engine()  # a fresh one over the copied collaborators
         return clone
+
+    def _engine(self) -> Engine:
+        """The engine over this runtime's collaborators (it logs expansions to ``oplog``)."""
+        return Engine(
+            scheduler=self.scheduler,
+            memory=self.memory,
+            store=self.store,
+            backend=self.backend,
+            table=self.table,
+            accounts=self.accounts,
+            runner=self.runner,
+            prefiller=self.prefiller,
+            metrics=self.metrics,
+            oplog=self.oplog,
+        )
 
     # ---- public API ----------------------------------------------------------------------
     @property
     def budget_tokens(self) -> int | None:
-        return self.policy.budget_tokens
+        """The KV budget in device tokens (None: none); the planner's config holds it."""
+        return self.planner.config.budget_tokens
 
     @property
     def events(self):
@@ -207,17 +239,15 @@ class Runtime:
             raise ValueError("prompt is empty: a root block needs at least one token")
         examples = validation.token_span(examples, len(ids), "examples")
         validation.positions(0, len(ids), self.max_positions, "new_tree: the prompt")
-        budget = self.budget_tokens
-        caps = self.policy.capabilities
-        if budget is not None and len(ids) > budget and not (caps.shrinks_active_path or caps.degrades):
+        if self.planner.refuses_prompt(len(ids)):
             raise BudgetError(
-                f"budget_tokens={budget} is smaller than the root prompt ({len(ids)} tokens): "
+                f"budget_tokens={self.budget_tokens} is smaller than the root prompt ({len(ids)} tokens): "
                 "the active path could never fit; raise the budget"
             )
-        if budget is not None and len(ids) > budget and budget < PAGE + 1:
+        if self.planner.keeps_none_of_prompt(len(ids), PAGE):
             raise BudgetError(
-                f"budget_tokens={budget} is smaller than the root prompt ({len(ids)} tokens) and could keep "
-                f"none of it beside a decoding row's first page ({PAGE} slots); valid: at least {PAGE + 1}"
+                f"budget_tokens={self.budget_tokens} is smaller than the root prompt ({len(ids)} tokens) and "
+                f"could keep none of it beside a decoding row's first page ({PAGE} slots); valid: at least {PAGE + 1}"
             )
         text = self.tokenizer.decode(ids) if text is None else text
         seed = self.seed if seed is None else int(seed)
@@ -314,7 +344,7 @@ class Runtime:
         scheduler makes for an expansion, never an OOM while one choice fits.
         """
         try:
-            work = ChooseWork(self, node, plan.token_ids, rows, write, plan.choices)
+            work = ChooseWork(self.prefiller, node, plan.token_ids, rows, write, plan.choices)
             return self.engine.submit(Work("choose", self.accounts.current(), run=work))
         except KVBudgetExceeded:
             if len(write) <= 1:
@@ -421,33 +451,6 @@ class Runtime:
     def log_op(self, entry: dict) -> None:
         self.oplog.append(entry)
 
-    def child_from_row(self, row: Row) -> Node:
-        """A finished row becomes a child block: its used slots are the block, the rest are freed.
-
-        When anything fails on the way, the row's slots and the child go, as if it never finished."""
-        n, child = len(row.tokens), None
-        try:
-            text = self.tokenizer.decode(row.tokens)
-            child = self.prefiller.new_node(row.owner, row.tokens, text, GENERATED, row.owner.end_pos, row.child_id)
-            child.logprobs, child.entropies, child.stop_reason = row.logprobs, row.entropies, row.stop_reason
-            used, spare = _split(row.extents, n)
-            self.store.put(child.id, BlockKV.from_extents(used, child.start_pos, row.next_logits))
-            row.extents = []  # the used slots are the block's now
-            self.runner.free_slots(spare)
-            # causal: each scored query saw half of the block on average (none when statistics were off)
-            self.store.add_attention(child.id, torch.arange(n), row.attention[:n], row.scored / 2)
-            for m in self.accounts.targets():
-                m.decode_tokens += n
-            self.memory.node_end(child)
-        except BaseException:
-            if child is not None:
-                self.prefiller.undo(child)
-            raise
-        finally:
-            self.runner.free_slots(row.extents)  # a row that failed before its block was stored
-            row.extents = []
-        return child
-
     # ---- internals ----------------------------------------------------------------------
     def _release(self, node: Node) -> None:
         self.table.check_live(node)  # again in the driver: another thread may have released it meanwhile
@@ -459,19 +462,6 @@ class Runtime:
     def _token_ids(self, ids: Sequence[int], where: str) -> list[int]:
         """``ids`` as ints in this model's vocabulary; TokenIdError naming the first bad one."""
         return validation.token_ids(ids, where, self.vocab_size)
-
-
-def _split(extents: Sequence[Extent], n: int) -> tuple[list[Extent], list[Extent]]:
-    """The first ``n`` slots of ``extents`` and the rest, as extents."""
-    used, spare, left = [], [], n
-    for ext in extents:
-        take = min(left, ext.length)
-        if take:
-            used.append(Extent(ext.start, take))
-        if take < ext.length:
-            spare.append(Extent(ext.start + take, ext.length - take))
-        left -= take
-    return used, spare
 
 
 def bind_policy(policy: Policy, model: torch.nn.Module) -> None:

@@ -1,4 +1,5 @@
-"""The search tree: nodes own thought blocks (token ids, text, per-token stats). No tensors here.
+"""The search tree: nodes own thought blocks (token ids, text, per-token stats), and the arithmetic
+of their paths (which blocks a piece of work reads, how many tokens). No tensors here.
 
 Block KV lives in the KV store, keyed by ``node.id``; a node's residency is derived from the
 store, never stored twice.
@@ -8,12 +9,15 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 #: how a block came to be
 PROMPT, GENERATED, FORCED = "prompt", "generated", "forced"
+
+#: (path end, or None for a new root not prefilled yet; slots) of one piece of work
+Entry = tuple["Node | None", int]
 
 
 @dataclass(eq=False, slots=True)
@@ -134,3 +138,34 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node(id={self.id}, depth={self.depth}, kind={self.kind}, len={self.length}, text={self.text!r:.40})"
+
+
+# ---- paths -------------------------------------------------------------------------------
+def path_ids(ends: Iterable[Node]) -> set[int]:
+    """Ids of every block on the KV paths to ``ends`` (root to end inclusive, shared prefix blocks too)."""
+    return {n.id for end in ends for n in end.kv_path()}
+
+
+def ordered_path_nodes(ends: Sequence[Node], active: frozenset[int]) -> list[Node]:
+    """Active blocks on the KV paths to ``ends`` (shared prefixes too), parents before children."""
+    seen: dict[int, tuple[int, Node]] = {}
+    for end in ends:
+        for depth, n in enumerate(end.kv_path()):
+            if n.id in active:
+                seen[n.id] = (depth, n)
+    return [n for _, n in sorted(seen.values(), key=lambda dn: (dn[0], dn[1].id))]
+
+
+def demand_tokens(entries: Iterable[Entry]) -> int:
+    """Device slots the work needs together: every block on the union of their KV paths (counted
+    once, whole: a policy that keeps the active path whole holds all of it; a prompt prefix that
+    several trees share is one block of the shared length, ``Node.kv_path``) plus each entry's own
+    slots."""
+    seen: dict[int, int] = {}
+    slots = 0
+    for end, n in entries:
+        slots += n
+        if end is not None and not end.released:
+            for node in end.kv_path():
+                seen[node.id] = node.length
+    return sum(seen.values()) + slots

@@ -136,7 +136,7 @@ def budgets_main(argv: Sequence[str] | None = None) -> int:
 
     from arbor_cli.build import USER_ERRORS, build, compose_config
     from arbor_cli.results import write_csv, write_jsonl
-    from benchmarks.cli import _floats, _policies
+    from benchmarks.cli import parse_floats, policy_names
 
     ap = argparse.ArgumentParser(prog="bench_budgets.py", description=__doc__.split("\n")[0])
     ap.add_argument("--policies", default="arbor", help="comma-separated policy names")
@@ -149,7 +149,7 @@ def budgets_main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.threads:
             torch.set_num_threads(args.threads)
-        policies, fractions = _policies(args.policies), _floats(args.fractions, "--fractions")
+        policies, fractions = policy_names(args.policies), parse_floats(args.fractions, "--fractions")
         setup = build(compose_config(args.overrides))
         rows = []
         for problem in setup.problems:

@@ -51,9 +51,9 @@ def record_main(argv: Sequence[str] | None = None, console: Console | None = Non
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=tiny-random task.end=901")
     args = ap.parse_args(argv)
-    console = console or _console()
+    console = console or make_console()
     try:
-        _threads(args.threads)
+        set_threads(args.threads)
         paths = record_from_config(args.overrides, Path(args.out), console)
     except USER_ERRORS as exc:
         print(f"record_trace.py: error: {exc}", file=sys.stderr)
@@ -107,13 +107,13 @@ def replay_main(argv: Sequence[str] | None = None, console: Console | None = Non
         "--together", action="store_true", help="every policy in one lockstep group (full's reference replayed once)"
     )
     args = ap.parse_args(argv)
-    console = console or _console()
+    console = console or make_console()
     out = Path(args.out)
     try:
-        _threads(args.threads)
-        policies, fractions = _policies(args.policies), _floats(args.fractions, "--fractions")
+        set_threads(args.threads)
+        policies, fractions = policy_names(args.policies), parse_floats(args.fractions, "--fractions")
         traces = [load_trace(p) for p in args.traces]
-        rows = _replayed(out / "replay.jsonl") if args.resume else []
+        rows = replayed_rows(out / "replay.jsonl") if args.resume else []
         done = {r["trace"] for r in rows}
         for path, trace in zip(args.traces, traces, strict=True):
             if str(path) in done:
@@ -135,7 +135,7 @@ def replay_main(argv: Sequence[str] | None = None, console: Console | None = Non
     return 0
 
 
-def _replayed(path: Path) -> list[dict[str, Any]]:
+def replayed_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of an earlier replay.jsonl (none when it does not exist); a torn last line is dropped."""
     if not path.is_file():
         return []
@@ -157,17 +157,17 @@ def plot_main(argv: Sequence[str] | None = None, console: Console | None = None)
     ap.add_argument("--budget-tokens", default=None, help="absolute budgets instead of --fractions (comma-separated)")
     ap.add_argument("--out", default="results/memory.png", help="PNG path; the series go next to it as .json")
     args = ap.parse_args(argv)
-    console = console or _console()
+    console = console or make_console()
     try:
-        _threads(args.threads)
+        set_threads(args.threads)
         if len(args.traces) != 1:
             raise ValueError(f"plot_memory.py takes one trace, got {len(args.traces)}")
         trace = load_trace(args.traces[0])
-        policies = _policies(args.policies)
+        policies = policy_names(args.policies)
         if args.budget_tokens:
-            budgets = [(int(b), None) for b in _floats(args.budget_tokens, "--budget-tokens")]
+            budgets = [(int(b), None) for b in parse_floats(args.budget_tokens, "--budget-tokens")]
         else:
-            budgets = [(b, f) for f, b in budgets_for(trace, _floats(args.fractions, "--fractions")).items()]
+            budgets = [(b, f) for f, b in budgets_for(trace, parse_floats(args.fractions, "--fractions")).items()]
         panels = memory_panels(_model_for(trace, args), trace, policies, budgets)
     except USER_ERRORS as exc:
         print(f"plot_memory.py: error: {exc}", file=sys.stderr)
@@ -189,9 +189,9 @@ def speed_main(argv: Sequence[str] | None = None, console: Console | None = None
     ap.add_argument("--warmup", type=int, default=1, help="untimed builds per method first")
     ap.add_argument("--out", default="results/speed.json", help="JSON with one summary per trace")
     args = ap.parse_args(argv)
-    console = console or _console()
+    console = console or make_console()
     try:
-        _threads(args.threads)
+        set_threads(args.threads)
         out = []
         for path in args.traces:
             trace = load_trace(path)
@@ -222,7 +222,7 @@ def _trace_parser(prog: str, description: str) -> argparse.ArgumentParser:
 _MODELS: dict[tuple, LoadedModel] = {}
 
 
-def _console() -> Console:
+def make_console() -> Console:
     """The terminal's console; a wide one when output goes to a file or pipe (tables stay readable)."""
     console = Console()
     return console if console.is_terminal else Console(width=160)
@@ -235,7 +235,7 @@ def _model_for(trace: Trace, args: argparse.Namespace) -> LoadedModel:
     return _MODELS[key]
 
 
-def _policies(text: str) -> list[str]:
+def policy_names(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in names if p not in POLICIES]
     if bad or not names:
@@ -243,7 +243,7 @@ def _policies(text: str) -> list[str]:
     return names
 
 
-def _floats(text: str, flag: str) -> list[float]:
+def parse_floats(text: str, flag: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -253,7 +253,7 @@ def _floats(text: str, flag: str) -> list[float]:
     return values
 
 
-def _threads(n: int | None) -> None:
+def set_threads(n: int | None) -> None:
     if n is not None:
         if n < 1:
             raise ValueError(f"--threads={n} must be >= 1")

@@ -45,10 +45,11 @@ import torch
 from arbor_runtime import KVBudgetExceeded, Runtime, SamplingParams
 from arbor_runtime.attention import Kernel
 from arbor_runtime.kv.streams import CudaStreams, RecordingStreams
+from arbor_runtime.loading import tiny_random_config
 from arbor_runtime.policies import build_policy
 from arbor_runtime.scratch import ScratchModel, forward_scratch_bytes
 from benchmarks.memprof import CudaForwardMeter, ForwardMeter
-from benchmarks.random_model import llama8b_config, random_model, tiny_config
+from benchmarks.random_model import llama8b_config, random_model
 
 POLICIES = ("full", "h2o", "streaming", "thinkv", "arbor")
 FRACTIONS = (1.0, 0.5, 0.25)
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens:
         w = replace(w, tokens=args.tokens)
     device, dtype = ("cpu", torch.float32) if args.dry_run else ("cuda", torch.bfloat16)
-    sizing = random_model(tiny_config(), device, torch.float32)
+    sizing = random_model(tiny_random_config(max_position_embeddings=131072), device, torch.float32)
     peak = full_peak(sizing, w)
     loaded = sizing if args.dry_run else random_model(llama8b_config(), device, dtype)
     del sizing

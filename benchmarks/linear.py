@@ -76,7 +76,7 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _gsm8k_steps(answer: str) -> tuple[str, ...]:
+def gsm8k_steps(answer: str) -> tuple[str, ...]:
     """A GSM8K train answer as solution lines: calculator annotations out, "#### N" -> "The answer is N."."""
     lines = [re.sub(r"<<[^>]*>>", "", line).strip() for line in answer.splitlines() if line.strip()]
     return tuple(f"The answer is {line[4:].strip()}." if line.startswith("####") else line for line in lines)
@@ -93,7 +93,7 @@ def context_texts(data_dir: Path, spec: str) -> tuple[str, str]:
         train, test = _jsonl(data_dir / "gsm8k" / "train.jsonl"), _jsonl(data_dir / "gsm8k" / "test.jsonl")
         if question >= len(test) or shots > len(train):
             raise ValueError(f"context spec {spec!r}: gsm8k has {len(train)} train and {len(test)} test rows")
-        examples = [format_example(r["question"], _gsm8k_steps(r["answer"])) for r in train[:shots]]
+        examples = [format_example(r["question"], gsm8k_steps(r["answer"])) for r in train[:shots]]
         return "\n".join([GSM8K_INSTRUCTION + "\n", *examples]), "\n" + format_example(test[question]["question"])
     rows = _jsonl(data_dir / "math500" / "test.jsonl")
     if question >= len(rows) or shots >= len(rows):

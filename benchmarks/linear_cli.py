@@ -16,7 +16,7 @@ from rich.table import Table
 
 from arbor_runtime import load_model
 from arbor_runtime.policies import POLICIES
-from benchmarks.cli import USER_ERRORS, _console, _floats, _threads
+from benchmarks.cli import USER_ERRORS, make_console, parse_floats, set_threads
 from benchmarks.linear import (
     COUNTERPARTS,
     DEFAULT_CONTEXTS,
@@ -57,7 +57,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
     args = parse_args(argv)
-    console = console or _console()
+    console = console or make_console()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         result = bench(args, console)
@@ -82,8 +82,8 @@ def _choices(text: str, valid: Sequence[str], flag: str) -> list[str]:
 
 def bench(args: argparse.Namespace, console: Console) -> dict:
     """Both sides on the same contexts; returns everything written to ``--out``."""
-    _threads(args.threads)
-    shares = _floats(args.shares, "--shares")
+    set_threads(args.threads)
+    shares = parse_floats(args.shares, "--shares")
     if any(not 0.0 < s < 1.0 for s in shares):
         raise ValueError(f"--shares {args.shares!r}: every kept share must be in (0, 1)")
     if args.steps < 1:

@@ -118,7 +118,7 @@ BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("tree attention", ("arbor_runtime/attention/",)),
     ("policy plans", ("arbor_runtime/policies/",)),
-    ("memory manager, planner, store", ("arbor_runtime/memory.py", "arbor_runtime/planner.py", "arbor_runtime/kv/")),
+    ("memory manager, planner, store", ("arbor_runtime/memory.py", "arbor_runtime/plan", "arbor_runtime/kv/")),
     ("engine, scheduler, sampling", ("arbor_runtime/engine/", "arbor_runtime/generation.py", "arbor_runtime/sampling")),
     ("model (transformers, torch.nn)", ("transformers/", "torch/nn/")),
     ("runtime, search, verifier", ("arbor_runtime/", "controllers/", "verifiers/", "tasks/")),
@@ -172,7 +172,7 @@ def overhead_main(argv: Sequence[str] | None = None) -> int:
     from arbor_cli.build import USER_ERRORS, build, compose_config
     from arbor_cli.provenance import code_version
     from arbor_cli.results import write_jsonl
-    from benchmarks.cli import _replayed
+    from benchmarks.cli import replayed_rows
 
     ap = argparse.ArgumentParser(prog="bench_overhead.py", description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="times every setting runs on each problem (interleaved)")
@@ -189,7 +189,7 @@ def overhead_main(argv: Sequence[str] | None = None) -> int:
         task, new_tokens = setup.task.name, setup.task.max_thought_tokens
         if args.profile:
             return _profile(setup, out, console)
-        rows = _replayed(out / "overhead.jsonl")  # resumes: problems already measured are kept
+        rows = replayed_rows(out / "overhead.jsonl")  # resumes: problems already measured are kept
         done = {r["problem"] for r in rows}
         for problem in setup.problems:
             if problem.index in done:
@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import json
     from pathlib import Path
 
-    from benchmarks.cli import _replayed
+    from benchmarks.cli import replayed_rows
     from benchmarks.results.data import write_section_data
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.split("\n")[0])
@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--section", default=None, help="write docs/data/<section>/results.json (else print only)")
     ap.add_argument("--command", default="", help="the commands that made the folders (recorded)")
     args = ap.parse_args(argv)
-    rows = [r for d in args.dirs for r in _replayed(d / "overhead.jsonl")]
+    rows = [r for d in args.dirs for r in replayed_rows(d / "overhead.jsonl")]
     profiles = [json.loads((d / "profile.json").read_text()) for d in args.dirs if (d / "profile.json").is_file()]
     table, prof = ratios(rows), [r for doc in profiles for r in profile_rows(doc)]
     for r in table:

@@ -29,7 +29,8 @@ import torch
 from arbor_runtime.attention import Kernel
 from arbor_runtime.attention import tree as tree_attention
 from arbor_runtime.attention.call import AttentionCall
-from arbor_runtime.backend import Group, Piece, TreeBatch
+from arbor_runtime.attention.tree import TreeBatch
+from arbor_runtime.batch import Group, Piece
 from arbor_runtime.kv import DevicePool, KVShape
 
 LAYERS, KV_HEADS, Q_HEADS, HEAD_DIM = 30, 3, 9, 64

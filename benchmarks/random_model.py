@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from arbor_runtime import LoadedModel
-from arbor_runtime.loading import tiny_random_config
 
 
 class IdTokenizer:
@@ -53,11 +52,25 @@ def llama8b_config(vocab_size: int = 32000):
     )
 
 
-def tiny_config():
-    """The tests' tiny Llama (2 layers, 2 KV heads of 16) with room for long positions."""
-    cfg = tiny_random_config()
-    cfg.max_position_embeddings = 131072
-    return cfg
+def smollm2_shape_config(max_positions: int):
+    """A LlamaConfig with SmolLM2-135M's shape (30 layers, 9 query / 3 KV heads of 64, hidden 576,
+    MLP 1536, 49,152-token vocabulary) and room for ``max_positions`` positions."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=max_positions,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
 
 
 def random_model(config, device: str | torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:

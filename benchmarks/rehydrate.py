@@ -35,7 +35,7 @@ from arbor_runtime import Runtime, SamplingParams, load_model
 from arbor_runtime.errors import KVBudgetExceeded
 from arbor_runtime.policies import LycheePolicy
 from arbor_runtime.tasks.data import DataSource, load_rows
-from benchmarks.cli import USER_ERRORS, _console, _threads
+from benchmarks.cli import USER_ERRORS, make_console, set_threads
 from benchmarks.sparse import fewshot_ids
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,7 +126,7 @@ def run_tree(loaded, ids: dict[str, list[int]], config: str, pool: int | None, a
 
 
 def bench(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
-    _threads(args.threads)
+    set_threads(args.threads)
     loaded = load_model(args.model)
     out = Path(args.out)
     done = {(r["problem"], r["config"], r["pool"]) for r in read_jsonl(out / "rehydrate.jsonl")}
@@ -266,7 +266,7 @@ def write_section(rows: list[dict[str, Any]], args: argparse.Namespace, command:
 
 def main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
     args = parse_args(argv)
-    console = console or _console()
+    console = console or make_console()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
         rows = bench(args, console)

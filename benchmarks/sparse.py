@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from arbor_runtime import LoadedModel, Node, Runtime, SamplingParams
-from arbor_runtime.backend import TreeBatch
+from arbor_runtime.attention.tree import TreeBatch
 from arbor_runtime.policies import LycheePolicy, Policy, QuestPolicy
 from arbor_runtime.sparse import SparseAttention, TreeConfig
 from arbor_runtime.tasks.data import DataSource, load_rows
@@ -99,27 +99,6 @@ def fewshot_ids(tokenizer, data_dir: str | Path, source: str, length: int) -> li
         if len(ids) + len(tail) >= length:
             return ids[len(ids) + len(tail) - length :] + tail
     raise ValueError(f"{source}: not enough rows for a {length}-token context")
-
-
-def smollm2_shape_config(max_positions: int):
-    """A LlamaConfig with SmolLM2-135M's shape (30 layers, 9 query / 3 KV heads of 64, hidden 576,
-    MLP 1536, 49,152-token vocabulary) and room for ``max_positions`` positions."""
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        max_position_embeddings=max_positions,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=None,
-    )
 
 
 def synthetic_kv(layers: int, heads: int, tokens: int, dim: int, seed: int) -> Iterator[tuple[torch.Tensor, ...]]:

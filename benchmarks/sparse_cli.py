@@ -17,8 +17,8 @@ from rich.table import Table
 from arbor_cli.report import fit_table
 from arbor_cli.results import Column, write_csv, write_jsonl
 from arbor_runtime import load_model
-from benchmarks.cli import USER_ERRORS, _console, _threads
-from benchmarks.random_model import random_model
+from benchmarks.cli import USER_ERRORS, make_console, set_threads
+from benchmarks.random_model import random_model, smollm2_shape_config
 from benchmarks.sparse import (
     METHODS,
     SOURCES,
@@ -29,7 +29,6 @@ from benchmarks.sparse import (
     measure_speed,
     median_row,
     prefilled,
-    smollm2_shape_config,
 )
 
 log = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None, console: Console | None = None) -> int:
     args = parse_args(argv)
     args.command = "python scripts/bench_sparse.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    console = console or _console()
+    console = console or make_console()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         rows = bench(args, console)
@@ -118,7 +117,7 @@ def _names(text: str, valid: Sequence[str], flag: str) -> list[str]:
 
 def bench(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
     """Every (model, context, method) row, fidelity columns on the real-weight contexts."""
-    _threads(args.threads)
+    set_threads(args.threads)
     contexts, longer = _ints(args.contexts, "--contexts"), _ints(args.random_contexts, "--random-contexts")
     methods = _names(args.methods, METHODS + VARIANTS, "--methods")
     sources = _names(args.sources, list(SOURCES), "--sources")

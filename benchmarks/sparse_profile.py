@@ -28,8 +28,8 @@ from arbor_runtime.attention.tree import TreeBatch
 from arbor_runtime.policies import LycheePolicy, QuestPolicy
 from arbor_runtime.sparse import attend as attend_mod
 from arbor_runtime.sparse import pages, step, tree
-from benchmarks.random_model import random_model
-from benchmarks.sparse import attach, greedy, smollm2_shape_config, synthetic_prefill
+from benchmarks.random_model import random_model, smollm2_shape_config
+from benchmarks.sparse import attach, greedy, synthetic_prefill
 
 
 @contextmanager

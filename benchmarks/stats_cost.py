@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from arbor_runtime import Runtime, SamplingParams, load_model
-from benchmarks.cli import USER_ERRORS, _console, _threads
+from benchmarks.cli import USER_ERRORS, make_console, set_threads
 from benchmarks.linear import build_context
 from benchmarks.linear_cli import REPO
 
@@ -81,9 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
-    console = _console()
+    console = make_console()
     try:
-        _threads(args.threads)
+        set_threads(args.threads)
         if min(args.repeats, args.rows, args.new_tokens) < 1:
             counts = f"{args.repeats}/{args.rows}/{args.new_tokens}"
             raise ValueError(f"--repeats/--rows/--new-tokens {counts}: each must be >= 1")

@@ -9,7 +9,9 @@ import pytest
 from test_concurrency import CONTROLLERS, PROMPTS, EchoTask, solve_all
 
 from arbor_runtime import Runtime, SamplingParams
-from arbor_runtime.engine.turns import Turns, need
+from arbor_runtime.engine.turns import Turns
+from arbor_runtime.planner import fits_together
+from arbor_runtime.tree import demand_tokens
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 BREAKDOWN = (
@@ -106,24 +108,29 @@ def test_the_breakdown_counts_preempted_tokens_waits_and_batch_sizes(tiny):
     assert all(k in out for k in BREAKDOWN) and out["rows_per_step"] == round(m.rows_per_step, 3)
 
 
+def within(budget):
+    """The planner's answer for ``budget`` device slots: do these demands fit at once?"""
+    return lambda entries: fits_together(entries, budget)
+
+
 def test_turns_admit_searches_in_arrival_order_while_their_demands_fit(tiny):
     rt = Runtime(tiny)
     roots = [rt.new_tree(p, seed=i) for i, p in enumerate(PROMPTS[:3])]
     a, b, c = (type("Acc", (), {"closed": False})() for _ in range(3))
     turns = Turns(idle_seconds=1.0)
-    one = need([(roots[0], 8)])
+    one = demand_tokens([(roots[0], 8)])
     demand = {id(x): (x, [(r, 8)]) for x, r in zip((a, b, c), roots, strict=True)}
-    turns.update(demand, budget=2 * one, now=0.0)
+    turns.update(demand, fits=within(2 * one), now=0.0)
     assert turns.contended and turns.admits(a) and turns.admits(b) and not turns.admits(c)
     assert turns.admits(None)  # work outside accounts is never held back
-    turns.update({id(c): demand[id(c)]}, budget=one, now=0.0)  # a and b between operations: still counted
+    turns.update({id(c): demand[id(c)]}, fits=within(one), now=0.0)  # a and b between operations: still counted
     assert turns.admits(a) and not turns.admits(b) and not turns.admits(c)
-    turns.update({id(c): demand[id(c)]}, budget=one, now=2.0)  # a idle past idle_seconds: goes to the back
+    turns.update({id(c): demand[id(c)]}, fits=within(one), now=2.0)  # a idle past idle_seconds: goes to the back
     assert turns.admits(b) and not turns.admits(a)
     b.closed = True
-    turns.update({id(c): demand[id(c)]}, budget=one, now=2.1)
+    turns.update({id(c): demand[id(c)]}, fits=within(one), now=2.1)
     assert turns.admits(c) and turns.order == [c, a]
-    turns.update(demand, budget=None, now=3.0)
+    turns.update(demand, fits=within(None), now=3.0)
     assert not turns.contended and all(turns.admits(x) for x in (a, b, c))
 
 
@@ -136,13 +143,13 @@ def test_a_shared_prompt_prefix_counts_once_in_what_searches_need_together(tiny)
     assert roots[1].kv is not None  # the later prompts attached below the first one's prefix
     accounts = [type("Acc", (), {"closed": False})() for _ in roots]
     demand = {id(a): (a, [(r, 8)]) for a, r in zip(accounts, roots, strict=True)}
-    union = need([(r, 8) for r in roots])
+    union = demand_tokens([(r, 8) for r in roots])
     whole = sum(r.length + 8 for r in roots)
     assert union < whole - 2 * len(rt.tokenizer(few_shot)["input_ids"]) // 2
     turns = Turns(idle_seconds=1.0)
-    turns.update(demand, budget=union, now=0.0)
+    turns.update(demand, fits=within(union), now=0.0)
     assert not turns.contended and all(turns.admits(a) for a in accounts)
-    turns.update(demand, budget=union - 1, now=0.0)
+    turns.update(demand, fits=within(union - 1), now=0.0)
     assert turns.contended and not turns.admits(accounts[-1])
 
 

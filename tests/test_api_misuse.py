@@ -24,7 +24,7 @@ FIXED = {"temperature": 0.0, "stop_at_eos": False}
 
 
 @pytest.fixture(autouse=True)
-def _threads(one_torch_thread):
+def threads(one_torch_thread):
     yield
 
 
@@ -322,7 +322,7 @@ def test_a_chunked_prefill_that_fails_midway_gives_back_every_chunk(tiny, monkey
 def test_a_failed_first_sample_frees_the_rows_slots(tiny, monkeypatch):
     """Rows get their first slots at admission and sample their first token from the stored
     logits: a failure there fails the expansion and frees every row's slots."""
-    import arbor_runtime.engine.core as engine
+    import arbor_runtime.engine.executor as executor
 
     rt = Runtime(tiny, budget_tokens=40)
     root = rt.new_tree_ids(list(range(1, 15)))
@@ -330,7 +330,7 @@ def test_a_failed_first_sample_frees_the_rows_slots(tiny, monkeypatch):
     def boom(*args, **kwargs):
         raise DeviceLost("sampling failed")
 
-    monkeypatch.setattr(engine, "sample_into", boom)
+    monkeypatch.setattr(executor, "sample_into", boom)
     for _ in range(5):
         with pytest.raises(DeviceLost):
             rt.expand(root, 3, GREEDY)
@@ -368,13 +368,13 @@ def test_a_failed_expansion_takes_its_finished_children_as_a_failed_prefill_does
     quick, slow = SamplingParams(max_new_tokens=2, **FIXED), SamplingParams(max_new_tokens=10, **FIXED)
     counts = (rt.metrics.nodes_created, rt.metrics.nodes_released)
     finished: list[Node] = []
-    real_child = rt.child_from_row
+    real_child = rt.prefiller.child_from_row
 
     def child_from_row(row):
         finished.append(real_child(row))
         return finished[-1]
 
-    monkeypatch.setattr(rt, "child_from_row", child_from_row)
+    monkeypatch.setattr(rt.prefiller, "child_from_row", child_from_row)
     failing_forward(rt, monkeypatch, after=4)  # the quick row is done by then, the slow one is not
     with rt.account() as account, pytest.raises(DeviceLost):
         rt.expand_many([(root, 1), (root, 1)], [quick, slow])
@@ -501,6 +501,6 @@ def test_arbor_refuses_a_negative_host_budget():
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_msve_features_count_a_non_finite_value_as_zero(value):
-    from arbor_runtime.policies.msve import _unit
+    from arbor_runtime.policies.msve import unit_value
 
-    assert _unit(value) == 0.0
+    assert unit_value(value) == 0.0

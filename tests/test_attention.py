@@ -9,7 +9,8 @@ from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.attention import Kernel, attention_mass, attention_reference, merge_partials
 from arbor_runtime.attention import tree as tree_attention
 from arbor_runtime.attention.call import AttentionCall
-from arbor_runtime.backend import Group, Piece, TreeBatch
+from arbor_runtime.attention.tree import TreeBatch
+from arbor_runtime.batch import Group, Piece
 from arbor_runtime.kv import DevicePool, KVShape
 
 # fp32 attention computed by different kernels / split points agrees to a few ulps of the

@@ -10,8 +10,9 @@ import torch
 from arbor_runtime.attention import Kernel, attention_mass
 from arbor_runtime.attention import tree as tree_attention
 from arbor_runtime.attention.call import AttentionCall, attention_call
+from arbor_runtime.attention.tree import TreeBatch
 from arbor_runtime.attention.window import visibility
-from arbor_runtime.backend import Group, Piece, TreeBatch
+from arbor_runtime.batch import Group, Piece
 from arbor_runtime.errors import UnsupportedModelError
 from arbor_runtime.kv import DevicePool, KVShape
 

@@ -17,7 +17,7 @@ from test_budget import walked_kv_bytes
 from arbor_runtime import KVBudgetExceeded, Runtime, SamplingParams, build_policy
 from arbor_runtime.kv import BlockKV, KVStore
 from arbor_runtime.kv.shape import KVShape
-from arbor_runtime.planner import MemoryPlanner
+from arbor_runtime.planner import MemoryConfig, MemoryPlanner
 from arbor_runtime.policies import ArborPolicy, RandomPolicy
 from arbor_runtime.policies.base import BlockView, MemoryView
 from arbor_runtime.tree import GENERATED, PROMPT, Node
@@ -191,7 +191,7 @@ def chain(store: KVStore, lengths: list[int], examples: tuple[int, int]) -> list
 def test_the_planner_pins_sinks_frontier_prompt_and_parent_in_that_order_as_room_allows(budget, want):
     store = KVStore(SHAPE, capacity=200)
     nodes = chain(store, [60, 30, 15, 20], examples=(10, 50))
-    planner = MemoryPlanner(store, ArborPolicy(budget_tokens=budget))
+    planner = MemoryPlanner(store, ArborPolicy(), MemoryConfig(budget_tokens=budget))
     pinned = planner.pinned([nodes[-1]], need=10)
     assert {b: idx.tolist() for b, idx in pinned.items()} == want
 
@@ -199,7 +199,7 @@ def test_the_planner_pins_sinks_frontier_prompt_and_parent_in_that_order_as_room
 def test_nothing_fits_when_the_rows_own_tokens_do_not():
     store = KVStore(SHAPE, capacity=200)
     nodes = chain(store, [60, 30], examples=(10, 50))
-    assert MemoryPlanner(store, ArborPolicy(budget_tokens=20)).pinned([nodes[-1]], need=21) is None
+    assert MemoryPlanner(store, ArborPolicy(), MemoryConfig(budget_tokens=20)).pinned([nodes[-1]], need=21) is None
 
 
 def test_arbors_plan_below_the_floor_keeps_the_pinned_and_the_best_of_the_rest_device_or_host():

@@ -1,7 +1,8 @@
 """Policies declare what they ask of the runtime once, as a frozen :class:`Capabilities`.
 
 The table is what every policy answered under the old per-attribute booleans (recorded before
-they became properties reading ``capabilities``): the move changed no answer.
+they became ``capabilities``): the move changed no answer, and the booleans are gone (only the
+planner reads capabilities; tests/test_structure.py checks that).
 """
 
 from __future__ import annotations
@@ -50,17 +51,16 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize(("name", "args"), list(EXPECTED), ids=lambda v: str(v))
-def test_each_policy_answers_as_before_and_through_its_capabilities(name, args):
+def test_each_policy_answers_as_before_through_its_capabilities(name, args):
     policy = build_policy(name, budget_tokens=4096, **dict(args))
     caps = policy.capabilities
     assert isinstance(caps, Capabilities)
-    assert tuple(getattr(policy, n) for n in NAMES) == EXPECTED[(name, args)]
     assert tuple(getattr(caps, n) for n in NAMES) == EXPECTED[(name, args)]
 
 
 def test_a_sparse_wrapper_forwards_its_memory_policys_fields_too():
-    policy = build_policy("lychee", budget_tokens=4096, memory=SnapKVPolicy(window_size=8))
-    assert policy.observation_window == 8 and policy.needs_attention and policy.shrinks_active_path
+    caps = build_policy("lychee", budget_tokens=4096, memory=SnapKVPolicy(window_size=8)).capabilities
+    assert caps.observation_window == 8 and caps.needs_attention and caps.shrinks_active_path
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,9 @@ def test_capabilities_are_frozen_and_derive_the_two_path_answers():
     assert (ranked.keep_active_whole, ranked.restores_active_path) == (True, False)
 
 
-def test_the_old_names_are_read_only():
-    policy = build_policy("arbor", budget_tokens=4096)
-    with pytest.raises(AttributeError):
-        policy.offload = False
+@pytest.mark.parametrize("name", ["full", "h2o", "snapkv", "arbor", "lychee"])
+def test_the_old_names_are_gone(name):
+    """A policy answers one question, ``capabilities``; the seven booleans every module used to
+    branch on are no longer there to branch on."""
+    policy = build_policy(name, budget_tokens=4096)
+    assert [n for n in NAMES if hasattr(policy, n)] == []

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from fixtures.tiny_llama import tiny_llama
 
 from arbor_runtime import Runtime, SamplingParams
-from arbor_runtime.attention import _flash_attn_func, cuda_kernel_for, merge_partials
+from arbor_runtime.attention import cuda_kernel_for, installed_flash_attn, merge_partials
 from arbor_runtime.kv import BlockKV, KVShape, KVStore
 from arbor_runtime.kv.streams import CudaStreams
 
@@ -27,7 +27,7 @@ TOL = {torch.float32: 2e-4, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 def kernel(name: str, dtype: torch.dtype, head_dim: int):
     """The named kernel if this GPU and install select it for ``dtype`` (else skip)."""
     capability = torch.cuda.get_device_capability()
-    flash = _flash_attn_func() if name == "flash_attn" else None
+    flash = installed_flash_attn() if name == "flash_attn" else None
     if name == "flash_attn" and flash is None:
         pytest.skip("flash-attn is not installed (optional gpu extra)")
     chosen, fn = cuda_kernel_for(dtype, head_dim, capability, flash)

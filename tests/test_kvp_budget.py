@@ -64,7 +64,7 @@ def test_scores_of_a_prompt_grown_in_chunks_are_those_of_the_whole_prefill(tiny)
     cached, seen = rt.policy.scores._cache[root.id]
     assert cached.shape[1] == root.length and bool(seen.all())  # every token scored, by block position
     # tokens written before the first eviction have the K/V of the whole prefill: the same scores
-    first = BUDGET - BUDGET % rt.policy.chunk_tokens()
+    first = BUDGET - BUDGET % rt.planner.config.chunk_tokens
     whole = whole_scores(tiny, ids)
     assert torch.allclose(cached[:, :first], whole[:, :first], atol=1e-5)
     # every token's cached score is the scorer's on its stored K/V at its own position (no shift by

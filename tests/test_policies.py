@@ -67,7 +67,7 @@ def test_budget_never_exceeded_and_events_replay(tiny, name, script, seed):
     try:
         run_ops(rt, script)
     except KVBudgetExceeded:  # lychee / quest wrap full by default
-        assert not rt.policy.frees_memory, "only full (alone or wrapped) may run out of memory at this budget"
+        assert not rt.policy.capabilities.frees_memory, "only full (alone or wrapped) may run out of memory here"
     assert walked and max(walked) <= BUDGET * rt.backend.shape.bytes_per_token
     assert rt.store.pool.used == rt.store.resident_tokens  # no slots left in flight after an op
     assert rt.metrics.peak_device_tokens <= BUDGET
@@ -75,7 +75,7 @@ def test_budget_never_exceeded_and_events_replay(tiny, name, script, seed):
     assert rt.store.resident_tokens == sum(rt.store.get(i).kept_tokens for i in rt.store.block_ids())
     replayed = replay_resident(rt.store.journal, rt.events)
     assert replayed == [(r.resident_tokens, r.host_tokens) for r in rt.events.records]
-    if not rt.policy.offload:
+    if not rt.policy.capabilities.offload:
         assert rt.store.host_tokens == 0 and rt.metrics.rehydrations == 0
 
 

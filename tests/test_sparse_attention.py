@@ -13,7 +13,7 @@ import torch
 
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.policies import H2OPolicy, LycheePolicy, QuestPolicy, build_policy
-from arbor_runtime.sparse.attend import SparseStep
+from arbor_runtime.sparse.step import SparseStep
 
 PROMPT = " ".join(f"Line {i} says the value is {i * 7 % 13}." for i in range(40)) + "\nAnswer:"
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0)

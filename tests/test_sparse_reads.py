@@ -10,8 +10,8 @@ import yaml
 
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.policies import LycheePolicy, QuestPolicy
-from arbor_runtime.sparse.attend import SparseStep
 from arbor_runtime.sparse.reads import BudgetedAttention, DenseLayers, read_budget
+from arbor_runtime.sparse.step import SparseStep
 
 PROMPT = " ".join(f"Line {i} says the value is {i * 7 % 13}." for i in range(40)) + "\nAnswer:"
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)

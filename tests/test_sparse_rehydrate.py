@@ -13,7 +13,8 @@ import torch
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.errors import KVBudgetExceeded
 from arbor_runtime.policies import LycheePolicy, QuestPolicy
-from arbor_runtime.sparse.attend import SelectConfig, SparseStep
+from arbor_runtime.sparse.index import SelectConfig
+from arbor_runtime.sparse.step import SparseStep
 
 PROMPT = " ".join(f"Line {i} says the value is {i * 7 % 13}." for i in range(40)) + "\nAnswer:"
 SAMPLED = SamplingParams(max_new_tokens=40, temperature=1.0)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from fixtures.tiny_llama import tiny_llama_config
 from safetensors.torch import save_file
 
 import arbor_cli.build
@@ -21,7 +20,7 @@ from arbor_cli import solve
 from arbor_cli.build import compose_config
 from arbor_cli.run import run
 from arbor_runtime import ModelSpecError, load_model
-from arbor_runtime.loading import inspect_model, smollm2_gguf_path
+from arbor_runtime.loading import inspect_model, smollm2_gguf_path, tiny_random_config
 
 WEIGHTS = Path(__file__).resolve().parents[1] / "arbor_runtime" / "policies" / "weights"
 
@@ -132,7 +131,7 @@ def _checkpoint(folder: Path, tied: bool, with_head: bool) -> Path:
     """A tiny Llama checkpoint folder: config.json and model.safetensors (lm_head.weight or not)."""
     from transformers import LlamaForCausalLM
 
-    cfg = tiny_llama_config(tie_word_embeddings=tied)
+    cfg = tiny_random_config(tie_word_embeddings=tied)
     model = LlamaForCausalLM(cfg)
     model.save_pretrained(folder)
     if not with_head:

@@ -86,7 +86,7 @@ def search_shared(setup: Setup, rt: Runtime, problem: Problem) -> Solved:
 def _search(setup: Setup, rt: Runtime, controller: Controller, problem: Problem, metrics, seed):
     """The search and its results row; an OOM or an error ends this problem only (recorded)."""
     base = {"index": problem.index, "question": problem.question, "task": setup.task.name, "model": setup.loaded.spec}
-    base |= {"controller": controller.name, "policy": rt.policy.name, "budget_tokens": rt.policy.budget_tokens}
+    base |= {"controller": controller.name, "policy": rt.policy.name, "budget_tokens": rt.budget_tokens}
     base |= search_fields(setup)
     try:
         result = controller.solve(problem, seed=seed)

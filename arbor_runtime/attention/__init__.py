@@ -12,26 +12,21 @@
   the running batch (registered at the first batch);
 - support.py: which models are served (a config check and a load-time probe), refused in one line.
 
-The names importable from the former module ``arbor_runtime.attention`` stay importable here;
-the batch (tree.py) is imported from its module or from ``arbor_runtime.backend``.
+The package exports each module's public names; the batch (tree.py) is imported from its module.
 """
 
-from arbor_runtime.attention.hook import _ACTIVE, IMPLEMENTATION, _tree_attention, tree_attention
+from arbor_runtime.attention.hook import IMPLEMENTATION, tree_attention
 from arbor_runtime.attention.kernels import (
     KEY_CHUNK,
     QUERY_CHUNK,
     CudaKernels,
     Kernel,
     KernelFn,
-    _cpu_flash,
-    _cuda_efficient,
-    _cuda_torch_flash,
-    _fast_kernel,
-    _flash_attn_func,
     attention_mass,
     attention_reference,
     cuda_kernel_for,
     flash_attn_kernel,
+    installed_flash_attn,
 )
 from arbor_runtime.attention.merge import merge_partials
 
@@ -42,17 +37,11 @@ __all__ = [
     "CudaKernels",
     "Kernel",
     "KernelFn",
-    "_ACTIVE",
-    "_cpu_flash",
-    "_cuda_efficient",
-    "_cuda_torch_flash",
-    "_fast_kernel",
-    "_flash_attn_func",
-    "_tree_attention",
     "attention_mass",
     "attention_reference",
     "cuda_kernel_for",
     "flash_attn_kernel",
+    "installed_flash_attn",
     "merge_partials",
     "tree_attention",
 ]

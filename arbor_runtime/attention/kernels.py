@@ -110,7 +110,7 @@ def flash_attn_kernel(flash_attn_func: Callable) -> KernelFn:
     return kernel
 
 
-def _flash_attn_func() -> Callable | None:
+def installed_flash_attn() -> Callable | None:
     """``flash_attn.flash_attn_func`` if the optional package imports, else None."""
     try:
         return importlib.import_module("flash_attn").flash_attn_func
@@ -145,7 +145,7 @@ class CudaKernels:
         key = (dtype, head_dim)
         if key not in self.chosen:
             capability = torch.cuda.get_device_capability(self.device)
-            self.chosen[key] = cuda_kernel_for(dtype, head_dim, capability, _flash_attn_func())
+            self.chosen[key] = cuda_kernel_for(dtype, head_dim, capability, installed_flash_attn())
         return self.chosen[key]
 
     def __call__(self, q, k, v, scale, causal):

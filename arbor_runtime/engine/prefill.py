@@ -1,36 +1,41 @@
-"""Prefills and recomputes: forwards of a block's tokens over its stored path, their KV stored.
+"""Where blocks are made: prefills and recomputes (forwards of a block's tokens over its stored
+path, their KV stored), and finished rows (:meth:`Prefiller.child_from_row`).
 
 A prompt (a tree's root) or a forced block (``append``) is a :class:`PrefillJob` the engine runs
-like any other work: the scheduler admits its tokens (all of them when they fit, else a chunk,
-under a policy that may shrink the active path), the blocks its path lacks are recomputed first,
-and each chunk is one forward whose new KV goes to the store. A job that must wait for room raises
-:class:`~arbor_runtime.errors.NotYet` and is resumed in a later engine cycle where it stopped.
+like any other work. Its run is a generator: for each chunk it yields a
+:class:`~arbor_runtime.engine.scheduler.Request` (the tokens left at the end of its path) and the
+engine sends back the slots the scheduler admitted (all of them when they fit, else a chunk, under
+a policy that may shrink the active path or degrades below its floor), once the executor has made
+the room and recomputed what the path lacks; each chunk is one forward whose new KV goes to the
+store. A job that must wait stays suspended where it stopped; in a later engine cycle the engine
+checks it again (:meth:`PrefillJob.check`: its parent may have been released meanwhile) and plans
+its request anew.
 
 The :class:`Prefiller` takes its collaborators (store, memory manager, node table, runner,
-accounts, policy, engine) rather than the runtime.
+accounts, planner, the running rows' owners, the tokenizer's decode) rather than the runtime or the engine.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from arbor_runtime.errors import NotYet
+from arbor_runtime.engine.scheduler import Request
 from arbor_runtime.kv import BlockKV, Extent
-from arbor_runtime.tree import FORCED, Node
+from arbor_runtime.tree import FORCED, GENERATED, Node
 
 if TYPE_CHECKING:
     from arbor_runtime.accounts import Accounts
-    from arbor_runtime.engine.core import Engine
+    from arbor_runtime.generation import Row
     from arbor_runtime.kv import KVStore
     from arbor_runtime.memory import MemoryManager
     from arbor_runtime.nodes import NodeTable
-    from arbor_runtime.policies import Policy
+    from arbor_runtime.planner import MemoryPlanner
     from arbor_runtime.runner import Runner
 
 __all__ = ["PrefillJob", "Prefiller"]
@@ -59,9 +64,13 @@ class PrefillJob:
         """(path end, slots) this prefill still needs: its parent's path and the tokens left."""
         return self.parent, len(self.ids) - self.done
 
-    def __call__(self) -> Node:
+    def check(self) -> None:
+        """Its parent is still live (NodeError when another operation released it)."""
         if self.parent is not None:
             self.prefiller.table.check_live(self.parent)
+
+    def __call__(self) -> Generator[Request, int, Node]:
+        self.check()
         return self.prefiller.prefill(self)
 
 
@@ -71,8 +80,10 @@ class Prefiller:
     Args:
         store: the block store (slots, blocks, attention records); memory: the memory manager
         (begin / node end / after events); table: the node table; runner: batches and forwards;
-        accounts: the work being carried out and where its counts go; policy: what attention
-        records a forward keeps; engine: its scheduler admits each chunk, its peaks are noted.
+        accounts: the work being carried out, where its counts go, the peaks of works in flight;
+        planner: whether a forward records attention statistics; owners: ``owners()`` -> the nodes
+        whose rows are decoding (their paths stay active after a prefill); decode: token ids -> a
+        finished row's text.
     """
 
     def __init__(
@@ -82,11 +93,12 @@ class Prefiller:
         table: NodeTable,
         runner: Runner,
         accounts: Accounts,
-        policy: Policy,
-        engine: Engine,
+        planner: MemoryPlanner,
+        owners: Callable[[], list[Node]],
+        decode: Callable[[list[int]], str],
     ) -> None:
         self.store, self.memory, self.table, self.runner = store, memory, table, runner
-        self.accounts, self.policy, self.engine = accounts, policy, engine
+        self.accounts, self.planner, self.owners, self.decode = accounts, planner, owners, decode
         #: called with (node, (T, V) log-probs) for every forced block; used by trace replay
         self.logits_hook: Callable[[Node, torch.Tensor], None] | None = None
 
@@ -103,8 +115,8 @@ class Prefiller:
         few-shot span is ``examples``)."""
         return PrefillJob(self, parent, ids, text, kind, seed=seed, examples=examples)
 
-    def prefill(self, state: PrefillJob) -> Node:
-        """Run (or resume) a prefill work: create the node, admit and forward its chunks."""
+    def prefill(self, state: PrefillJob) -> Generator[Request, int, Node]:
+        """A prefill work: create the node, then per chunk ask for its room and forward it."""
         if state.node is None:
             state.node = self.new_node(state.parent, state.ids, state.text, state.kind, state.start_pos)
             if state.parent is None:
@@ -114,11 +126,11 @@ class Prefiller:
         node = state.node
         try:
             while state.done < node.length:
-                count = self._admit(node, node.length - state.done)
+                count = yield Request(node, node.length - state.done, "prefill")  # the slots admitted
                 state.parts.append(self._forward_block(node, state.done, count, 0 if state.kind == FORCED else 1))
                 state.done += count
-        except NotYet:
-            raise  # resumed in a later engine cycle
+        except GeneratorExit:  # dropped by an engine abort while waiting: left as it was
+            raise
         except BaseException:  # undo the admission: the chunks stored so far, the node, its place in the plan
             self.undo(node)
             raise
@@ -129,8 +141,8 @@ class Prefiller:
             m.prefill_tokens += node.length
         self.memory.node_end(node)
         parents = [state.parent] if state.parent is not None else []
-        self.memory.after(parents, [node], forced=state.kind == FORCED, running=self.engine.running_owners())
-        self.engine.note_peak()
+        self.memory.after(parents, [node], forced=state.kind == FORCED, running=self.owners())
+        self.accounts.note_peak()
         return node
 
     def recompute_all(self, nodes: Sequence[Node]) -> None:
@@ -156,16 +168,32 @@ class Prefiller:
             self.memory.forget(self.table.forget_subtree(node, self.accounts.targets()))
         self.table.discard(node, self.accounts.targets())
 
-    def _admit(self, node: Node, left: int) -> int:
-        """Admit the next chunk of ``node``'s tokens (the scheduler says how many: all ``left`` when
-        they fit, else a chunk); recompute what its path lacks; returns the chunk's tokens.
+    def child_from_row(self, row: Row) -> Node:
+        """A finished row becomes a child block: its used slots are the block, the rest are freed.
 
-        Raises NotYet when it does not fit now but rows in flight will free room, and
-        KVBudgetExceeded when it cannot fit even alone.
-        """
-        got = self.engine.scheduler.admit([(node, left)], self.engine.running_owners(), "prefill").required()
-        self.recompute_all(got.recompute)
-        return got.slots
+        When anything fails on the way, the row's slots and the child go, as if it never finished."""
+        n, child = len(row.tokens), None
+        try:
+            text = self.decode(row.tokens)
+            child = self.new_node(row.owner, row.tokens, text, GENERATED, row.owner.end_pos, row.child_id)
+            child.logprobs, child.entropies, child.stop_reason = row.logprobs, row.entropies, row.stop_reason
+            used, spare = _split(row.extents, n)
+            self.store.put(child.id, BlockKV.from_extents(used, child.start_pos, row.next_logits))
+            row.extents = []  # the used slots are the block's now
+            self.runner.free_slots(spare)
+            # causal: each scored query saw half of the block on average (none when statistics were off)
+            self.store.add_attention(child.id, torch.arange(n), row.attention[:n], row.scored / 2)
+            for m in self.accounts.targets():
+                m.decode_tokens += n
+            self.memory.node_end(child)
+        except BaseException:
+            if child is not None:
+                self.undo(child)
+            raise
+        finally:
+            self.runner.free_slots(row.extents)  # a row that failed before its block was stored
+            row.extents = []
+        return child
 
     def _forward_block(self, node: Node, offset: int, count: int, logits_to_keep: int) -> torch.Tensor:
         """Forward tokens [offset, offset + count) of ``node`` over its path; store their KV.
@@ -175,13 +203,11 @@ class Prefiller:
         with self._allocating(count) as extents:
             context = [a.id for a in node.kv_path()[:-1]] + ([node.id] if offset else [])
             slots = _slots(extents).view(1, count)
-            window = self.policy.observation_window
-            stats_from = max(0, count - window) if window else 0
-            stats = self.memory.planner.records_statistics(node.length - offset)
+            stats, stats_from = self.planner.prefill_statistics(count, node.length - offset)
             batch = self.runner.batch([context], count, slots, stats=stats, stats_from=stats_from)
             positions = torch.arange(node.start_pos + offset, node.start_pos + offset + count).unsqueeze(0)
             ids = torch.tensor([node.token_ids[offset : offset + count]])
-            self.engine.note_peak()
+            self.accounts.note_peak()
             logits = self.runner.forward(batch, ids, positions, logits_to_keep)[0]
         own = torch.arange(offset, offset + count)
         if offset == 0:  # from here on the store owns the slots (a release frees them)
@@ -215,7 +241,7 @@ class Prefiller:
         with self._allocating(int(missing.numel())) as extents:
             write = torch.full((1, blk.length), -1, dtype=torch.long)
             write[0, missing] = _slots(extents)
-            self.engine.note_peak()
+            self.accounts.note_peak()
             batch = self.runner.batch([[a.id for a in node.kv_path()[:-1]]], blk.length, write, stats=False)
             positions = torch.arange(node.start_pos, node.end_pos).unsqueeze(0)
             self.runner.forward(batch, torch.tensor([node.token_ids]), positions, 1)
@@ -238,3 +264,16 @@ def _slots(extents: Sequence[Extent]) -> torch.Tensor:
     if not extents:
         return torch.zeros(0, dtype=torch.long)
     return torch.cat([torch.arange(e.start, e.end) for e in extents])
+
+
+def _split(extents: Sequence[Extent], n: int) -> tuple[list[Extent], list[Extent]]:
+    """The first ``n`` slots of ``extents`` and the rest, as extents."""
+    used, spare, left = [], [], n
+    for ext in extents:
+        take = min(left, ext.length)
+        if take:
+            used.append(Extent(ext.start, take))
+        if take < ext.length:
+            spare.append(Extent(ext.start + take, ext.length - take))
+        left -= take
+    return used, spare

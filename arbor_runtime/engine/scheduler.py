@@ -1,135 +1,144 @@
 """The scheduler: the one place that decides what runs, what waits and what gives way.
 
-Every piece of work that needs device room is admitted here the same way, by :meth:`Scheduler.admit`:
-the rows of an expansion, a prefill (whole, or a chunk under a policy that may shrink the active
-path), a choose pass. The pure :class:`~arbor_runtime.planner.MemoryPlanner` says what fits; the
-memory manager carries the admission out (evictions, restores); the answer is to run (how many
-rows, how many tokens, what to recompute first), to wait (rows in flight will free room), or to
-fail (it cannot fit even alone: :class:`~arbor_runtime.errors.KVBudgetExceeded` naming need and
-budget).
+It holds the ``waiting`` and ``running`` rows (nano-vllm's ``Scheduler``) and the searches' turns,
+reads the pure :class:`~arbor_runtime.planner.MemoryPlanner`, and returns plans; it carries nothing
+out (no store change, no policy call, no memory manager: it moves nothing). The engine's
+:class:`~arbor_runtime.engine.executor.Executor` carries every plan out:
 
-For the decode loop the scheduler holds the ``waiting`` and ``running`` rows (nano-vllm's
-``Scheduler``) and plans each engine step in two halves, each carried out by the engine before the
-next is decided, since each reads the pool the previous one left (planning both first would change
-which rows fit):
+    schedule() -> StepPlan        one decode step: an expansion that can never fit fails, or rows
+                                  start (their admission, what to recompute) and running rows grow
+    plan_work(request) -> WorkPlan  a prefill chunk or a choose pass: run (admitted, how many
+                                  slots), wait (rows in flight will free room, or its search has
+                                  no turn), or fail (it cannot fit even alone)
 
-    schedule() -> StepPlan.admitted, .recompute   (engine: recompute, first pages, first tokens)
-    grow(plan) -> StepPlan.grown, .preempted      (engine: the pages)
+How much room a policy's retention plan makes is known only once the policy is asked, on the store
+as it is then; so a step's growth is a ladder decided up front (:class:`Growth`): room for the rows
+that filled their slots, else the row that loses least is preempted and the rest try again, and a
+lone row that cannot grow goes below the floor (a policy that degrades) or fails its expansion.
+The executor stops at the first rung whose room is made.
 
 Above rows, whole searches take turns when the budget cannot hold every search's active path
-(:class:`~arbor_runtime.engine.turns.Turns`, updated by the engine once a cycle): only admitted
-searches' rows start and their prefills and choose passes are admitted; the others wait.
+(:class:`~arbor_runtime.engine.turns.Turns`, updated once a cycle by :meth:`Scheduler.take_turns`):
+only admitted searches' rows start and their prefills and choose passes are admitted; the others wait.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from arbor_runtime.engine.turns import Turns
-from arbor_runtime.errors import KVBudgetExceeded, NotYet
+from arbor_runtime.engine.turns import Demand, Turns
+from arbor_runtime.plans import AdmitPlan
 
 if TYPE_CHECKING:
-    import torch
-
+    from arbor_runtime.errors import KVBudgetExceeded
     from arbor_runtime.generation import Row
-    from arbor_runtime.memory import MemoryManager
-    from arbor_runtime.policies.base import Policy
+    from arbor_runtime.planner import MemoryPlanner
     from arbor_runtime.tree import Node
 
 #: pool slots a generating row is given at a time (like a KV page): its first PAGE tokens at
 #: admission, then PAGE more whenever it fills them
 PAGE = 8
 
-#: what is being admitted: an expansion's rows, a prefill (chunked when it must be), a choose pass
-KINDS = ("expand", "prefill", "choose")
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a prefill or a choose pass asks the scheduler for: ``slots`` new slots at the end of the
+    path to ``node`` (the work yields it; the engine answers with a :class:`WorkPlan`)."""
+
+    node: Node
+    slots: int
+    kind: str = "prefill"
 
 
-@dataclass(slots=True)
-class Admitted:
-    """The scheduler's answer for a queue (run / wait / fail).
+@dataclass(frozen=True, slots=True)
+class WorkPlan:
+    """The scheduler's answer to a :class:`Request`.
 
     Attributes:
-        head: node id of the queue's first entry.
-        rows: queue entries that start now (0: none; they wait, or fail when ``error`` is set).
-        slots: slots the first entry was admitted with (a prefill's chunk may be fewer than asked).
-        recompute: blocks dropped from every tier to rebuild, parents first, before the rows run.
-        error: set when the first entry cannot fit even alone.
+        admit: the admission to carry out (``rows`` 1: the work runs now).
+        slots: the slots admitted (a prefill's chunk may be fewer than asked).
+        error: set when the work cannot fit even alone (it fails).
     """
 
-    head: int
-    rows: int = 0
+    admit: AdmitPlan = field(default_factory=AdmitPlan)
     slots: int = 0
-    recompute: list[Node] = field(default_factory=list)
     error: KVBudgetExceeded | None = None
 
     @property
     def wait(self) -> bool:
-        """Nothing starts now, but rows in flight will free room."""
-        return self.rows == 0 and self.error is None
+        """Nothing runs now, but rows in flight will free room (or its search gets the turn)."""
+        return self.admit.rows == 0 and self.error is None
 
-    def required(self) -> Admitted:
-        """This admission when something starts; else raise the error, or :class:`NotYet` (the work
-        goes back to the engine's queue and is tried again next cycle). The one place work waits."""
-        if self.error is not None:
-            raise self.error
-        if self.wait:
-            raise NotYet(self.head)
-        return self
+
+@dataclass(frozen=True, slots=True)
+class Growth:
+    """One rung of a step's growth ladder: room for the running rows that filled their slots.
+
+    Attributes:
+        grown: (row, slots) each of those rows gets when the room is made.
+        need: the slots they need together; ahead: more room a policy's plan makes for the next
+            steps (a page per running row); owners: the running rows' path ends (active paths).
+        job: the expansion the memory work is counted to (the first of those rows').
+        victim: the row preempted when the room cannot be made (None: a lone row, the last rung).
+        below_floor: a lone row goes below the floor when the room cannot be made (a policy that degrades).
+        error: a lone row's expansion fails with it when neither makes room.
+    """
+
+    grown: list[tuple[Row, int]]
+    need: int
+    ahead: int
+    owners: list[Node]
+    job: object
+    victim: Row | None = None
+    below_floor: bool = False
+    error: KVBudgetExceeded | None = None
 
 
 @dataclass(slots=True)
 class StepPlan:
-    """What one decode step does about memory (see the module docstring for who carries out what).
+    """Everything one decode step does about rows and memory, decided before any of it is carried out.
 
     Attributes:
-        admitted: rows that start this step (moved from waiting to running), in queue order.
-        recompute: blocks to rebuild before they run; job: whose account the admission counts to.
-        grown: (row, slots) for rows that filled their slots.
-        preempted: rows sent back to waiting to make that room (they restart from their first token).
-        waited: (row, seconds it waited) for the admitted rows; thrown: decode tokens each
-            preempted row threw away (in ``preempted`` order).
+        failed: an expansion whose first waiting row cannot fit even alone (nothing runs): it fails
+            with ``error``, and the engine asks for the next plan.
+        admitted: rows that start this step (from waiting to running), in queue order; ``job``: whose
+            account their admission counts to; ``admit``: the planner's admission (the room they
+            need, whole paths or pinned tokens, what to recompute); waited: (row, seconds it waited).
+        growth: the ladder of :class:`Growth` rungs, tried in order until one makes room (empty:
+            no running row has filled its slots).
     """
 
+    failed: object = None
+    error: KVBudgetExceeded | None = None
     admitted: list[Row] = field(default_factory=list)
-    recompute: list[Node] = field(default_factory=list)
     job: object = None
-    grown: list[tuple[Row, int]] = field(default_factory=list)
-    preempted: list[Row] = field(default_factory=list)
+    admit: AdmitPlan = field(default_factory=AdmitPlan)
     waited: list[tuple[Row, float]] = field(default_factory=list)
-    thrown: list[int] = field(default_factory=list)
+    growth: list[Growth] = field(default_factory=list)
 
 
 class Scheduler:
-    """Decides every admission, growth and preemption over one memory manager.
+    """Decides every admission, growth and preemption over one memory planner (see the module docstring).
 
     Args:
-        memory: the memory manager (its planner decides what fits; it carries admissions out).
-        policy: the retention policy (its capabilities, budget and prefill chunk).
-        accounting: ``accounting(work)`` -> a context attributing store movements and events to it.
-        fail: ``fail(job, error)`` ends an expansion that cannot run (the engine's, carried out at once).
-        current: ``current()`` -> the account of the work being carried out (its search's turn
-            decides whether a prefill or choose pass is admitted).
+        planner: what fits (pure arithmetic over the store and the memory config).
     """
 
-    def __init__(
-        self,
-        memory: MemoryManager,
-        policy: Policy,
-        accounting: Callable[[object], AbstractContextManager[None]],
-        fail: Callable[[object, BaseException], None],
-        current: Callable[[], object] = lambda: None,
-    ) -> None:
-        self.memory, self.planner, self.policy = memory, memory.planner, policy
-        self.accounting, self.fail, self.current = accounting, fail, current
+    def __init__(self, planner: MemoryPlanner) -> None:
+        self.planner = planner
         self.waiting: list[Row] = []
         self.running: list[Row] = []
-        #: which searches may start work (the engine updates it every cycle)
+        #: which searches may start work (updated once a cycle by :meth:`take_turns`)
         self.turns = Turns()
 
+    def owners(self) -> list[Node]:
+        """The nodes whose rows are decoding now (their paths are active)."""
+        return [r.owner for r in self.running]
+
+    # ---- bookkeeping the executor reports ------------------------------------------------------
     def enqueue(self, rows: Sequence[Row]) -> None:
         """New rows wait for admission, after those already waiting."""
         now = time.perf_counter()
@@ -137,127 +146,105 @@ class Scheduler:
             row.queued_at = now
         self.waiting.extend(rows)
 
-    def owners(self) -> list[Node]:
-        """The nodes whose rows are decoding now (their paths are active)."""
-        return [r.owner for r in self.running]
+    def start(self, rows: Sequence[Row]) -> None:
+        """Admitted rows move from waiting to running."""
+        started = {id(r) for r in rows}
+        self.waiting[:] = [r for r in self.waiting if id(r) not in started]
+        self.running.extend(rows)
 
-    # ---- the one admission ---------------------------------------------------------------
-    def admit(
-        self,
-        queue: Sequence[tuple[Node, int]],
-        running: Sequence[Node],
-        kind: str,
-        finish: Sequence[int] | None = None,
-    ) -> Admitted:
-        """Admit the head of ``queue`` (path end, slots) next to the ``running`` paths, and carry it out.
-
-        ``expand``: as many rows as fit in order (a lone row may count on the policy shrinking its
-        path), each able to grow to ``finish`` slots. ``prefill`` / ``choose``: one entry, first
-        with its path kept as it is; under a policy that may shrink the active path, then as a lone
-        entry, a prefill cut to the policy's chunk. Nothing fits: wait while rows are running, else
-        fail naming what was needed. A prefill or choose pass of a search that does not have the
-        turn waits (its rows were held back in :meth:`schedule`).
-        """
-        head, slots = queue[0]
-        if kind != "expand" and not self.turns.admits(self.current()):
-            return Admitted(head.id, slots=slots)
-        if kind == "expand":
-            plan = self.planner.admission(queue, running, finish=finish)
-        else:
-            plan = self.planner.admission(queue, running, shrink_active=False)
-            caps = self.policy.capabilities
-            if not plan.rows and (caps.shrinks_active_path or caps.degrades):  # a lone entry (below the floor)
-                if kind == "prefill":
-                    slots = min(slots, self.policy.chunk_tokens())
-                    queue = [(head, slots)]
-                plan = self.planner.admission(queue, running)
-        if plan.rows:
-            got = self.memory.admit(plan, [n for n, _ in queue[: plan.rows]])
-            return Admitted(head.id, got.rows, slots, got.recompute)
-        if running:
-            return Admitted(head.id, slots=slots)
-        need = sum(n.length for n in head.path()) + slots if kind == "expand" else self.memory.used + slots
-        return Admitted(head.id, slots=slots, error=KVBudgetExceeded(need, self.policy.budget_tokens, kind))
-
-    # ---- the decode step -----------------------------------------------------------------
-    def schedule(self) -> StepPlan:
-        """Start as many waiting rows of the searches that have the turn as fit (moved to
-        ``running``); the head of an idle engine that cannot start at all fails its expansion (a
-        single row does not fit) and the next is tried."""
-        plan, got, eligible = StepPlan(), None, []
-        while got is None:
-            eligible = [r for r in self.waiting if self.turns.admits(_account(r))]
-            if not eligible:
-                break
-            head = eligible[0].job
-            queue = [(r.owner, first_page(r)) for r in eligible]
-            finish = [r.stop.params.max_new_tokens for r in eligible]
-            with self.accounting(head):
-                got = self.admit(queue, self.owners(), "expand", finish=finish)
-            if got.error is not None:
-                self.fail(head, got.error)
-                got = None
-        if got is not None and got.rows:
-            plan.admitted, plan.recompute, plan.job = eligible[: got.rows], got.recompute, head
-            started = {id(r) for r in plan.admitted}
-            self.waiting[:] = [r for r in self.waiting if id(r) not in started]
-            self.running.extend(plan.admitted)  # before anything can fail: a failed job frees its running rows' slots
-            now = time.perf_counter()
-            plan.waited = [(r, now - r.queued_at) for r in plan.admitted]
-        return plan
-
-    def grow(self, plan: StepPlan) -> StepPlan:
-        """Room for PAGE more slots for every row that has filled its slots; preempt the row that
-        loses least (see :meth:`victim`) when even the policy cannot make room (it restarts later,
-        sampling the same tokens). A lone row that cannot grow goes below the floor under a policy
-        that degrades (its path token-extracted, :meth:`MemoryManager.below_floor`), else fails its
-        expansion."""
-        while True:
-            needy = [r for r in self.running if r.capacity <= r.fed]
-            if not needy:
-                return plan
-            need = sum(page(r) for r in needy)
-            with self.accounting(needy[0].job):
-                room = self.memory.make_room(need, PAGE * len(self.running), self.owners())
-                if not room and len(self.running) == 1 and self.policy.capabilities.degrades:
-                    room = self.memory.below_floor(self.owners(), need, PAGE)
-            if room:
-                break
-            if len(self.running) == 1:
-                row = self.running[0]
-                need_alone = sum(n.length for n in row.owner.path()) + row.stop.params.max_new_tokens
-                self.fail(row.job, KVBudgetExceeded(need_alone, self.policy.budget_tokens))
-                continue
-            victim = self.victim()
-            plan.thrown.append(victim.fed)
-            plan.preempted.append(self.preempt(victim))
-        plan.grown = [(r, page(r)) for r in needy]
-        return plan
-
-    def victim(self) -> Row:
-        """The running row a preemption costs least: one of a search without the turn first, then
-        the fewest decode tokens computed (thrown away by its restart), then the youngest."""
-        last = len(self.running) - 1
-        ranked = [(self.turns.admits(_account(r)), r.fed, last - i) for i, r in enumerate(self.running)]
-        return self.running[min(range(len(ranked)), key=ranked.__getitem__)]
-
-    def preempt(self, row: Row) -> Row:
-        """``row`` gives up its slots and waits again, in its place by (job start, request order)."""
+    def requeue(self, row: Row) -> None:
+        """A preempted row (its slots given back) waits again, in its place by (job start, request order)."""
         self.running.remove(row)
-        for ext in row.restart():
-            self.memory.store.pool.free(ext)
         order = (row.job.started, row.order)
         row.queued_at = time.perf_counter()
         self.waiting.insert(sum((r.job.started, r.order) < order for r in self.waiting), row)
-        return row
 
-    def restore_ranked(self, wants: Sequence[tuple[int, torch.Tensor]]) -> int:
-        """On-demand rehydration into room the running rows will not need: what they may still
-        decode stays free (restored chunks of an active path cannot be evicted again, so taking that
-        room could stop a row). Returns the tokens restored."""
-        with self.accounting(self.running[0].job):
-            ahead = sum(max(r.stop.params.max_new_tokens - r.capacity, 0) for r in self.running)
-            return self.memory.restore_ranked(wants, reserve=ahead)
+    def drop(self, job: object) -> list[Row]:
+        """A failed expansion's rows leave both lists; returns its running rows (their slots to free)."""
+        running = [r for r in self.running if r.job is job]
+        self.running[:] = [r for r in self.running if r.job is not job]
+        self.waiting[:] = [r for r in self.waiting if r.job is not job]
+        return running
+
+    def take_turns(self, demand: Mapping[int, tuple[object, Demand]], fresh=()) -> None:
+        """Which searches may start work this cycle, from each one's demand now (:meth:`Turns.update`)."""
+        self.turns.update(demand, self.planner.holds, fresh)
+
+    # ---- the decode step -----------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        """One decode step's plan, without side effects: as many waiting rows of the searches that
+        have the turn as fit start (an idle engine whose head cannot start at all fails that
+        expansion instead: a single row does not fit), then the growth ladder of every running row."""
+        plan = StepPlan()
+        eligible = [r for r in self.waiting if self.turns.admits(_account(r))]
+        if eligible:
+            head = eligible[0].job
+            queue = [(r.owner, first_page(r)) for r in eligible]
+            finish = [r.stop.params.max_new_tokens for r in eligible]
+            admit = self.planner.admission(queue, self.owners(), finish=finish)
+            if admit.rows:
+                now = time.perf_counter()
+                plan.admitted, plan.job, plan.admit = eligible[: admit.rows], head, admit
+                plan.waited = [(r, now - r.queued_at) for r in plan.admitted]
+            elif not self.running:
+                need = sum(n.length for n in eligible[0].owner.path()) + queue[0][1]
+                plan.failed, plan.error = head, self.planner.exceeded(need, "expand")
+                return plan
+        plan.growth = self.growth(self.running + plan.admitted, started=plan.admitted)
+        return plan
+
+    def growth(self, running: Sequence[Row], started: Sequence[Row] = ()) -> list[Growth]:
+        """The growth ladder over ``running`` (the rows ``started`` this step have their first page
+        and nothing decoded: never short): room for PAGE more slots for every row that has filled
+        its slots; when even the policy cannot make it, the row that loses least (:meth:`victim`)
+        is preempted (it restarts later, sampling the same tokens) and the rest try again. A lone
+        row that cannot grow goes below the floor under a policy that degrades (its path
+        token-extracted, :meth:`MemoryManager.below_floor`), else fails its expansion."""
+        running, new, ladder = list(running), {id(r) for r in started}, []
+        while True:
+            needy = [r for r in running if id(r) not in new and r.capacity <= r.fed]
+            if not needy:
+                return ladder
+            grown = [(r, page(r)) for r in needy]
+            owners = [r.owner for r in running]
+            rung = Growth(grown, sum(n for _, n in grown), PAGE * len(running), owners, needy[0].job)
+            if len(running) > 1:
+                victim = self.victim(running)
+                ladder.append(replace(rung, victim=victim))
+                running.remove(victim)
+                continue
+            row = running[0]
+            need_alone = sum(n.length for n in row.owner.path()) + row.stop.params.max_new_tokens
+            ladder.append(replace(rung, below_floor=self.planner.degrades, error=self.planner.exceeded(need_alone)))
+            return ladder
+
+    def victim(self, running: Sequence[Row]) -> Row:
+        """The running row a preemption costs least: one of a search without the turn first, then
+        the fewest decode tokens computed (thrown away by its restart), then the youngest."""
+        last = len(running) - 1
+        ranked = [(self.turns.admits(_account(r)), r.fed, last - i) for i, r in enumerate(running)]
+        return running[min(range(len(ranked)), key=ranked.__getitem__)]
+
+    def reserve(self) -> int:
+        """Slots the running rows may still decode into beyond their own (on-demand restores leave
+        them free: restored chunks of an active path cannot be evicted again, so taking that room
+        could stop a row)."""
+        return sum(max(r.stop.params.max_new_tokens - r.capacity, 0) for r in self.running)
+
+    # ---- prefills and choose passes --------------------------------------------------------------
+    def plan_work(self, request: Request, account: object | None) -> WorkPlan:
+        """Admit ``request`` next to the running rows, without side effects: a prefill or choose pass
+        first with its path kept as it is; under a policy that prefills in chunks, then as a lone
+        entry, a prefill cut to the configured chunk (the planner's :meth:`work_admission`). Nothing
+        fits: wait while rows are running, else fail naming what was needed. The work of a search
+        that does not have the turn (``account``) waits."""
+        if not self.turns.admits(account):
+            return WorkPlan(slots=request.slots)
+        prefill = request.kind == "prefill"
+        admit, slots = self.planner.work_admission(request.node, request.slots, self.owners(), prefill)
+        if admit.rows or self.running:
+            return WorkPlan(admit, slots)
+        return WorkPlan(slots=slots, error=self.planner.exceeded(self.planner.used + slots, request.kind))
 
 
 def _account(row: Row) -> object | None:

@@ -20,14 +20,15 @@ are searches. :class:`Turns` decides, once per engine cycle, which searches may 
   others wait goes to the back (it may be waiting on one of them: a turn never deadlocks).
 
 Work outside any account (``account=None``: a release after a search, single-threaded use) is
-never held back. Plain bookkeeping: no tensor moves here; the memory planner and manager evict and
-restore for whatever is admitted.
+never held back. Plain bookkeeping: no tensor moves here; whether demands fit together is the memory
+planner's answer (``fits``, :meth:`~arbor_runtime.planner.MemoryPlanner.holds`), and the memory
+manager evicts and restores for whatever is admitted.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,8 @@ IDLE_SECONDS = 1.0
 
 #: (path end or None for a new root, slots) per piece of work a search has in the engine
 Demand = Sequence[tuple["Node | None", int]]
+#: whether work of these (path end, slots) entries fits the budget at once (the planner's answer)
+Fits = Callable[[list[tuple["Node | None", int]]], bool]
 
 
 @dataclass(slots=True)
@@ -67,14 +70,14 @@ class Turns:
     def update(
         self,
         demand: Mapping[int, tuple[object, Demand]],
-        budget: int | None,
+        fits: Fits,
         fresh: Iterable[tuple[int, int]] = (),
         now: float | None = None,
     ) -> None:
         """Recompute the admitted searches from each account's demand now (``id(account)`` ->
-        (account, demand); accounts with no work in the engine are absent) and the budget.
-        ``fresh``: (``id(account)``, tree id) where an expansion started this cycle (what the
-        search asked for there before is forgotten)."""
+        (account, demand); accounts with no work in the engine are absent); ``fits`` says whether
+        demands fit the budget together. ``fresh``: (``id(account)``, tree id) where an expansion
+        started this cycle (what the search asked for there before is forgotten)."""
         now = time.perf_counter() if now is None else now
         self.order = [a for a in self.order if not getattr(a, "closed", False)]
         known = {id(a) for a in self.order}
@@ -92,14 +95,14 @@ class Turns:
                 mine.setdefault(tree, {})[None if node is None else node.id] = (node, slots)
         for key in [k for k in self._last if k not in known]:
             del self._last[key]
-        self.contended = budget is not None and need(self._entries(self.order)) > budget
+        self.contended = not fits(self._entries(self.order))
         if not self.contended:
             self.admitted, self._idle_since = known, None
             return
         self._rotate_idle(demand, now)
         prefix = self.order[:1]
         for account in self.order[1:]:
-            if need(self._entries([*prefix, account])) > budget:
+            if not fits(self._entries([*prefix, account])):
                 break
             prefix.append(account)
         self.admitted = {id(a) for a in prefix} | (demand.keys() - known)  # closed accounts' last work
@@ -137,18 +140,3 @@ class Turns:
         elif now - self._idle_since >= self.idle_seconds:
             self.order.append(self.order.pop(0))
             self._idle_since = None
-
-
-def need(entries: Iterable[tuple[Node | None, int]]) -> int:
-    """Device slots the work needs together: every block on the union of their KV paths (counted
-    once, whole: a policy that keeps the active path whole holds all of it; a prompt prefix that
-    several trees share is one block of the shared length, ``Node.kv_path``) plus each entry's own
-    slots."""
-    seen: dict[int, int] = {}
-    slots = 0
-    for end, n in entries:
-        slots += n
-        if end is not None and not end.released:
-            for node in end.kv_path():
-                seen[node.id] = node.length
-    return sum(seen.values()) + slots

@@ -8,7 +8,8 @@
   per tree edge from the active path), water-filled to fit the budget; inside a block the
   highest-attention tokens stay (token-extractive: no summaries).
 - Evicted spans go to the host tier; with ``host_budget_tokens`` set, the lowest-value spans
-  are dropped when the host is full (they come back by recompute).
+  are dropped when the host is full (they come back by recompute): arbor ranks them by MSVE value,
+  the planner drops as many as the cap needs.
 - Below the floor (the active path plus a lone row's new tokens do not fit whole; the planner
   decides it and pins what must stay: sinks, the frontier block, the prompt outside its few-shot
   examples, the frontier's parent) the allocation goes on into the active path: every inactive
@@ -127,7 +128,8 @@ class ArborPolicy(Policy):
         for b, n, size, must in zip(inactive, alloc, sizes, protected, strict=True):
             if n < size:
                 plan.keep[b.node.id] = top_tokens(b.kv.kept, scores.get(b.node.id, b.kv.attention), must, n)
-        plan.drop_host = self._host_overflow(view, values, plan)
+        # lowest value first: under a host cap the planner forgets host spans in this order
+        plan.host_order = sorted((b.node.id for b in view.blocks), key=lambda i: values.get(i, 0.0))
         return plan
 
     def _below_floor(self, view: MemoryView) -> RetentionPlan:
@@ -159,26 +161,6 @@ class ArborPolicy(Policy):
         if b.node.parent is None:
             tail = torch.cat([torch.arange(min(self.sink_tokens, length)), tail])
         return tail
-
-    def _host_overflow(self, view: MemoryView, values: dict[int, float], plan: RetentionPlan) -> list[int]:
-        """Blocks whose host spans go (lowest value first) so the host stays under its cap."""
-        if self.host_budget_tokens is None:
-            return []
-        moved = {
-            b.node.id: b.kv.kept_tokens - int(plan.keep[b.node.id].numel())
-            for b in view.blocks
-            if b.node.id in plan.keep
-        }
-        hosted = {b.node.id: b.kv.length - b.kv.kept_tokens for b in view.blocks}
-        load = {i: hosted[i] + moved.get(i, 0) for i in hosted}
-        total, drop = sum(load.values()), []
-        for node_id in sorted(load, key=lambda i: values.get(i, 0.0)):
-            if total <= self.host_budget_tokens:
-                break
-            if load[node_id] and node_id not in view.active:
-                drop.append(node_id)
-                total -= load[node_id]
-        return drop
 
 
 _EMPTY = torch.zeros(0, dtype=torch.long)

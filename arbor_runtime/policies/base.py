@@ -67,11 +67,14 @@ class MemoryView:
 class RetentionPlan:
     """Per block id, the sorted block-local token indices to keep on the device (others leave).
 
-    ``drop_host`` lists blocks whose host-tier span is to be forgotten (host cap).
+    ``host_order``: under a host cap, blocks in the order their host-tier spans may be forgotten
+    (lowest value first; None: the policy ranks none). The planner decides how many go
+    (:meth:`~arbor_runtime.planner.MemoryPlanner.host_drops`) and lists them in ``drop_host``.
     """
 
     keep: dict[int, torch.Tensor] = field(default_factory=dict)
     drop_host: list[int] = field(default_factory=list)
+    host_order: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.keep) + len(self.drop_host)
@@ -79,8 +82,10 @@ class RetentionPlan:
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
-    """What a policy asks of the runtime, declared once; the memory manager, the engine, the runtime
-    and the sparse wrapper branch on these and on nothing else of a policy's kind.
+    """What a policy asks of the runtime, declared once and read by the memory planner alone
+    (:class:`~arbor_runtime.planner.MemoryPlanner`): every decision that depends on a policy's kind is
+    the planner's, the rest of the runtime asks it. A sparse wrapper declares its own from the
+    policy it wraps.
 
     Attributes:
         offload: evicted tokens go to the host tier (True) or are gone for good (False).
@@ -131,7 +136,12 @@ class Capabilities:
 
 @dataclass(slots=True)
 class Policy:
-    """Base policy: holds the budget and the threshold; ``plan`` says what stays.
+    """Base policy: ``plan`` says what stays; it declares its :attr:`capabilities`.
+
+    The memory settings are given with the policy (``policy.budget_tokens=...`` on the command line,
+    ``ArborPolicy(budget_tokens=...)`` in Python) and validated here; the runtime reads them once into
+    the planner's :class:`~arbor_runtime.planner.MemoryConfig`, and nothing reads them back from the
+    policy (a plan sees ``MemoryView.budget`` and ``target``).
 
     Attributes:
         budget_tokens: cap on resident device KV tokens (blocks + working buffers); None = no cap.
@@ -161,37 +171,8 @@ class Policy:
 
     @property
     def capabilities(self) -> Capabilities:
-        """What this policy asks of the runtime; every name below reads it (the one place they are decided)."""
+        """What this policy asks of the runtime (read by the planner alone)."""
         return self.CAPABILITIES
-
-    # ---- the capabilities under their old names (read-only) -------------------------------------
-    @property
-    def offload(self) -> bool:
-        return self.capabilities.offload
-
-    @property
-    def keep_active_whole(self) -> bool:
-        return self.capabilities.keep_active_whole
-
-    @property
-    def needs_attention(self) -> bool:
-        return self.capabilities.needs_attention
-
-    @property
-    def frees_memory(self) -> bool:
-        return self.capabilities.frees_memory
-
-    @property
-    def observation_window(self) -> int | None:
-        return self.capabilities.observation_window
-
-    @property
-    def restores_active_path(self) -> bool:
-        return self.capabilities.restores_active_path
-
-    @property
-    def shrinks_active_path(self) -> bool:
-        return self.capabilities.shrinks_active_path
 
     @property
     def kv_budget_tokens(self) -> int | None:
@@ -207,12 +188,6 @@ class Policy:
             decode: token ids -> text (a tokenizer's ``decode``), None without text.
         """
         return None
-
-    def chunk_tokens(self) -> int:
-        """Tokens per prefill chunk when a block must be prefilled in chunks."""
-        if self.prefill_chunk is not None:
-            return self.prefill_chunk
-        return max(1, (self.budget_tokens or 2048) // 4)
 
     def split_block(self, block_id: int, prefix_id: int, at: int) -> None:
         """A block was cut in two (a prefix shared across trees, ``arbor_runtime.prefix``): its tokens

@@ -61,7 +61,7 @@ class MSVEWeights:
         return asdict(self)
 
 
-def _unit(value: float) -> float:
+def unit_value(value: float) -> float:
     """``value`` clamped to [0, 1]; a non-finite value (NaN set on ``node.value`` directly) counts as 0."""
     return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
 
@@ -97,7 +97,7 @@ def signals(blocks: list[BlockView], vocab_size: int) -> dict[int, tuple[float, 
     for b in blocks:
         ratio = densities[b.node.id] / mean_density
         out[b.node.id] = (
-            _unit(search_value(b.node)),
+            unit_value(search_value(b.node)),
             min(b.node.mean_entropy / log_v, 1.0),
             ratio / (1.0 + ratio),
             min(b.node.depth / 10.0, 1.0),

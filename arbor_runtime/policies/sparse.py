@@ -112,9 +112,11 @@ class SparsePolicy(Policy):
         if self.budget_tokens is not None and self.kv_budget_tokens < 1:
             raise ValueError(f"budget_tokens={self.budget_tokens} leaves no pool slot after the index reserve")
         self.inner = self._build_memory()
+        self.prefill_chunk = self.inner.prefill_chunk  # the memory policy prefills (its own, when built)
         if self.rehydrate not in REHYDRATE:
             raise ValueError(f"rehydrate={self.rehydrate!r}; valid: {', '.join(REHYDRATE)}")
-        if self.rehydrate == "ranked" and not (self.inner.offload and self.inner.keep_active_whole):
+        inner = self.inner.capabilities
+        if self.rehydrate == "ranked" and not (inner.offload and inner.keep_active_whole):
             msg = (
                 f"rehydrate=ranked needs a memory policy that offloads evicted spans and keeps the active"
                 f" path (arbor), not memory={self.inner.name!r}"
@@ -172,9 +174,6 @@ class SparsePolicy(Policy):
         bind = getattr(self.inner, "bind", None)
         if bind is not None:
             bind(model)
-
-    def chunk_tokens(self) -> int:
-        return self.inner.chunk_tokens()
 
     def on_event(self, event: Event, view: MemoryView) -> RetentionPlan | None:
         return self.inner.on_event(event, view)

@@ -27,8 +27,8 @@ the next step.
 
 Its parts, each in its own module: the block indexes and their accounting (index.py, the base
 of :class:`SparseAttention`), the step's layout, selection and attention (step.py), and the
-on-demand rehydration demand (demand.py). This module joins them; the names it held before the
-split stay importable from here.
+on-demand rehydration demand (demand.py). This module joins them; each name is imported from its
+own module.
 """
 
 from __future__ import annotations
@@ -37,31 +37,10 @@ import torch
 
 from arbor_runtime.batch import BatchView
 from arbor_runtime.sparse.demand import away_blocks, wanted_spans
-from arbor_runtime.sparse.index import (
-    BlockIndex,
-    BlockIndexes,
-    IndexBuilder,
-    SelectConfig,
-    SparseStats,
-    _Entry,
-    _GroupPlan,
-)
-from arbor_runtime.sparse.step import SparseStep, _gather_heads, _layout
+from arbor_runtime.sparse.index import BlockIndexes
+from arbor_runtime.sparse.step import SparseStep
 
-__all__ = [
-    "BlockIndex",
-    "BlockIndexes",
-    "IndexBuilder",
-    "SelectConfig",
-    "SparseAttention",
-    "SparseStats",
-    "SparseStep",
-    "row_contexts",
-    "_Entry",
-    "_GroupPlan",
-    "_gather_heads",
-    "_layout",
-]
+__all__ = ["SparseAttention", "row_contexts"]
 
 
 class SparseAttention(BlockIndexes):

@@ -18,7 +18,7 @@ import torch
 if TYPE_CHECKING:
     from arbor_runtime.batch import BatchView
     from arbor_runtime.kv.store import KVStore
-    from arbor_runtime.sparse.index import _GroupPlan
+    from arbor_runtime.sparse.index import GroupPlan
 
 
 def away_blocks(batch: BatchView, store: KVStore, on_demand: bool) -> list[tuple[int, torch.Tensor | None]]:
@@ -66,7 +66,7 @@ def count_demand(
 
 
 def wanted_spans(
-    store: KVStore, width: int, whole_blocks: list[int], plans: list[_GroupPlan], demand: torch.Tensor | None
+    store: KVStore, width: int, whole_blocks: list[int], plans: list[GroupPlan], demand: torch.Tensor | None
 ) -> list[tuple[int, torch.Tensor]]:
     """A step's demand for evicted spans, most wanted first: (block id, its block-local tokens on the
     host). Blocks read whole come first (all their tokens are read; the most attended first, in

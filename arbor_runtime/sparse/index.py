@@ -107,7 +107,7 @@ class SparseStats:
 
 
 @dataclass(slots=True)
-class _Entry:
+class IndexEntry:
     """A block as the sparse layer knows it: its index (None = read whole) and its cached layout."""
 
     index: BlockIndex | None
@@ -117,7 +117,7 @@ class _Entry:
 
 
 @dataclass(slots=True)
-class _GroupPlan:
+class GroupPlan:
     """An indexed context block of a step: its index, rows (None = all), first chunk id, chunks asked."""
 
     index: BlockIndex
@@ -153,7 +153,7 @@ class BlockIndexes:
         self.builder, self.select, self.store = builder, select, store
         self.token_ids, self.reserve_bytes, self.on_demand = token_ids, reserve_bytes, on_demand
         self.boundaries = BoundaryTable(decode)
-        self.entries: dict[int, _Entry] = {}
+        self.entries: dict[int, IndexEntry] = {}
         self.stats = SparseStats()
         #: the clock of the stats' seconds (benchmarks on a shared CPU use ``time.thread_time``)
         self.clock: Callable[[], float] = time.perf_counter
@@ -166,20 +166,20 @@ class BlockIndexes:
         self.dense_when_covered = True
 
     # ---- indexes -------------------------------------------------------------------------------
-    def _entry(self, block_id: int) -> _Entry:
+    def _entry(self, block_id: int) -> IndexEntry:
         """The block's entry, its index built or lazily updated to what is resident now."""
         blk = self.store.get(block_id)
         entry = self.entries.get(block_id)
         if entry is not None and entry.index is None and entry.length == blk.length:
             return entry  # read whole
         if entry is None and blk.length < self.select.min_block_tokens:
-            entry = self.entries[block_id] = _Entry(None, blk.length)
+            entry = self.entries[block_id] = IndexEntry(None, blk.length)
             return entry
         start = self.clock()
         resident = self._known(block_id)
         if entry is None or entry.index is None:
             index = self._build(block_id, resident, blk.length)
-            entry = self.entries[block_id] = _Entry(index, blk.length)
+            entry = self.entries[block_id] = IndexEntry(index, blk.length)
         elif blk.length != entry.length or not bool(entry.index.covered[resident].all()):
             before = entry.index.nbytes
             entry.index.update(self._keys(block_id), self.store.shape.layers, resident, self._ends(block_id))

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from arbor_runtime.attention.merge import merge_partials
 from arbor_runtime.batch import BatchView, Group
 from arbor_runtime.sparse.demand import count_demand
-from arbor_runtime.sparse.index import BlockIndex, BlockIndexes, _Entry, _GroupPlan
+from arbor_runtime.sparse.index import BlockIndex, BlockIndexes, GroupPlan, IndexEntry
 
 
 @dataclass(slots=True)
@@ -44,7 +44,7 @@ class SparseStep:
 
     owner: BlockIndexes
     batch: BatchView
-    plans: list[_GroupPlan] = field(default_factory=list)
+    plans: list[GroupPlan] = field(default_factory=list)
     parts: list[tuple] = field(default_factory=list)
     n_chunks: int = 0
     n_tokens: int = 0
@@ -62,7 +62,7 @@ class SparseStep:
     context_total: int = 0
     base: torch.Tensor | None = None  # (R, 1, C) float: +inf forced, -inf unreadable, else 0 (None: on demand)
 
-    def add_group(self, grp: Group, entry: _Entry, start_pos: int) -> None:
+    def add_group(self, grp: Group, entry: IndexEntry, start_pos: int) -> None:
         """Lay out one context block's chunks (cached per block while its segments stay)."""
         width = self.owner.select.width
         key = tuple((p.start, p.length) for p in grp.pieces) + (entry.length, id(entry.index))
@@ -85,11 +85,11 @@ class SparseStep:
             sel = self.owner.select
             mean = max(entry.length / max(entry.index.n_chunks, 1), 1.0)
             n = min(entry.index.n_chunks, math.ceil(sel.token_budget / mean) + 1)
-            self.plans.append(_GroupPlan(entry.index, grp.rows, self.n_chunks, n, grp.block_id))
+            self.plans.append(GroupPlan(entry.index, grp.rows, self.n_chunks, n, grp.block_id))
         self.n_chunks += int(slots.shape[0])
         self.n_tokens = off
 
-    def add_away(self, block_id: int, rows: torch.Tensor | None, entry: _Entry) -> None:
+    def add_away(self, block_id: int, rows: torch.Tensor | None, entry: IndexEntry) -> None:
         """A context block with no token on the device: its chunks join the step unread (length 0),
         so retrieval ranks them for rehydration; a block too short to index is wanted whole."""
         if entry.index is None:
@@ -102,7 +102,7 @@ class SparseStep:
         self.parts.append((rows, empty, empty, lo, hi, False))
         mean = max(entry.length / max(c, 1), 1.0)
         n = min(c, math.ceil(self.owner.select.token_budget / mean) + 1)
-        self.plans.append(_GroupPlan(entry.index, rows, self.n_chunks, n, block_id))
+        self.plans.append(GroupPlan(entry.index, rows, self.n_chunks, n, block_id))
         self.n_chunks += c
 
     def _note_hosted(self, block_id: int, index: BlockIndex) -> None:

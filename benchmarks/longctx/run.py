@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from arbor_runtime import LoadedModel, Node, Runtime, SamplingParams, build_policy
+from arbor_runtime.planner import MemoryConfig
 from arbor_runtime.policies import LycheePolicy, Policy, QuestPolicy
 from arbor_runtime.runtime import bind_policy
 from arbor_runtime.sparse.reads import read_budget
@@ -148,19 +149,21 @@ def fork(rt: Runtime, root: Node, policy: Policy | None = None) -> tuple[Runtime
     """A copy of ``rt``'s whole state sharing its model and tokenizer; the copy's ``root``.
 
     ``policy``: the copy runs under this (bound) policy instead of a copy of ``rt``'s: every part
-    of the runtime that holds the policy (memory manager, planner, runner, prefiller, engine)
-    gets it. Only for a policy with the same KV budget that reads no attention record, or reads
-    the one ``rt``'s prefill recorded (the same observation window); the K/V of a prefill are the
-    same with or without the record (the statistics are computed after each layer's output)."""
+    of the runtime that holds the policy (memory manager, planner, prefix index) gets it, and the
+    planner's memory config is read off it. Only for a policy with the same KV budget that reads
+    no attention record, or reads the one ``rt``'s prefill recorded (the same observation window);
+    the K/V of a prefill are the same with or without the record (the statistics are computed after
+    each layer's output)."""
     memo: dict[int, Any] = {id(rt.model): rt.model, id(rt.tokenizer): rt.tokenizer}
     if policy is not None:
-        src = rt.policy
-        same_record = not policy.needs_attention or (
-            src.needs_attention and src.observation_window == policy.observation_window
+        src, new = rt.policy.capabilities, policy.capabilities
+        same_record = not new.needs_attention or (
+            src.needs_attention and src.observation_window == new.observation_window
         )
-        if policy.kv_budget_tokens != src.kv_budget_tokens or not same_record:
-            raise ValueError(f"fork: policy {policy.name} does not prefill as {src.name} does")
+        if policy.kv_budget_tokens != rt.policy.kv_budget_tokens or not same_record:
+            raise ValueError(f"fork: policy {policy.name} does not prefill as {rt.policy.name} does")
         memo[id(rt.policy)] = policy
+        memo[id(rt.planner.config)] = MemoryConfig.of(policy)
     clone = copy.deepcopy(rt, memo)
     return clone, clone.nodes[root.id]
 
@@ -300,7 +303,7 @@ def run_item(
                 policy = build_policy(method.policy)
                 if shared and method.policy == "h2o":  # the shared prefill is h2o's own
                     rt, root = fork(base, base_root)
-                elif reuse_prefill and not policy.needs_attention:  # prefills as full does: the dense one
+                elif reuse_prefill and not policy.capabilities.needs_attention:  # prefills as full does: the dense one
                     if method.policy not in bound:  # bound once (kvp loads its weights), copied per share
                         bind_policy(policy, loaded.model)
                         bound[method.policy] = policy

@@ -20,7 +20,7 @@ from arbor_runtime import load_model
 from arbor_runtime.policies import POLICIES
 from arbor_runtime.policies.kvp_scorer import ScorerShape
 from arbor_runtime.policies.kvp_weights import save_weights
-from benchmarks.cli import _floats, _threads
+from benchmarks.cli import parse_floats, set_threads
 from benchmarks.linear import DEFAULT_CONTEXTS, build_context
 from benchmarks.trace import load_trace
 from research.kvp.bench import DEFAULT_POLICIES, PROTOCOLS, run_context, scoring_cost, summarize
@@ -88,7 +88,7 @@ def run_collect(args: argparse.Namespace, console: Console) -> dict:
         raise ValueError(f"--sequences={args.sequences} must be >= 1 and 8 <= --min-context <= --max-context")
     if not 0.0 <= args.game24_share <= 1.0 or args.max_gb <= 0:
         raise ValueError(f"--game24-share={args.game24_share} must be in [0, 1] and --max-gb={args.max_gb} > 0")
-    _threads(args.threads)
+    set_threads(args.threads)
     loaded = load_model(args.model, device="cpu")
     tok = loaded.tokenizer
 
@@ -168,7 +168,7 @@ def run_train(args: argparse.Namespace, console: Console) -> dict:
     """Read shards, split off the held-out tail, train, evaluate against the heuristics, write outputs."""
     if not 0.0 <= args.val_share < 1.0:
         raise ValueError(f"--val-share={args.val_share} must be in [0, 1)")
-    _threads(args.threads)
+    set_threads(args.threads)
     fingerprint = shard_fingerprint(Path(args.data))
     seqs = read_shards(Path(args.data), fingerprint)
     n_val = int(round(len(seqs) * args.val_share))
@@ -293,8 +293,8 @@ def _variants(text: str) -> dict[str, dict]:
 
 def run_bench(args: argparse.Namespace, console: Console) -> dict:
     """Validate, run every context, summarize; returns everything written to ``--out``."""
-    _threads(args.threads)
-    shares = _floats(args.shares, "--shares")
+    set_threads(args.threads)
+    shares = parse_floats(args.shares, "--shares")
     if any(not 0.0 < s < 1.0 for s in shares) or args.steps < 1:
         raise ValueError(f"--shares {args.shares!r} must be in (0, 1) and --steps={args.steps} >= 1")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -356,8 +356,8 @@ def replay_main(argv: Sequence[str] | None = None, console: Console | None = Non
     args = ap.parse_args(argv)
     console = console or Console()
     try:
-        _threads(args.threads)
-        fractions = _floats(args.fractions, "--fractions")
+        set_threads(args.threads)
+        fractions = parse_floats(args.fractions, "--fractions")
         loaded = load_model(args.model, device="cpu")
         rows = [row for path in args.traces for row in selector_replay(loaded, load_trace(path), fractions)]
     except USER_ERRORS as exc:

@@ -21,7 +21,7 @@ from pathlib import Path
 from arbor_runtime.tasks.arith24 import apply_op, format_number, solvable
 from arbor_runtime.tasks.game24 import INSTRUCTION as GAME24_INSTRUCTION
 from arbor_runtime.tasks.stepwise import format_example
-from benchmarks.linear import GSM8K_INSTRUCTION, _gsm8k_steps
+from benchmarks.linear import GSM8K_INSTRUCTION, gsm8k_steps
 
 GSM8K_FIRST_ROW = 100  # rows 0..99 of gsm8k/train are kept out: bench_linear's few-shot examples
 GAME24_TEST = range(900, 1000)
@@ -43,7 +43,7 @@ def gsm8k_examples(data_dir: Path) -> list[tuple[int, str]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing (--data-dir points at the shared data folder)")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [(i, format_example(r["question"], _gsm8k_steps(r["answer"]))) for i, r in enumerate(rows)][GSM8K_FIRST_ROW:]
+    return [(i, format_example(r["question"], gsm8k_steps(r["answer"]))) for i, r in enumerate(rows)][GSM8K_FIRST_ROW:]
 
 
 def game24_examples(data_dir: Path) -> list[tuple[int, str]]:

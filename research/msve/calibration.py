@@ -12,7 +12,8 @@ import math
 
 import torch
 
-from arbor_runtime.backend import Group, Piece, TreeBatch, context_groups
+from arbor_runtime.attention.tree import TreeBatch, context_groups
+from arbor_runtime.batch import Group, Piece
 from arbor_runtime.policies.msve import SIGNALS, MSVEWeights
 from arbor_runtime.runtime import Runtime
 from arbor_runtime.sampling import SamplingParams

@@ -1,0 +1,150 @@
+"""One decider (issue 48): where the budget is compared, where capabilities are read, what is private.
+
+Read from the source with ``ast`` (nothing runs):
+
+- Outside the planner (arbor_runtime/planner.py) and the pool's hard backstop (arbor_runtime/kv/pool.py)
+  no module of the product compares anything against the KV budget: no comparison has a budget name
+  on one side and anything but a literal on the other. Budget names are ``budget`` and the names
+  ending in ``_budget`` or ``budget_tokens`` (a sparse policy's ``token_budget``, the tokens a decode
+  query reads, is not KV memory). Checking a setting itself (``budget_tokens <= 0``: a literal on the
+  other side) and ``is None`` are not comparisons against the budget.
+- Only the planner reads a policy's ``capabilities`` (a policy declares its own, a sparse wrapper from
+  the policy it wraps: the policies package is where they are declared), and no module reads the seven
+  booleans that capabilities replaced off a policy.
+- No module imports a name starting with ``_`` from another module (the product, tests, benchmarks,
+  research and scripts), except from benchmarks/results, which another issue is rewriting.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+#: the installed product: the runtime, the CLI and the folders installed into the runtime's namespace
+PRODUCT = ("arbor_runtime", "arbor_cli", "controllers", "tasks", "verifiers")
+#: where the budget may be compared: the planner decides, the pool is the backstop
+BUDGET_HOMES = {"arbor_runtime/planner.py", "arbor_runtime/kv/pool.py"}
+#: the booleans every module used to branch on before ``Capabilities``
+OLD_NAMES = {
+    "offload", "keep_active_whole", "needs_attention", "frees_memory", "observation_window",
+    "restores_active_path", "shrinks_active_path",
+}  # fmt: skip
+#: a rewrite in progress elsewhere (the results page): its private names are not renamed here
+PRIVATE_EXEMPT = ("benchmarks.results",)
+
+
+def sources(*folders: str) -> dict[str, ast.Module]:
+    """Relative path -> parsed module, for every Python file under ``folders``."""
+    return {
+        str(p.relative_to(REPO)): ast.parse(p.read_text())
+        for folder in folders
+        for p in sorted((REPO / folder).rglob("*.py"))
+        if "__pycache__" not in p.parts
+    }
+
+
+def is_budget_name(name: str) -> bool:
+    return name != "token_budget" and (name == "budget" or name.endswith(("_budget", "budget_tokens")))
+
+
+def budget_comparisons(tree: ast.AST) -> list[str]:
+    """Comparisons in ``tree`` of a budget name against anything but a literal (``is None`` aside)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        if all(isinstance(op, ast.Is | ast.IsNot) for op in node.ops):
+            continue
+        if any(
+            isinstance(s, ast.Constant) or (isinstance(s, ast.UnaryOp) and isinstance(s.operand, ast.Constant))
+            for s in sides
+        ):
+            continue
+        names = [
+            n.id if isinstance(n, ast.Name) else n.attr
+            for n in ast.walk(node)
+            if isinstance(n, ast.Name | ast.Attribute)
+        ]
+        if any(is_budget_name(n) for n in names):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def capability_reads(tree: ast.AST) -> list[str]:
+    """Reads of ``.capabilities``, and of the old booleans off something named like a policy."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not isinstance(node.ctx, ast.Load):
+            continue
+        receiver = ast.unparse(node.value)
+        if node.attr == "capabilities" or (node.attr in OLD_NAMES and receiver.endswith(("policy", "inner"))):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+#: the project's own top-level packages: a private name of a third-party package (torch's profiler
+#: event types) is that package's business, not this project's structure
+OWN_PACKAGES = ("arbor_runtime", "arbor_cli", "benchmarks", "controllers", "tasks", "verifiers", "research", "tests")
+
+
+def private_imports(tree: ast.AST) -> list[str]:
+    """``from module import _name`` of this project's modules in ``tree`` (the exempt modules aside)."""
+    return [
+        f"{node.lineno}: from {node.module} import {alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and (node.level or (node.module or "").split(".")[0] in OWN_PACKAGES)
+        and not (node.module or "").startswith(PRIVATE_EXEMPT)
+        for alias in node.names
+        if alias.name.startswith("_")
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def product() -> dict[str, ast.Module]:
+    return sources(*PRODUCT)
+
+
+def test_only_the_planner_and_the_pool_compare_against_the_budget(product):
+    found = {path: budget_comparisons(tree) for path, tree in product.items() if path not in BUDGET_HOMES}
+    assert {path: lines for path, lines in found.items() if lines} == {}
+    assert len(budget_comparisons(product["arbor_runtime/planner.py"])) >= 5  # the check sees them where they are
+
+
+def test_only_the_planner_reads_capabilities(product):
+    found = {
+        path: capability_reads(tree)
+        for path, tree in product.items()
+        if path != "arbor_runtime/planner.py" and not path.startswith("arbor_runtime/policies/")
+    }
+    assert {path: lines for path, lines in found.items() if lines} == {}
+    assert capability_reads(product["arbor_runtime/planner.py"])
+
+
+def test_no_module_imports_a_private_name_from_another():
+    found = {
+        path: private_imports(tree)
+        for path, tree in sources(*PRODUCT, "tests", "benchmarks", "research", "scripts").items()
+    }
+    assert {path: lines for path, lines in found.items() if lines} == {}
+
+
+def test_the_checks_see_what_they_look_for():
+    source = (
+        "if used + need > self.budget: pass\n"  # a decision against the budget
+        "if pool.kv_budget_tokens < 1: pass\n"  # checking the setting itself
+        "if budget is None: pass\n"
+        "if reads >= select.token_budget: pass\n"  # a sparse read budget, not KV memory
+        "caps = rt.policy.capabilities\n"
+        "if self.policy.offload: pass\n"
+        "from arbor_runtime.loading import _tiny_random\n"
+        "from benchmarks.results.collect import _budgets_losses\n"
+    )
+    tree = ast.parse(source)
+    assert budget_comparisons(tree) == ["1: used + need > self.budget"]
+    assert capability_reads(tree) == ["5: rt.policy.capabilities", "6: self.policy.offload"]
+    assert private_imports(tree) == ["7: from arbor_runtime.loading import _tiny_random"]
