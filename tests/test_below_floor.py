@@ -257,3 +257,14 @@ def test_statistics_switch_on_one_operation_ahead_of_the_threshold(tiny):
     edge = (900 - used + 1) // 2
     assert planner.records_statistics(edge) and not planner.records_statistics(edge - 1)
     assert root.length == used
+
+
+def test_a_block_no_scored_query_saw_keeps_its_tail():
+    """Statistics off (no pressure yet): arbor's plan keeps an unobserved inactive block's newest tokens
+    in one run, not an arbitrary pick among tied zero scores."""
+    store = KVStore(SHAPE, capacity=200)
+    nodes = chain(store, [40, 30, 20], examples=(4, 40))
+    views = [BlockView(n, store.get(n.id), n.id != 1) for n in nodes]  # block 1 inactive, never observed
+    view = MemoryView(views, frozenset({0, 2}), 200, target=60 + 10)
+    plan = ArborPolicy(budget_tokens=200, tail_tokens=2).plan(view)
+    assert plan.keep[1].tolist() == list(range(20, 30))

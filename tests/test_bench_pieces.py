@@ -4,6 +4,7 @@ block's pieces build the same search tree as full, and the step bench reports ev
 from __future__ import annotations
 
 import pytest
+from floats import reassociation_tol
 
 from arbor_runtime.attention import tree as tree_attention
 from benchmarks.pieces import micro_rows, scattered, search_rows
@@ -24,7 +25,7 @@ def test_step_bench_reports_each_piece_count_with_and_without_statistics():
     assert tree_attention.PACK_BELOW_TOKENS == 512  # put back
 
 
-def test_arbor_under_a_budget_rebuilds_fulls_tree_with_pieces_packed_and_in_place(data_dir):
+def test_arbor_under_a_budget_rebuilds_fulls_tree_with_pieces_packed_and_in_place(data_dir, tiny):
     overrides = ["model=tiny-random", f"paths.data_dir={data_dir}", "task=gsm8k", "task.start=0", "task.end=1"]
     overrides += ["task.max_thought_tokens=16", "controller=best_first", "controller.n_generate=2"]
     overrides += ["controller.max_expansions=12", "controller.vote_quorum=0", "controller.release_pruned=false"]
@@ -32,7 +33,11 @@ def test_arbor_under_a_budget_rebuilds_fulls_tree_with_pieces_packed_and_in_plac
     full, packed, in_place = rows
     assert (full["policy"], packed["packed"], in_place["packed"]) == ("full", True, False)
     assert packed["budget"] == in_place["budget"] < full["peak_device_tokens"]
+    assert packed["same_tree"], packed  # one copy per block, as full reads its contiguous blocks
+    # in place, a block in many pieces is read piece by piece and merged: the sums run in another order,
+    # so on the tiny model's near-uniform distributions a sampled token may flip where rounding moves it;
+    # up to there every shared node's log-probs agree within reassociation (tests/floats.py)
+    assert in_place["same_tree"] or in_place["max_logprob_gap"] <= reassociation_tol(tiny, [20.0]), in_place
     for run in (packed, in_place):
-        assert not run["oom"] and run["same_tree"], run
-        assert run["peak_device_tokens"] <= run["budget"]
+        assert not run["oom"] and run["peak_device_tokens"] <= run["budget"]
     assert packed["rehydrations"] > 0  # the budget bound: blocks left and came back

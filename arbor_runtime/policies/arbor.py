@@ -127,7 +127,7 @@ class ArborPolicy(Policy):
         scores = self.kvp.block_token_scores(view) if self.kvp is not None else {}
         for b, n, size, must in zip(inactive, alloc, sizes, protected, strict=True):
             if n < size:
-                plan.keep[b.node.id] = top_tokens(b.kv.kept, scores.get(b.node.id, b.kv.attention), must, n)
+                plan.keep[b.node.id] = top_tokens(b.kv.kept, scores.get(b.node.id, _token_values(b)), must, n)
         # lowest value first: under a host cap the planner forgets host spans in this order
         plan.host_order = sorted((b.node.id for b in view.blocks), key=lambda i: values.get(i, 0.0))
         return plan
@@ -164,6 +164,15 @@ class ArborPolicy(Policy):
 
 
 _EMPTY = torch.zeros(0, dtype=torch.long)
+
+
+def _token_values(b: BlockView) -> torch.Tensor:
+    """(length,) what a block's tokens are worth inside it: the attention they received; for a block no
+    scored query has seen yet (statistics are recorded only under memory pressure), their recency, so
+    the kept tokens are its tail in one run rather than an arbitrary pick among tied scores."""
+    if b.kv.observers > 0:
+        return b.kv.attention
+    return torch.arange(b.kv.length, dtype=torch.float32)
 
 
 def _held(b: BlockView) -> torch.Tensor:
