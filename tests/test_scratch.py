@@ -27,7 +27,8 @@ from arbor_cli.run import run
 from arbor_runtime import LoadedModel, Runtime, SamplingParams
 from arbor_runtime.attention import Kernel
 from arbor_runtime.attention.call import AttentionCall
-from arbor_runtime.backend import ModelBackend, TreeBatch
+from arbor_runtime.attention.tree import TreeBatch
+from arbor_runtime.backend import ModelBackend
 from arbor_runtime.batch import Group, Piece
 from arbor_runtime.kv.pool import DevicePool
 from arbor_runtime.kv.shape import KVShape
