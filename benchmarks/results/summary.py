@@ -556,9 +556,74 @@ def e2e_verdicts(data: dict[str, dict]) -> list[Verdict]:
     ]
 
 
+def _floor_rows(data: dict[str, dict], table: str) -> list[dict]:
+    d = data.get("floor")
+    return d["tables"][table]["rows"] if d and table in d.get("tables", {}) else []
+
+
+def floor(data: dict[str, dict]) -> str | None:
+    """Below the floor, replayed: per task, arbor's top-1 agreement against the best tree-blind policy's at
+    each budget, and where the difference lies beyond its paired interval."""
+    rows = _floor_rows(data, "vs_best")
+    if not rows:
+        return None
+    main = {(r["task"], r["budget"], r["policy"]): r for r in _floor_rows(data, "main")}
+    texts = []
+    for task in dict.fromkeys(r["task"] for r in rows):
+        parts = []
+        for r in (r for r in rows if r["task"] == task):
+            mine, theirs = main[(task, r["budget"], "arbor")], main[(task, r["budget"], r["against"])]
+            verdict = {"better": "better", "worse": "worse", "no": "not separable"}[r["beyond"]]
+            parts.append(
+                f"{r['budget']} {cell(mine['top1_mean'], '{:.2f}')} vs {r['against']} "
+                f"{cell(theirs['top1_mean'], '{:.2f}')} ({verdict})"
+            )
+        texts.append(f"{task}: " + ", ".join(parts))
+    ooms = sum(r["oom"] for r in _floor_rows(data, "main") if r["policy"] == "arbor")
+    return (
+        "**Below the floor, replayed (top-1 agreement with full, arbor vs the best tree-blind policy, "
+        "paired 95% intervals over trees).** " + "; ".join(texts) + f"; arbor OOMs: {ooms}."
+    )
+
+
+def floor_verdicts(data: dict[str, dict]) -> list[Verdict]:
+    """Arbor wins at a task and budget where it keeps more of full's top-1 choices than the best tree-blind
+    policy beyond the paired interval, loses where it keeps fewer; a tree-blind scorer beyond random's
+    interval either way wins or loses against random there."""
+    where: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for r in _floor_rows(data, "vs_best"):
+        if r["beyond"] != "no":
+            where[("arbor", "wins" if r["beyond"] == "better" else "loses")].append(f"{r['budget']} on {r['task']}")
+    for r in _floor_rows(data, "vs_random"):
+        if r["policy"] != "arbor" and r["beyond"] != "no":
+            where[(r["policy"], "vs random " + r["beyond"])].append(f"{r['budget']} on {r['task']}")
+    words = {
+        "wins": ("wins", "keeps more of full's top-1 choices than the best tree-blind policy at"),
+        "loses": ("loses", "keeps fewer of full's top-1 choices than the best tree-blind policy at"),
+        "vs random better": ("wins", "beats random eviction at"),
+        "vs random worse": ("loses", "below random eviction at"),
+    }
+    section = "(Below the floor, replayed)"
+    return [(m, words[k][0], f"{words[k][1]} {', '.join(at)} {section}") for (m, k), at in where.items()]
+
+
+def overhead(data: dict[str, dict]) -> str | None:
+    """What arbor costs: its time over full's per search and setting (median over repeats)."""
+    d = data.get("overhead")
+    if not d:
+        return None
+    texts = []
+    rows = d["tables"]["main"]["rows"]
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task and r["setting"] != "full"]
+        parts = [f"{r['setting'].removeprefix('arbor ')} {cell(r['x_full'], '{:.2f}')}x" for r in mine]
+        texts.append(f"{task}: " + ", ".join(parts))
+    return "**What arbor costs (time over full's, median of repeats).** " + "; ".join(texts) + "."
+
+
 VERDICTS = (
     budget_verdicts, accuracy_verdicts, kvp_verdicts, linear_verdicts, sparse_verdicts, rehydrate_verdicts,
-    concurrency_verdicts, longctx_verdicts, e2e_verdicts,
+    concurrency_verdicts, longctx_verdicts, e2e_verdicts, floor_verdicts,
 )  # fmt: skip
 
 
@@ -576,7 +641,7 @@ def by_method(data: dict[str, dict]) -> str:
 
 
 RULES: tuple[Rule, ...] = (
-    accuracy, budgets, e2e, scaling, packing, kvp, linear, sparse, longctx, concurrency, speed, stale,
+    accuracy, budgets, e2e, floor, overhead, scaling, packing, kvp, linear, sparse, longctx, concurrency, speed, stale,
 )  # fmt: skip
 
 
