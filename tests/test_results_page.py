@@ -226,24 +226,112 @@ def test_a_benchmarks_jsonl_becomes_its_sections_data(tmp_path):
     ]
 
 
+def _summary_rows(text: str) -> dict[str, tuple[str, str]]:
+    """method -> (where it wins, where it loses) from a summary's table."""
+    rows = [line.strip("|").split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    return {m.strip(): (w.strip(), lose.strip()) for m, w, lose in rows[1:]}
+
+
 def test_the_summary_follows_the_data():
-    """Change the data and the generated summary changes with it: a real difference beyond the intervals
-    is named, a policy out of memory everywhere loses, a faster sparse context wins."""
-    from benchmarks.results.summary import summary
+    """Change the data and the summary changes with it: a difference from the reference beyond the Wilson
+    intervals is named, one inside them names nobody, out of memory on every problem loses, and a stale
+    section is named."""
+    from benchmarks.results.summary import Claim, summary
 
-    def acc(policy, solved, oom=0):
-        row = {"mode": "ToT", "verifier": "llm_value", "policy": policy, "budget": "0.5x", "solved": solved}
-        return row | {"problems": 20, "oom": oom}
+    claim = Claim("solves more", "solves fewer", "solved", place="{mode}", at="{budget}",
+                  reference=(("policy", "full"),), n="problems", oom="oom")  # fmt: skip
 
-    rows = [acc("full", 2), acc("arbor", 15), acc("h2o", 0, oom=20)]
-    data = {"accuracy": {"title": "Accuracy", "tables": {"main": {"rows": rows}}}}
-    text = summary(data)
-    assert "differing from `full`: arbor 0.5x in ToT (" in text  # 15/20 vs 2/20; h2o's 0/20 overlaps 2/20
-    assert "**h2o** loses: out of memory on every puzzle at 0.5x in 1 of 1 accuracy modes" in text
-    sparse = [{"model": "m", "context": 8192, "method": "lychee", "x_dense": 1.5, "top_1_gsm8k": 1.0}]
-    text = summary({"sparse": {"title": "Sparse", "stale": "old", "tables": {"main": {"rows": sparse}}}})
-    assert "**lychee** wins: decodes faster than dense at 8,192 (1.50x)" in text
-    assert "**Not yet re-measured** (their data says why; `make results` reruns them): Sparse." in text
+    def acc(policy, solved, oom=0, budget="0.5x"):
+        return {"mode": "ToT", "policy": policy, "budget": budget, "solved": solved, "problems": 20, "oom": oom}
+
+    rows = [acc("full", 2, budget="none"), acc("arbor", 15), acc("h2o", 0, oom=20), acc("streaming", 5)]
+    data = {"accuracy": {"title": "Accuracy (a test)", "tables": {"main": {"rows": rows}}}}
+    table = _summary_rows(summary(data, {"accuracy": (claim,)}))
+    assert table["arbor"] == ("Solves more at 0.5x on ToT (Accuracy).", "-")  # 15/20 vs 2/20
+    assert table["h2o"] == ("-", "Out of memory on every problem at 0.5x on ToT (Accuracy).")
+    assert "streaming" not in table  # 5/20 vs 2/20: the intervals overlap, a tie names nobody
+    rows[1]["solved"] = 4  # now inside full's interval: arbor is no longer named
+    data["accuracy"]["stale"] = "old"
+    text = summary(data, {"accuracy": (claim,)})
+    assert "arbor" not in _summary_rows(text)
+    assert "**Not yet re-measured** (their data says why; `make results` reruns them): Accuracy." in text
+    assert summary(data, {}).count("\n| ") == 1  # no claims: the table's header only
+
+
+def _e2e_row(policy, ratio, agree, oom=0, search="gsm8k"):
+    return {"search": search, "policy": policy, "ratio": ratio, "problems": 20, "agree_n": agree, "oom_n": oom}
+
+
+def test_the_best_method_at_a_setting_wins_only_beyond_every_others_interval():
+    """Against the best other method: the one alone above every other's Wilson interval wins there, the one
+    alone below loses, a tie at the top names nobody; rows without the claim's columns say nothing."""
+    from benchmarks.results.sections import E2E
+    from benchmarks.results.summary import findings
+
+    rows = [_e2e_row("full", None, 20), _e2e_row("arbor", 0.5, 20), _e2e_row("h2o", 0.5, 9),
+            _e2e_row("kvp", 0.5, 0), _e2e_row("arbor", 0.25, 9), _e2e_row("h2o", 0.25, 8),
+            {"search": "gsm8k", "policy": "old", "ratio": 0.5}]  # fmt: skip
+    found = {(m, at): kind for m, kind, _, at in findings(E2E, {"tables": {"main": {"rows": rows}}})}
+    assert found == {("arbor", "0.5x"): "wins", ("h2o", "0.5x"): None, ("kvp", "0.5x"): "loses",
+                     ("arbor", "0.25x"): None, ("h2o", "0.25x"): None}  # fmt: skip
+    rows[2]["agree_n"] = 17  # h2o's 17/20 overlaps arbor's 20/20: nobody is best beyond the intervals
+    found = {(m, at): kind for m, kind, _, at in findings(E2E, {"tables": {"main": {"rows": rows}}})}
+    assert found[("arbor", "0.5x")] is None and found[("kvp", "0.5x")] == "loses"
+
+
+def test_out_of_memory_everywhere_loses_and_never_wins_and_lose_at_one_setting():
+    """A method out of memory on every problem loses at that setting and wins nothing there, whatever
+    another claim finds; a win and a loss at one setting of one section cancel, so no method is listed as
+    both (the issue-48 page had arbor "wins at 0.5x" and "loses: out of memory at 0.5x")."""
+    from benchmarks.results.summary import Claim, judged, verdicts
+
+    fewer = Claim("fewest", "most", "agree_n", place="{search}", at="{ratio:g}x", higher=False)
+    more = Claim("most", "fewest", "agree_n", place="{search}", at="{ratio:g}x", n="problems", oom="oom_n")
+    rows = [_e2e_row("arbor", 0.5, 20), _e2e_row("h2o", 0.5, 10), _e2e_row("kvp", 0.5, 0, oom=20)]
+    data = {"e2e-gsm8k": {"title": "End to end", "tables": {"main": {"rows": rows}}}}
+    raw = judged(data, {"e2e-gsm8k": (fewer, more)})
+    assert ("kvp", "wins") in {v[:2] for v in raw} and ("arbor", "wins") in {v[:2] for v in raw}
+    settled = verdicts(raw)
+    assert settled == [("kvp", "loses", "End to end", "out of memory on every problem", "gsm8k", "0.5x")]
+
+
+def test_the_committed_summary_never_wins_and_loses_at_one_setting_and_fits_one_screen():
+    """On docs/data: no method wins and loses at one setting of one section, every cell is one sentence, and
+    the whole summary stays short (the issue-48 page had ~2,200 words of bullets)."""
+    from benchmarks.results.sections import SECTIONS
+    from benchmarks.results.summary import judged, summary, verdicts
+
+    data, claims = results_page.load_all(), {s.name: s.claims for s in SECTIONS}
+    sides: dict[tuple, set[str]] = {}
+    for method, kind, title, _, place, at in verdicts(judged(data, claims)):
+        sides.setdefault((method, title, place, at), set()).add(kind)
+    assert sides and all(len(kinds) == 1 for kinds in sides.values())
+    text = summary(data, claims)
+    assert len(text.split()) < 500, len(text.split())
+    for wins, loses in _summary_rows(text).values():
+        assert all(c == "-" or (c.endswith(".") and c.count(". ") == 0) for c in (wins, loses)), (wins, loses)
+    assert "policy.budget_tokens" not in text and "| arbor |" in text  # budget variants under one name
+
+
+def test_every_claim_names_columns_its_committed_data_has():
+    """A claim naming a column its section's data lacks would silently say nothing: each column a claim
+    reads is in the rows of its table in docs/data, and each claim judges at least one row."""
+    from benchmarks.results.sections import SECTIONS
+    from benchmarks.results.summary import findings
+
+    data = results_page.load_all()
+    claimed = [s for s in SECTIONS if s.claims and s.name in data]
+    assert {s.name for s in claimed} >= {"accuracy", "e2e-game24", "e2e-gsm8k", "floor", "concurrency"}
+    for section in claimed:
+        d = data[section.name]
+        for claim in section.claims:
+            tables = d.get("tables") or {}
+            rows = tables[claim.table]["rows"] if claim.table in tables else d[claim.table]
+            have = set().union(*(r.keys() for r in rows))
+            assert claim.columns() <= have, (section.name, claim.columns() - have)
+            assert findings(claim, d), (section.name, claim.wins)
+            if claim.spread:
+                assert claim.spread in d.get("facts", {}), (section.name, claim.spread)
 
 
 #: RMS difference (0-255 per channel, matplotlib's compare_images) a redrawn plot may have from the
@@ -431,56 +519,26 @@ def test_longctx_defaults_say_what_each_default_kept_and_which_reads_kept_95_per
     assert defaults({"summary": summary[:1]}) == ""
 
 
-def test_long_context_summary_names_who_kept_most_and_fewest_answers_and_no_one_on_a_tie():
-    from benchmarks.results.summary import by_method, longctx
+def test_a_claim_reads_an_interval_column_and_the_datas_own_verdicts():
+    """Long context: a share's best method wins only above every other's interval (a column of the data);
+    below the floor: the data's own paired verdicts (better / worse / no) are the outcome."""
+    from benchmarks.results.sections import FLOOR, LONGCTX
+    from benchmarks.results.summary import findings
 
-    def cell(method, agree, length=2048, read=None):
-        policy, _, share = method.partition("@")
-        share = None if share in ("", "default") else float(share.rstrip("%")) / 100
-        return {"task": "all", "length": length, "method": method, "policy": policy, "share": share, "items": 20,
-                "agree": agree, "read_fraction": read}  # fmt: skip
+    def cell(policy, agree, low, high, length=2048, share=0.5, task="all"):
+        return {"task": task, "length": length, "policy": policy, "share": share, "agree": agree,
+                "agree_ci": [low, high]}  # fmt: skip
 
-    cells = [cell("dense", 1.0), cell("lychee@50%", 0.9), cell("h2o@50%", 0.3), cell("quest@50%", 0.6),
-             cell("lychee@10%", 0.4), cell("h2o@10%", 0.4), cell("lychee@default", 1.0, read=1.0),
-             cell("lychee@50%", 0.7, 4096), cell("quest@50%", 0.7, 4096)]  # fmt: skip
-    data = {"longctx": {"summary": cells}}
-    text = longctx(data)
-    assert "2,048 tokens (n=20): 50% lychee 0.90; 10% lychee/h2o 0.40; defaults: lychee 1.00 reading 100%." in text
-    lines = by_method(data).splitlines()
-    assert "- **lychee** wins: most of dense's answers kept at 2,048 (50%) (Long context)." in lines
-    assert "- **h2o** loses: fewest of dense's answers kept at 2,048 (50%) (Long context)." in lines
-    assert not any("4,096" in line or "10%" in line for line in lines)  # ties name nobody
-    assert longctx({}) is None and by_method({}) == ""
-
-
-def test_end_to_end_summary_names_who_kept_full_answers_rebuilt_its_tree_or_ran_out_of_memory():
-    """The e2e rule reads benchmarks/e2e.py's rows (reference first); a migrated table (no agree_n) is
-    left to the stale rule."""
-    from benchmarks.results.summary import by_method, e2e
-
-    def row(policy, ratio, agree, solved=10, oom=0, nodes=0.5):
-        return {"search": "gsm8k", "policy": policy, "setting": "", "ratio": ratio, "problems": 20,
-                "solved": format_rate(solved, 20), "solved_n": solved, "agree_n": agree, "oom_n": oom,
-                "nodes_as_full": nodes}  # fmt: skip
-
-    rows = [row("full", None, 20, nodes=1.0), row("arbor", 0.5, 20, nodes=1.0), row("h2o", 0.5, 12),
-            row("streaming", 0.5, 12), row("arbor", 0.25, 9, oom=3), row("h2o", 0.25, 9, solved=0),
-            row("kvp", 0.25, 0, solved=0, oom=20)]  # fmt: skip
-    data = {"e2e-gsm8k": {"tables": {"main": {"rows": rows}}}}
-    text = e2e(data)
-    assert text.startswith("**End to end (policy x budget, set from the start).** gsm8k (n=20): full solves 10/20")
-    assert "at 0.5x full's answer kept by arbor on 20/20, fewest h2o/streaming 12/20, full's whole tree " \
-           "rebuilt by arbor;" in text  # fmt: skip
-    assert "at 0.25x full's answer kept by arbor/h2o on 9/20, fewest kvp 0/20" in text
-    assert "beyond the 95% intervals: h2o/kvp" in text and "out of memory: arbor 3/20, kvp 20/20" in text
-    lines = by_method(data).splitlines()
-    assert ("- **arbor** wins: full's answer kept on the most problems at 0.5x on gsm8k (End to end); rebuilds "
-            "full's whole tree on every problem at 0.5x on gsm8k (End to end).") in lines  # fmt: skip
-    assert ("- **kvp** loses: full's answer kept on the fewest problems at 0.25x on gsm8k (End to end); out of "
-            "memory on every problem at 0.25x on gsm8k (End to end).") in lines  # fmt: skip
-    assert not any("h2o" in line for line in lines)  # a tie for the fewest at 0.5x names nobody
-    migrated = {"e2e-gsm8k": {"tables": {"main": {"rows": [{"policy": "full", "solved": 0}]}}}}
-    assert e2e(migrated) is None and by_method(migrated) == ""
+    cells = [cell("dense", 1.0, 0.9, 1.0, share=None), cell("lychee", 0.9, 0.85, 0.95), cell("h2o", 0.3, 0.2, 0.4),
+             cell("quest", 0.6, 0.5, 0.7), cell("lychee", 0.5, 0.4, 0.6, share=0.1), cell("h2o", 0.45, 0.35, 0.55,
+             share=0.1), cell("h2o", 0.0, 0.0, 0.1, task="niah")]  # fmt: skip
+    found = {(m, at): kind for m, kind, _, at in findings(LONGCTX, {"summary": cells})}
+    assert found == {("lychee", "50%"): "wins", ("quest", "50%"): None, ("h2o", "50%"): "loses",
+                     ("lychee", "10%"): None, ("h2o", "10%"): None}  # fmt: skip
+    vs = [{"task": "gsm8k", "budget": b, "policy": "arbor", "beyond": v} for b, v in
+          (("0.5x", "better"), ("0.25x", "no"), ("0.1x", "worse"))]  # fmt: skip
+    got = [(at, kind) for _, kind, _, at in findings(FLOOR[0], {"tables": {"vs_best": {"rows": vs}}})]
+    assert got == [("0.5x", "wins"), ("0.25x", None), ("0.1x", "loses")]
 
 
 def test_sign_test_is_mcnemars_exact_two_sided_p():
@@ -492,39 +550,53 @@ def test_sign_test_is_mcnemars_exact_two_sided_p():
         sign_test(-1, 2)
 
 
-def test_scaling_summary_names_what_full_cannot_run_and_tests_wider_searches_on_the_same_problems():
-    """The fixed-memory rule reads an e2e-configl section: the reference, the shapes full runs out of memory
-    at in its own peak, every shape that ran best first with its paired sign test, and whether any solves
-    more than the reference beyond chance."""
-    from benchmarks.results.summary import scaling
+def test_a_search_shape_against_full_in_its_memory_is_judged_problem_by_problem():
+    """Fixed memory: each shape against full's reference search by the exact sign test over the problems
+    only one of them solved (5 vs 0 is p = 0.06: no win; 6 vs 0 is); out of memory on every problem loses;
+    the summary names the shape without its Hydra group."""
+    from benchmarks.results.sections import CONFIGL
+    from benchmarks.results.summary import findings, summary
 
-    def row(policy, setting, solved, ratio=1.0, oom=0, gained=None, lost=None, p50=40.0):
-        r = {"search": "configl-game24", "policy": policy, "setting": setting, "ratio": ratio, "problems": 30,
-             "solved": format_rate(solved, 30), "solved_n": solved, "oom_n": oom, "p50_s": p50}  # fmt: skip
-        return r | ({} if gained is None else {"gained_n": gained, "lost_n": lost})
+    def row(policy, setting, solved, ratio=1.0, oom=0, gained=0, lost=0):
+        return {"search": "configl-game24", "policy": policy, "setting": setting, "ratio": ratio, "problems": 30,
+                "solved_n": solved, "oom_n": oom, "gained_n": gained, "lost_n": lost}  # fmt: skip
 
     b = "controller.breadth={} controller.n_generate=5"
-    rows = [
-        row("full", "", 12, ratio=None),
-        row("full", b.format(5), 12, gained=0, lost=0),
-        row("full", b.format(20), 0, oom=30, gained=0, lost=12),
-        row("arbor", b.format(20), 17, gained=7, lost=2, p50=106),
-        row("arbor", b.format(10), 19, gained=7, lost=0),
-        row("arbor", b.format(5), 11, oom=1, gained=0, lost=1),
+    rows = [row("full", "", 12, ratio=None), row("full", b.format(20), 0, oom=30, lost=12),
+            row("arbor", b.format(20), 17, gained=5), row("arbor", b.format(10), 18, gained=6),
+            row("arbor", b.format(5), 10, oom=1, lost=9)]  # fmt: skip
+    data = {"e2e-configl-game24": {"title": "Fixed-memory scaling (Game of 24)", "tables": {"main": {"rows": rows}}}}
+    found = [(m, kind, at) for m, kind, _, at in findings(CONFIGL, data["e2e-configl-game24"])]
+    assert found == [
+        ("full", "oom", "breadth=20 n_generate=5"),
+        ("arbor", None, "breadth=20 n_generate=5"),
+        ("arbor", "wins", "breadth=10 n_generate=5"),
+        ("arbor", "loses", "breadth=5 n_generate=5"),
     ]
+    table = _summary_rows(summary(data, {"e2e-configl-game24": (CONFIGL,)}))
+    assert table["arbor"] == (
+        "Solves more than full's reference search in its memory at breadth=10 n_generate=5 on configl-game24 "
+        "(Fixed-memory scaling).",
+        "Solves fewer than full's reference search at breadth=5 n_generate=5 on configl-game24 (Fixed-memory scaling).",
+    )  # fmt: skip
 
-    text = scaling({"e2e-configl-game24": {"tables": {"main": {"rows": rows}}}})
-    assert text.startswith("**Fixed-memory scaling (Config-L analog, within full's reference peak).** configl-game24 "
-                           "(n=30): full at the reference search solves 12/30 40% [25-58%] (p50 40 s); in that memory "
-                           "out of memory: full breadth=20 n_generate=5 on 30/30, arbor breadth=5 n_generate=5 on "
-                           "1/30; within it arbor "
-                           "breadth=10 n_generate=5 solves 19/30")  # fmt: skip
-    assert "arbor breadth=20 n_generate=5 solves 17/30 57% [39-73%] (p50 106 s; 7 solved that full did not, 2 the " \
-           "reverse: exact sign test p = 0.18)" in text  # fmt: skip
-    assert text.endswith("beyond chance (p < 0.05): arbor breadth=10 n_generate=5.")
-    rows[4] |= {"gained_n": 3, "lost_n": 0}  # arbor at breadth 10: 3 vs 0 is p = 0.25
-    assert "No search here solves more" in scaling({"e2e-configl-x": {"tables": {"main": {"rows": rows}}}})
-    assert scaling({"e2e-game24": {"tables": {"main": {"rows": rows}}}}) is None  # a Table 1 section: not this rule
+
+def test_a_cell_collapses_settings_into_ranges_of_measured_neighbours():
+    """Three or more settings that are neighbours among those measured at a place read as one range; places
+    with the same settings share them; a gap breaks the range."""
+    from benchmarks.results.summary import cell
+
+    measured = {("Below the floor", p): ["0.5x", "0.35x", "0.25x", "0.15x", "0.1x"] for p in ("game24", "gsm8k")}
+    found = [("kvp", "wins", "Below the floor", "beats random", p, at)
+             for p, ats in (("game24", measured["Below the floor", "game24"]), ("gsm8k", ["0.5x", "0.35x", "0.1x"]))
+             for at in ats]  # fmt: skip
+    assert cell(found, measured) == (
+        "Beats random at 0.1x-0.5x on game24 and at 0.1x, 0.35x, 0.5x on gsm8k (Below the floor)."
+    )
+    assert cell(found[:5] + [f[:4] + ("gsm8k", f[5]) for f in found[:5]], measured) == (
+        "Beats random at 0.1x-0.5x on game24, gsm8k (Below the floor)."
+    )
+    assert cell([], measured) == "-"
 
 
 def test_the_runtime_code_map_names_every_commit_in_docs_data_and_agrees_with_git():

@@ -469,11 +469,6 @@ def _get(raw: dict, key: str):
     return raw
 
 
-def rows(name: str, root: Path) -> list[dict]:
-    """The benchmark's rows under ``root`` with the section's column keys (missing keys are None)."""
-    return table_rows(COLLECTORS[name], root)
-
-
 def table_rows(spec: Collector, root: Path) -> list[dict]:
     """One table's rows: ``spec.pattern``'s files under ``root``, renamed and scaled by ``spec``."""
     out = []

@@ -45,7 +45,7 @@ def page(root: Path = DATA, notes: Path = NOTES, data: dict[str, dict] | None = 
     if unrecorded:
         commit_text += f" (not recorded for {len(unrecorded)} of {len(data)} sections, migrated from the old page)"
     header = HEADER.format(dates=", ".join(dates), commits=commit_text, runtime=runtime_lines(data, root))
-    parts = [header, summary(data)]
+    parts = [header, summary(data, {s.name: s.claims for s in SECTIONS})]
     parts += [render_section(s, data[s.name], notes) for s in SECTIONS if s.name in data]
     return "\n".join(parts)
 

@@ -4,7 +4,9 @@ To add a section: have the benchmark call :func:`benchmarks.results.data.write_s
 the section's name, write ``docs/notes/<name>.md`` (prose with ``{{table main}}`` and inline
 placeholders, :mod:`benchmarks.results.template`), and add a :class:`Section` to :data:`SECTIONS`.
 A section that needs derived columns gives ``prepare``; one whose benchmark renders itself gives
-``render`` (a ``"module:function"`` taking the data dict and returning markdown).
+``render`` (a ``"module:function"`` taking the data dict and returning markdown); one the summary's
+table should cover gives ``claims`` (:class:`~.summary.Claim`: which column, which way is better,
+against what).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from .data import REPO, load_section
 from .stats import format_rate
+from .summary import Claim
 from .template import render as render_template
 
 NOTES = REPO / "docs" / "notes"
@@ -34,6 +37,7 @@ class Section:
     optional: bool = False  # skipped while its data file does not exist yet
     file: str = "results.json"  # the data file under docs/data/<name>/
     title: str | None = None  # for a section whose data file has no title of its own
+    claims: tuple[Claim, ...] = ()  # what the page's summary says of it (:mod:`.summary`)
 
 
 def with_intervals(data: dict) -> dict:
@@ -112,13 +116,15 @@ def _c1_spread(rows: list[dict]) -> tuple[float | str, str]:
 
 def _by_setting(rows: list[dict]) -> dict:
     """One row per (search, policy): problems/hour at concurrency 1 and each level's ratio to it, the
-    slowest ratio over the levels above 1, and whether every level gave concurrency 1's results."""
+    slowest ratio over the levels above 1, and whether every level gave concurrency 1's results; ``method``
+    names the policy alone (``policy=arbor policy.budget_tokens=445`` -> ``arbor``) for the summary."""
     levels = sorted({r["concurrency"] for r in rows})
     out = []
     for search, policy in dict.fromkeys((r["search"], r["policy"]) for r in rows):
         mine = {r["concurrency"]: r for r in rows if (r["search"], r["policy"]) == (search, policy)}
         first = mine[min(mine)]
         row = {"search": search, "policy": policy, "budget_x": first["budget_x"], "sharing": first["sharing"]}
+        row["method"] = m.group(1) if (m := re.search(r"policy=(\S+)", policy)) else policy
         row["rate_1"] = mine[1]["problems_hour"] if 1 in mine else "-"
         for level in levels[1:]:
             row[f"x{level}"] = mine[level]["x_c1"] if level in mine else "-"
@@ -136,11 +142,55 @@ def _by_setting(rows: list[dict]) -> dict:
     return {"columns": columns, "rows": out}
 
 
+# What the summary's table says of each section (:class:`~.summary.Claim`), in page order.
+ACCURACY = Claim(
+    "solves more puzzles than full", "solves fewer puzzles than full", "solved", place="{mode}", at="{budget}",
+    reference=(("policy", "full"),), n="problems", oom="oom",
+    skip=(("verifier", "game24_oracle: oracle (upper bound)"),),  # an upper bound, not a policy
+)  # fmt: skip
+CONCURRENCY = Claim(  # with prefix sharing (the default); within how far one run moves (c1_spread_x) of 1: a tie
+    "gains problems/hour at every concurrency above 1", "loses problems/hour at a concurrency above 1", "slowest",
+    table="by_setting", method="method", place="{search}", at="{budget_x}", baseline=1.0, spread="c1_spread_x",
+    only=(("sharing", "on"),),
+)  # fmt: skip
+LONGCTX = Claim(
+    "keeps most of dense's answers", "keeps fewest of dense's answers", "agree", table="summary",
+    place="{length:,} tokens", at="{share:.0%}", interval="agree_ci", only=(("task", "all"),), skip=(("share", None),),
+)  # fmt: skip
+SPARSE = Claim(
+    "decodes faster than dense", "decodes slower than dense", "decode_tok_s", method="method", place="{model} model",
+    at="{context:,}", reference=(("method", "dense"),),
+)  # fmt: skip
+KVP = Claim(
+    "lowest KL to full", "highest KL to full", "mean_kl", table="table2", at="{kept:g}% kept", higher=False,
+    samples="mean_kl_per_context",
+)  # fmt: skip
+E2E = Claim(
+    "keeps full's answer most often", "keeps full's answer least often", "agree_n", place="{search}",
+    at="{ratio:g}x", n="problems", oom="oom_n", skip=(("ratio", None),),
+)  # fmt: skip
+FLOOR = (  # top-1 agreement with full, against a paired 95% interval over trees
+    Claim(
+        "beats every tree-blind policy", "trails the best tree-blind policy", "beyond", table="vs_best",
+        place="{task}", at="{budget}", verdict=True,
+    ),
+    Claim(  # arbor's claim is the one against the best tree-blind policy
+        "beats random eviction", "below random eviction", "beyond", table="vs_random", place="{task}",
+        at="{budget}", verdict=True, skip=(("policy", "arbor"),),
+    ),
+)  # fmt: skip
+CONFIGL = Claim(  # each search shape against full's reference search, problem by problem
+    "solves more than full's reference search in its memory", "solves fewer than full's reference search",
+    "solved_n", place="{search}", at="{setting}", reference=(("ratio", None),), n="problems",
+    paired=("gained_n", "lost_n"), oom="oom_n",
+)  # fmt: skip
+SPEED = Claim("fastest", "slowest", "median_s", method="method", place="{trace}", higher=False)
+
 SECTIONS: tuple[Section, ...] = (
     Section("budgets"),
-    Section("accuracy", prepare=with_intervals),
+    Section("accuracy", prepare=with_intervals, claims=(ACCURACY,)),
     Section("wide"),
-    Section("concurrency", prepare=with_concurrency_ratios),
+    Section("concurrency", prepare=with_concurrency_ratios, claims=(CONCURRENCY,)),
     Section("packing", optional=True),
     Section(
         "longctx",
@@ -148,20 +198,21 @@ SECTIONS: tuple[Section, ...] = (
         optional=True,
         file="suite_summary.json",
         title="Long context: RULER-style suite on SmolLM2 at 2K, 4K and 8K",
+        claims=(LONGCTX,),
     ),
-    Section("sparse"),
+    Section("sparse", claims=(SPARSE,)),
     Section("rehydrate"),
     Section("linear"),
-    Section("kvp"),
-    Section("e2e-game24"),
-    Section("e2e-gsm8k"),
+    Section("kvp", claims=(KVP,)),
+    Section("e2e-game24", claims=(E2E,)),
+    Section("e2e-gsm8k", claims=(E2E,)),
     Section("replay"),
-    Section("floor", optional=True),
+    Section("floor", optional=True, claims=FLOOR),
     Section("overhead", optional=True),
     Section("memory-steps"),
-    Section("e2e-configl-game24", optional=True),
-    Section("e2e-configl-gsm8k"),
-    Section("speed"),
+    Section("e2e-configl-game24", optional=True, claims=(CONFIGL,)),
+    Section("e2e-configl-gsm8k", claims=(CONFIGL,)),
+    Section("speed", claims=(SPEED,)),
     Section("controllers"),
     Section("make-results-full", optional=True),
     Section("make-results-quick", optional=True),
