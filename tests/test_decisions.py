@@ -12,7 +12,7 @@ Read from the source with ``ast`` (nothing runs):
   the policy it wraps: the policies package is where they are declared), and no module reads the seven
   booleans that capabilities replaced off a policy.
 - No module imports a name starting with ``_`` from another module (the product, tests, benchmarks,
-  research and scripts), except from benchmarks/results, which another issue is rewriting.
+  research and scripts).
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ OLD_NAMES = {
     "offload", "keep_active_whole", "needs_attention", "frees_memory", "observation_window",
     "restores_active_path", "shrinks_active_path",
 }  # fmt: skip
-#: a rewrite in progress elsewhere (the results page): its private names are not renamed here
-PRIVATE_EXEMPT = ("benchmarks.results",)
 
 
 def sources(*folders: str) -> dict[str, ast.Module]:
@@ -92,13 +90,12 @@ OWN_PACKAGES = ("arbor_runtime", "arbor_cli", "benchmarks", "controllers", "task
 
 
 def private_imports(tree: ast.AST) -> list[str]:
-    """``from module import _name`` of this project's modules in ``tree`` (the exempt modules aside)."""
+    """``from module import _name`` of this project's modules in ``tree``."""
     return [
         f"{node.lineno}: from {node.module} import {alias.name}"
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom)
         and (node.level or (node.module or "").split(".")[0] in OWN_PACKAGES)
-        and not (node.module or "").startswith(PRIVATE_EXEMPT)
         for alias in node.names
         if alias.name.startswith("_")
     ]  # fmt: skip
@@ -147,4 +144,7 @@ def test_the_checks_see_what_they_look_for():
     tree = ast.parse(source)
     assert budget_comparisons(tree) == ["1: used + need > self.budget"]
     assert capability_reads(tree) == ["5: rt.policy.capabilities", "6: self.policy.offload"]
-    assert private_imports(tree) == ["7: from arbor_runtime.loading import _tiny_random"]
+    assert private_imports(tree) == [
+        "7: from arbor_runtime.loading import _tiny_random",
+        "8: from benchmarks.results.collect import _budgets_losses",
+    ]

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from benchmarks.results.collect import COLLECTORS, carried, kvp_bench_records, kvp_facts, table_rows
-from benchmarks.results.sections import _kept_facts
+from benchmarks.results.sections import kept_facts
 
 
 def test_kvp_bench_rows_carry_each_contexts_mean_kl_in_bench_order():
@@ -62,21 +62,21 @@ def test_only_what_a_rerun_did_not_measure_is_kept_and_named():
     assert kept["carried"]["tables"] == ["table3"] and kept["carried"]["facts"] == ["kernel_calls_kvp"]
     assert carried(committed, {"model": "m"}, measured=({"table2", "table3"}, set(committed["facts"]))) == {}
     # the provenance line: all the figures, or those by key when others were remeasured
-    assert _kept_facts(["a", "b"], {"a": 1, "b": 2}) == ["the figures its prose quotes"]
-    assert _kept_facts(["b"], {"a": 1, "b": 2}) == ["the figures `b`"]
-    assert _kept_facts([], {"a": 1}) == []
+    assert kept_facts(["a", "b"], {"a": 1, "b": 2}) == ["the figures its prose quotes"]
+    assert kept_facts(["b"], {"a": 1, "b": 2}) == ["the figures `b`"]
+    assert kept_facts([], {"a": 1}) == []
 
 
 def test_the_budgets_variant_losses_count_the_small_share_cells_where_its_kl_is_higher():
-    from benchmarks.results.collect import _budgets_losses
+    from benchmarks.results.collect import budgets_losses
 
     def ctx(kvp: float, budgets: float, ratio: float = 0.9) -> dict:
         return {"runs": [{"policy": "kvp", "compression_ratio": ratio, "kl": [kvp]},
                          {"policy": "kvp-budgets", "compression_ratio": ratio, "kl": [budgets]}]}  # fmt: skip
 
     bench = {"per_context": [ctx(0.1, 0.2), ctx(0.3, 0.1), ctx(0.1, 0.5, ratio=0.5)]}  # the 50% cell is not counted
-    assert _budgets_losses(bench) == {"kvp_budgets_losses_10_20": 1, "kvp_budgets_cells_10_20": 2}
-    assert _budgets_losses({"per_context": [{"runs": [{"policy": "kvp", "compression_ratio": 0.9, "kl": [1]}]}]}) == {}
+    assert budgets_losses(bench) == {"kvp_budgets_losses_10_20": 1, "kvp_budgets_cells_10_20": 2}
+    assert budgets_losses({"per_context": [{"runs": [{"policy": "kvp", "compression_ratio": 0.9, "kl": [1]}]}]}) == {}
 
 
 def test_a_long_training_curve_is_kept_as_evenly_spaced_means():

@@ -232,7 +232,7 @@ def _weights_info(path: Path) -> dict[str, Any]:
     return json.loads(read_metadata(path).get("info", "{}"))
 
 
-def _budgets_losses(bench: dict, shares: tuple[float, ...] = (0.1, 0.2)) -> dict[str, int]:
+def budgets_losses(bench: dict, shares: tuple[float, ...] = (0.1, 0.2)) -> dict[str, int]:
     """Context/share cells at the small ``shares`` where the ``kvp-budgets`` variant's mean KL is above the
     shipped ``kvp``'s: how many, of how many cells both ran ({} when the bench has no such variant)."""
     kls = _context_kls(bench)
@@ -263,7 +263,7 @@ def kvp_facts(root: Path) -> dict[str, Any]:
         facts["bench_minutes"] = bench["seconds"] / 60
         facts["bench_threads"], facts["bench_steps"] = bench["threads"], bench["steps"]
         facts["bench_contexts"] = ", ".join(f"`{c['name']}` ({c['context_tokens']} tokens)" for c in bench["contexts"])
-        facts |= _budgets_losses(bench)
+        facts |= budgets_losses(bench)
         if cost:
             facts |= {
                 "cost_context": cost["context"], "cost_budget_tokens": cost["budget_tokens"],

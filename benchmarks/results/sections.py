@@ -249,7 +249,7 @@ def provenance(data: dict) -> str:
         kept = ", ".join(
             [f"table `{t}`" for t in c["tables"]]
             + [f"column `{col}`" for col in c.get("columns", [])]
-            + _kept_facts(c["facts"], data.get("facts", {}))
+            + kept_facts(c["facts"], data.get("facts", {}))
         )
         if kept:  # only settings were carried over: nothing measured is older than the header says
             lines += ["", f"Kept from the measurement of {c['measured']} (`{c['commit']}`), not rerun: {kept}."]
@@ -260,7 +260,7 @@ def provenance(data: dict) -> str:
     return "\n".join(lines)
 
 
-def _kept_facts(kept: list[str], facts: dict) -> list[str]:
+def kept_facts(kept: list[str], facts: dict) -> list[str]:
     """How the provenance line names the kept figures: all of them, or those (by key) when others were rerun."""
     if not kept:
         return []
