@@ -417,6 +417,26 @@ def _smollm2_tokenizer(cache_dir: str | Path | None) -> object:
     return AutoTokenizer.from_pretrained(_smollm2_dir(cache_dir))
 
 
+#: the tiny random model's shape and token ids (``tiny_random_config`` builds a Llama from it; the
+#: family matrix in tests/families.py builds every other family from the same fields)
+TINY_SHAPE: dict[str, Any] = dict(
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    # Wider init than the 0.02 default: peaked next-token distributions keep greedy argmax
+    # margins far above float noise, so exactness tests are not decided by ties.
+    initializer_range=0.5,
+)
+
+
 def tiny_random_config(**changes: Any):
     """Config of the tiny random Llama (``model=tiny-random``): 2 layers, 4 query / 2 KV heads of
     dim 16, hidden 64, SmolLM2's 49,152-token vocabulary; ``changes`` set on it (e.g.
@@ -424,22 +444,7 @@ def tiny_random_config(**changes: Any):
     and benchmarks that build another random copy start from here."""
     from transformers import LlamaConfig
 
-    cfg = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        # Wider init than the 0.02 default: peaked next-token distributions keep greedy argmax
-        # margins far above float noise, so exactness tests are not decided by ties.
-        initializer_range=0.5,
-    )
+    cfg = LlamaConfig(**TINY_SHAPE)
     for name, value in changes.items():
         if not hasattr(cfg, name):
             raise AttributeError(f"LlamaConfig has no {name!r}")
