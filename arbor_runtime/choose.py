@@ -198,7 +198,7 @@ class ChooseWork:
             if i in extents:
                 write[r, :n] = torch.cat([torch.arange(e.start, e.end) for e in extents[i]])
         context = [a.id for a in node.kv_path()]
-        stats = pf.planner.records_statistics(sum(len(self.ids[i]) for i in self.write))
+        stats = pf.planner.records_statistics([(node, sum(len(self.ids[i]) for i in self.write))])
         batch = pf.runner.batch([context] * len(self.rows), width, write, stats=stats)
         positions = torch.arange(node.end_pos, node.end_pos + width).expand(len(self.rows), width)
         return pf.runner.forward(batch, ids, positions, 0), batch

@@ -409,31 +409,43 @@ class MemoryPlanner:
         return drop
 
     # ---- attention statistics ---------------------------------------------------------------
-    def records_statistics(self, reach: int) -> bool:
-        """Does a forward record attention statistics, when the work it serves may add ``reach`` more
-        slots? Always for a policy that needs them and does not say ``stats_on_pressure``; for one that
-        does, only with a budget and when the slots in use, this work's ``reach`` and as much again
-        (the next operation of its size) would pass the threshold at which the policy plans: its plans
-        come no sooner, and until then the statistics pass (a second ``QK^T`` per layer) is not run."""
+    def records_statistics(self, work: Sequence[Entry]) -> bool:
+        """Does a forward serving ``work`` ((path end or None, slots it may add) per row or block)
+        record attention statistics? Always for a policy that needs them and does not say
+        ``stats_on_pressure``. For one that does (arbor), only with a budget and when the work is
+        within one operation of its floor: some entry's whole path plus its slots, plus as many
+        slots again (the next operation of its size: the child's expansion), reach the budget.
+
+        Why that horizon: above its floor arbor rebuilds full's tree whatever tokens its plans keep
+        on the device (every evicted token of a path comes back before the path is read), so the
+        statistics change only which tokens wait on the host, never a token of the tree. They are
+        needed where the active path itself will be token-extracted (:meth:`below_floor`), and that
+        happens only to work whose lone need (its path plus its slots) exceeds the budget; one
+        operation ahead, the path's blocks have been observed by at least one thought's queries
+        (SnapKV's observation window is 32) when the plan that reads them comes. Until then the
+        statistics pass (a second ``QK^T`` per layer) is not run; an inactive block nobody scored
+        keeps its newest tokens (:func:`~arbor_runtime.policies.arbor._token_values`)."""
         caps = self.caps
         if not caps.needs_attention or caps.observation_window:
             return bool(caps.needs_attention)
         if not caps.stats_on_pressure:
             return True
-        if self.budget is None:
+        if self.budget is None or not work:
             return False
-        return self.store.pool.used + 2 * reach >= self.config.threshold * self.budget
+        lone = max(demand_tokens([entry]) for entry in work)
+        return lone + max(slots for _, slots in work) >= self.budget
 
-    def decode_statistics(self, reach: int) -> bool:
-        """Does a decode step record attention statistics (:meth:`records_statistics`)? Never under
-        an observation window: a window scores prefills only."""
-        return self.records_statistics(reach) and not self.caps.observation_window
+    def decode_statistics(self, work: Sequence[Entry]) -> bool:
+        """Does a decode step of rows ``work`` ((owner, max new tokens) each) record attention
+        statistics (:meth:`records_statistics`)? Never under an observation window: a window scores
+        prefills only."""
+        return self.records_statistics(work) and not self.caps.observation_window
 
-    def prefill_statistics(self, count: int, reach: int) -> tuple[bool, int]:
-        """(record, from which query) for a prefill-style forward of ``count`` new tokens serving work
-        that may add ``reach`` slots: under an observation window only its last queries count."""
+    def prefill_statistics(self, count: int, work: Sequence[Entry]) -> tuple[bool, int]:
+        """(record, from which query) for a prefill-style forward of ``count`` new tokens serving
+        ``work`` (:meth:`records_statistics`): under an observation window only its last queries count."""
         window = self.caps.observation_window
-        return self.records_statistics(reach), max(0, count - window) if window else 0
+        return self.records_statistics(work), max(0, count - window) if window else 0
 
     @property
     def windowed(self) -> bool:

@@ -80,12 +80,16 @@ class FakeLayer:
     layer_idx = 0
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-stats", "two-pass-stats"])
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "in-place"])
 @pytest.mark.parametrize("fast", KERNELS)
-def test_tree_batch_equals_attention_over_each_rows_concatenated_path(fast, pack, monkeypatch):
+def test_tree_batch_equals_attention_over_each_rows_concatenated_path(fast, pack, fused, monkeypatch):
     """Three rows with ragged paths over shared blocks (GQA 6 query / 2 kv heads), decode step; the
-    root's two pieces apart in the pool read as one packed copy or one view each."""
+    root's two pieces apart in the pool read as one packed copy or one view each; the statistics in
+    the attention's own pass (the scores kept until the log-sum-exp is final) or in a second pass
+    (a context too long for one score tile: here, a tile of 8 keys)."""
     monkeypatch.setattr(tree_attention, "PACK_BELOW_TOKENS", 512 if pack else 0)
+    monkeypatch.setattr(tree_attention, "KEY_CHUNK", 1024 if fused else 8)
     torch.manual_seed(4)
     shape = KVShape(layers=1, kv_heads=2, head_dim=16, dtype=torch.float32, device=torch.device("cpu"))
     pool = DevicePool(shape, 200, fixed=True)
@@ -100,6 +104,7 @@ def test_tree_batch_equals_attention_over_each_rows_concatenated_path(fast, pack
     write = torch.tensor([[152], [161], [170]])
     batch = TreeBatch(pool, groups, 3, 1, write, own, valid, stats=True, kernel=Kernel(shape.device, fast))
     assert any(r.packed for r in batch._reads[0]) == pack and not batch._reads[1][0].packed  # a lone piece: in place
+    assert batch.fused_stats is fused
     query, key, value = torch.randn(3, 6, 1, 16), torch.randn(3, 2, 1, 16), torch.randn(3, 2, 1, 16)
     batch.update(key, value, 0)
     out = batch.attend(FakeLayer.layer_idx, query, key, value, AttentionCall(16**-0.5))  # (R, q, Hq, D)

@@ -233,30 +233,36 @@ def observed(rt: Runtime) -> float:
     return sum(rt.store.get(i).observers for i in rt.store.block_ids())
 
 
-@pytest.mark.parametrize(("policy", "budget", "records"), [
-    ("arbor", None, False),  # nothing is ever evicted: no plan would read them
-    ("arbor", 4000, False),  # far from the threshold all search long
-    ("arbor", 260, True),  # the threshold within reach
-    ("h2o", None, True),  # tree-blind scorers rank by the whole history: always
+@pytest.mark.parametrize(("policy", "budget", "prefill", "decode"), [
+    ("arbor", None, False, False),  # nothing is ever evicted: no plan would read them
+    ("arbor", 4000, False, False),  # far from the floor all search long
+    ("arbor", 430, False, False),  # the prompt twice (210 x 2) and a row's path + 2 thoughts under the budget
+    ("arbor", 260, True, False),  # both rows fit whole (210 + 2 x 10): the tree is full's whatever a plan
+    # keeps, but the prompt twice would not (the next operation of its size): its prefill is scored
+    ("arbor", 230, True, True),  # a lone row's path + its thought + one more thought reach the budget
+    ("h2o", None, True, True),  # tree-blind scorers rank by the whole history: always
 ])  # fmt: skip
-def test_arbor_records_attention_statistics_only_when_memory_is_short(tiny, policy, budget, records):
+def test_arbor_records_attention_statistics_only_near_its_floor(tiny, policy, budget, prefill, decode):
     rt = Runtime(tiny, policy=policy, budget_tokens=budget)
     root = rt.new_tree(PROMPT_TEXT, examples=SPAN)
-    rt.expand(root, 2, PARAMS)
-    assert (observed(rt) > 0) is records
-    assert bool(rt.store.get(root.id).attention.sum() > 0) is records
+    assert (rt.store.get(root.id).observers > 0) is prefill
+    kids = rt.expand(root, 2, PARAMS)
+    assert all(rt.store.get(k.id).observers > 0 for k in kids) is decode  # a child's own queries, when scored
+    assert any(rt.store.get(k.id).attention.sum() > 0 for k in kids) is decode
 
 
-def test_statistics_switch_on_one_operation_ahead_of_the_threshold(tiny):
-    """The planner's rule: slots in use + 2 x what the work may add >= threshold x budget."""
+def test_statistics_switch_on_one_operation_ahead_of_the_floor(tiny):
+    """The planner's rule: some entry's whole path + its slots, + the largest entry's slots again, >= budget."""
     rt = Runtime(tiny, policy="arbor", budget_tokens=1000)
     planner = rt.memory.planner
-    root = rt.new_tree(PROMPT_TEXT, examples=SPAN)  # 210 tokens: 210 + 2 x 0 < 900
-    used = rt.store.pool.used
-    assert not planner.records_statistics(0)
-    edge = (900 - used + 1) // 2
-    assert planner.records_statistics(edge) and not planner.records_statistics(edge - 1)
-    assert root.length == used
+    root = rt.new_tree(PROMPT_TEXT, examples=SPAN)  # 210 tokens
+    assert root.length == 210
+    assert not planner.records_statistics([])
+    assert planner.records_statistics([(root, 395)]) and not planner.records_statistics([(root, 394)])
+    # the lone need is per entry (rows take turns before any of them degrades), the horizon the largest slots
+    assert not planner.records_statistics([(root, 300), (root, 300)][:1] + [(None, 100)])
+    assert planner.records_statistics([(root, 100), (None, 500)])
+    assert not Runtime(tiny, policy="arbor").memory.planner.records_statistics([(root, 10_000)])  # no budget
 
 
 def test_a_block_no_scored_query_saw_keeps_its_tail():

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from arbor_runtime.attention.call import AttentionCall
-from arbor_runtime.attention.kernels import Kernel, attention_mass, capped_scores
+from arbor_runtime.attention.kernels import KEY_CHUNK, Kernel, attention_mass, capped_scores
 from arbor_runtime.attention.merge import merge_partials
 from arbor_runtime.attention.window import Visibility, decode_own_mask, own_window_mask, visibility
 from arbor_runtime.batch import Group, Piece
@@ -107,6 +107,10 @@ class TreeBatch:
         self.sparse: SparseStep | None = None
         #: decode steps: each row's context block ids in path order (blocks with no device token too)
         self.context_ids: list[list[int]] | None = None
+        #: statistics in the same pass as the attention (a decode step whose rows read few enough context
+        #: tokens that their scores fit the one score tile the scratch bound allows: rows x KEY_CHUNK):
+        #: each read's scores are kept until the log-sum-exp is final, no key is read twice
+        self.fused_stats = stats and own_slots is not None and fused_fits(groups, rows)
         #: per group: one (n,) mass tensor whose views are its pieces' ``Group.mass`` (a read adds to a slice)
         self._flat_mass: list[torch.Tensor | None] = [None] * len(groups)
         if stats:
@@ -135,16 +139,23 @@ class TreeBatch:
         qg = query.reshape(r, hkv, g * q, d)  # query head h = kv * g + j: grouped, keys never repeated
         own = self._attend_own(layer, qg, query, key, value, call)
         out, lse = own[0], own[1]
+        scored: list[tuple[torch.Tensor, int, int, torch.Tensor]] = []  # a fused statistics pass's scores
         for i, grp in enumerate(self.groups):
             qf = _gather_queries(qg, grp.rows)  # (1, H_kv, rows * g * q, D)
             for read, mask in self._seen(i, call.window, g):  # one read's keys alive at a time
                 k, v = self._read_kv(layer, grp, read)
                 o, s = self.kernel(qf, k, v, call.scale, softcap=call.softcap, mask=mask)
                 out, lse = _merge_rows(out, lse, grp.rows, grp.n_rows, o, s)
+                if self.fused_stats:  # the scores while the keys are read; their mass once lse is final
+                    scores = _masked(capped_scores(qf, k, call.scale, call.softcap), mask)
+                    scored.append((self._flat_mass[i], read.offset, i, scores))
                 del k, v, o, s
         if call.sinks is not None:
             out, lse = _merge_sinks(out, lse, call.sinks, q)
-        if self.stats:
+        if self.fused_stats:
+            self._collect_scored(scored, lse)
+            self._collect_own(own[2], lse, call)
+        elif self.stats:
             self._collect(layer, qg, own, lse, call, g)
         return out.to(query.dtype).view(r, hq, q, d).transpose(1, 2)
 
@@ -253,6 +264,22 @@ class TreeBatch:
                 target = flat[read.offset : read.offset + read.length]
                 attention_mass(qf, k, s, scale, softcap=cap, mask=mask, out=target)
                 del k
+        self._collect_own(extra, lse, call)
+
+    def _collect_scored(self, scored: list[tuple[torch.Tensor, int, int, torch.Tensor]], lse: torch.Tensor) -> None:
+        """The fused pass's masses (decode): each read's kept (1, H_kv, rows * g * q, n) scores under the
+        final log-sum-exp of its rows' queries, added to its slice of the group's masses."""
+        for flat, offset, i, scores in scored:
+            rows = self.groups[i].rows
+            s = lse if rows is None else lse.index_select(0, rows)
+            s = s.transpose(0, 1).reshape(1, s.shape[1], -1, 1)  # the query order of _gather_queries
+            flat[offset : offset + scores.shape[-1]] += scores.sub_(s).exp_().sum(dim=(0, 1, 2))
+
+    def _collect_own(self, extra, lse: torch.Tensor, call: AttentionCall) -> None:
+        """The own tokens' masses under the final log-sum-exp: a decode row's generated tokens (``extra``
+        its (R, H_kv, g*q, n) scores), or a prefill's new tokens, causal, row by row (``extra`` the
+        counted queries, the repeated keys and the window mask)."""
+        scale, cap = call.scale, call.softcap
         if isinstance(extra, torch.Tensor):  # decode: (R, H_kv, g*q, n) scores of the own tokens
             mass = torch.exp(extra - lse.unsqueeze(-1)).sum(dim=(1, 2))  # (R, n)
         else:  # prefill: causal mass over the new tokens, row by row
@@ -332,6 +359,17 @@ def _pack(pieces: Sequence[Piece], lo: int, hi: int, offsets: list[int], device:
     runs = tuple((p.start, p.start + p.length) for p in pieces[lo:hi])
     slots = torch.cat([torch.arange(a, b) for a, b in runs]).to(device)
     return Read(lo, hi, offsets[lo], offsets[hi] - offsets[lo], slots, runs)
+
+
+def fused_fits(groups: Sequence[Group], rows: int) -> bool:
+    """Do a decode step's context scores, kept for every read until the log-sum-exp is final, fit the
+    statistics' one score tile (rows x KEY_CHUNK keys per query head): sum of rows x tokens per group."""
+    return sum(g.n_rows * sum(p.length for p in g.pieces) for g in groups) <= rows * KEY_CHUNK
+
+
+def _masked(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """(1, H_kv, M, n) scores with the keys a query does not see (``mask`` (M, n) False) at -inf."""
+    return scores if mask is None else scores.masked_fill_(~mask, float("-inf"))
 
 
 def _gather_queries(qg: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:

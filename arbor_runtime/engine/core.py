@@ -283,9 +283,8 @@ class Engine:
         if not self.running:
             return
         self._rehydrate_wanted()
-        reach = sum(r.stop.params.max_new_tokens - r.fed for r in self.running)
-        # a window scores prefills only; a policy that plans only under pressure is not scored before it
-        stats = self.memory.planner.decode_statistics(reach)
+        # a window scores prefills only; arbor's rows are scored only within one thought of its floor
+        stats = self.memory.planner.decode_statistics([(r.owner, r.stop.params.max_new_tokens) for r in self.running])
         batch, ids, pos = decode_batch(self.store, self.running, stats, self.backend.kernel)
         start = time.perf_counter()
         logits = self.backend.forward(batch, ids, pos)[:, -1]  # (R, V)

@@ -203,7 +203,7 @@ class Prefiller:
         with self._allocating(count) as extents:
             context = [a.id for a in node.kv_path()[:-1]] + ([node.id] if offset else [])
             slots = _slots(extents).view(1, count)
-            stats, stats_from = self.planner.prefill_statistics(count, node.length - offset)
+            stats, stats_from = self.planner.prefill_statistics(count, [(node.parent, node.length)])
             batch = self.runner.batch([context], count, slots, stats=stats, stats_from=stats_from)
             positions = torch.arange(node.start_pos + offset, node.start_pos + offset + count).unsqueeze(0)
             ids = torch.tensor([node.token_ids[offset : offset + count]])
