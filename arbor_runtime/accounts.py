@@ -137,6 +137,7 @@ class Accounts:
         m.pool_bytes = pool.nbytes
         m.forward_calls, m.model_seconds = self.backend.forward_calls, self.backend.model_seconds
         m.sync_store(self.store, self.memory.events)
+        m.floor_tokens = self.memory.planner.largest_lone_need
         for key, name in MEMORY_SECONDS.items():
             setattr(m, name, self.memory.seconds[key])
         if self.backend.sparse is not None:

@@ -111,6 +111,10 @@ class RuntimeMetrics:
     #: operation, that window layers could no longer read (outside every live node's window). The pool
     #: keeps them (a block's slots hold every layer): it is what a per-layer pool would have freed
     window_dead_bytes_max: int = 0
+    #: the most slots one operation needed alone (its whole path plus its slots: a decode row's whole
+    #: thought, a prefill's block, a choose pass's kept choices): the least budget at which this
+    #: search's every operation fits whole, arbor's floor for it (``MemoryPlanner.lone_need``)
+    floor_tokens: int = 0
     trace: list[TracePoint] = field(default_factory=list)
 
     @property

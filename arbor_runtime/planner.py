@@ -103,6 +103,9 @@ class MemoryPlanner:
 
     def __init__(self, store: KVStore, policy: Declares, config: MemoryConfig | None = None) -> None:
         self.store, self.policy, self.config = store, policy, config or MemoryConfig()
+        #: the largest lone need of any forward so far (:meth:`lone_need`): the least budget at which
+        #: every operation of the run would have fit whole (``RuntimeMetrics.floor_tokens``)
+        self.largest_lone_need = 0
 
     @property
     def caps(self) -> Capabilities:
@@ -425,6 +428,7 @@ class MemoryPlanner:
         (SnapKV's observation window is 32) when the plan that reads them comes. Until then the
         statistics pass (a second ``QK^T`` per layer) is not run; an inactive block nobody scored
         keeps its newest tokens (:func:`~arbor_runtime.policies.arbor._token_values`)."""
+        lone = self.lone_need(work)
         caps = self.caps
         if not caps.needs_attention or caps.observation_window:
             return bool(caps.needs_attention)
@@ -432,8 +436,16 @@ class MemoryPlanner:
             return True
         if self.budget is None or not work:
             return False
-        lone = max(demand_tokens([entry]) for entry in work)
         return lone + max(slots for _, slots in work) >= self.budget
+
+    def lone_need(self, work: Sequence[Entry]) -> int:
+        """The most slots one entry of a forward's ``work`` needs alone: its whole path plus its slots
+        (a decode row's whole thought, a prefill's block, a choose pass's kept choices). Every forward
+        asks (through :meth:`records_statistics`), so the run's largest is kept: a budget of at least
+        that runs every operation of the same search whole (arbor's exact zone)."""
+        lone = max((demand_tokens([entry]) for entry in work), default=0)
+        self.largest_lone_need = max(self.largest_lone_need, lone)
+        return lone
 
     def decode_statistics(self, work: Sequence[Entry]) -> bool:
         """Does a decode step of rows ``work`` ((owner, max new tokens) each) record attention

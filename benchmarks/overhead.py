@@ -1,7 +1,8 @@
 """What arbor costs next to full: wall-time ratios at shrinking budgets, and where the extra time goes.
 
 For each problem (a search built like an ``arbor-solve`` run), ``full`` runs once with no budget
-(the reference: its tree, its peak device KV, the floor: the longest path it extended plus one thought),
+(the reference: its tree, its peak device KV, the floor: the largest operation it needed alone, its
+whole path plus its slots, :func:`measured_floor`),
 then, ``repeats`` times, one after the other in the same process: ``full`` again, then ``arbor`` with no
 budget, at 1x, 0.5x and 0.25x of full's peak and at the floor. Interleaving the settings inside every
 repeat puts them side by side in the same conditions (a busy machine slows all of them alike); each row
@@ -51,12 +52,19 @@ def budget_of(setting: float | str, peak: int, floor: int) -> int | None:
     return max(1, math.ceil(float(setting) * peak))
 
 
+def measured_floor(rt: Runtime, new_tokens: int) -> int:
+    """Arbor's floor for the search ``rt`` ran: the largest operation it needed alone (its whole path
+    plus its slots, ``metrics.floor_tokens``: a choose pass's kept choices together, which the
+    tree alone does not tell), and at least the longest path extended plus one thought."""
+    return max(int(rt.metrics.floor_tokens), floor_tokens(list(rt.all_nodes.values()), new_tokens))
+
+
 def problem_rows(loaded, make_controller, problem, new_tokens: int, seed: int, repeats: int) -> list[dict[str, Any]]:
     """Every setting ``repeats`` times on one problem (interleaved), one row per run."""
     ref_rt = Runtime(loaded, policy="full", seed=seed)
     make_controller(ref_rt).solve(problem, seed=seed)
     peak = int(ref_rt.metrics.peak_device_tokens)
-    floor = min(floor_tokens(list(ref_rt.all_nodes.values()), new_tokens), peak)
+    floor = min(measured_floor(ref_rt, new_tokens), peak)
     ref = SearchRun(
         "full", None, {i: (list(n.token_ids), list(n.logprobs)) for i, n in ref_rt.all_nodes.items()},
         ref_rt.metrics.to_dict(), 0.0, None, None,

@@ -274,3 +274,37 @@ def test_a_block_no_scored_query_saw_keeps_its_tail():
     view = MemoryView(views, frozenset({0, 2}), 200, target=60 + 10)
     plan = ArborPolicy(budget_tokens=200, tail_tokens=2).plan(view)
     assert plan.keep[1].tolist() == list(range(20, 30))
+
+
+# ---- the floor a run measures (issue 46: the overhead benchmark's floor) ----------------------------------
+def test_floor_tokens_is_the_largest_operation_of_the_run(tiny):
+    """``metrics.floor_tokens``: the most slots one operation needed alone, path whole plus its slots: a
+    decode row's whole thought, a choose pass's kept choices together (not one thought: two kept
+    choices of a pass are written in one forward)."""
+    rt = Runtime(tiny, policy="full")
+    root = rt.new_tree(PROMPT_TEXT, examples=SPAN)
+    rt.expand(root, 2, PARAMS)
+    assert rt.metrics.floor_tokens == 210 + PARAMS.max_new_tokens  # each row alone: path + its thought
+    kept = rt.choose(root, ["one two three four five six", "seven eight nine ten eleven"], keep=2).kept
+    assert rt.metrics.floor_tokens == 210 + sum(k.length for k in kept) > 210 + PARAMS.max_new_tokens
+
+
+def test_arbor_at_the_measured_floor_rebuilds_fulls_tree(tiny):
+    """At ``floor_tokens`` of full's run every operation fits whole: arbor's tree is full's token for token
+    (a choose pass's kept choices included), with the statistics off until the floor is one operation away."""
+
+    def search(rt):
+        root = rt.new_tree(PROMPT_TEXT, examples=SPAN)
+        kids = rt.expand(root, 2, PARAMS)
+        kept = rt.choose(kids[0], ["one two three four five six", "seven eight nine ten"], keep=2).kept
+        rt.expand(kept[1], 2, PARAMS)
+        rt.expand(kids[1], 2, PARAMS)
+        return {n.id: list(n.token_ids) for n in rt.all_nodes.values()}
+
+    ref = Runtime(tiny, policy="full")
+    tree = search(ref)
+    floor = ref.metrics.floor_tokens
+    assert floor < ref.metrics.peak_device_tokens  # a real budget: the search needs evictions under it
+    rt = Runtime(tiny, policy="arbor", budget_tokens=floor)
+    assert search(rt) == tree
+    assert rt.metrics.evicted_tokens > 0 and rt.metrics.peak_device_tokens <= floor
