@@ -184,7 +184,9 @@ def overhead_main(argv: Sequence[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="bench_overhead.py", description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="times every setting runs on each problem (interleaved)")
-    ap.add_argument("--profile", action="store_true", help="instead: profile full and arbor without a budget")
+    ap.add_argument(
+        "--profile", action="store_true", help="instead: profile full, and arbor without a budget and at its floor"
+    )
     ap.add_argument("--out", default="bench/overhead", help="folder for overhead.jsonl (or profile.json)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("overrides", nargs="*", help="arbor-solve overrides (experiment=, task.end=, ...)")
@@ -215,28 +217,44 @@ def overhead_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _profile(setup, out, console) -> int:
-    """Profile the first problem's search under full and under arbor without a budget, once each."""
+    """Profile the first problem's search under full, under arbor without a budget and under arbor at
+    its floor (:func:`measured_floor` of full's run), once each after a warm run."""
     import json
 
     problem = setup.problems[0]
     seed, found = setup.seed(problem), {}
-    for policy in ("full", "arbor"):
-        run = lambda policy=policy: run_search(setup.loaded, setup.controller, problem, policy, None, seed)  # noqa: E731
-        run()  # warm: the first search of a process pays one-time costs
-        found[policy] = profile_buckets(run)
+    ref = run_search(setup.loaded, setup.controller, problem, "full", None, seed)  # also the warm run
+    floor = min(max(int(ref.metrics["floor_tokens"]), 1), int(ref.metrics["peak_device_tokens"]))
+    for label, policy, budget in PROFILED:
+        budget = floor if budget == "floor" else None
+        run = lambda policy=policy, budget=budget: run_search(  # noqa: E731
+            setup.loaded, setup.controller, problem, policy, budget, seed
+        )
+        if label != "full":
+            run()  # warm: the first search of a process (and of a setting) pays one-time costs
+        found[label] = profile_buckets(run)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"task": setup.task.name, "problem": problem.index, "seconds": found}
+    doc = {"task": setup.task.name, "problem": problem.index, "floor": floor, "seconds": found}
     (out / "profile.json").write_text(json.dumps(doc, indent=1) + "\n")
     from rich.table import Table
 
     table = Table(title=f"where the time goes · {setup.task.name} #{problem.index} (cProfile, seconds)")
-    for col in ("bucket", "full", "arbor", "arbor - full"):
+    for col in ("bucket", *found, *(f"{k} - full" for k in found if k != "full")):
         table.add_column(col, justify="right")
-    for bucket in sorted(set(found["full"]) | set(found["arbor"])):
-        a, f = found["arbor"].get(bucket, 0.0), found["full"].get(bucket, 0.0)
-        table.add_row(bucket, f"{f:.2f}", f"{a:.2f}", f"{a - f:+.2f}")
+    for bucket in sorted(set().union(*found.values())):
+        f = found["full"].get(bucket, 0.0)
+        seconds = [found[k].get(bucket, 0.0) for k in found]
+        table.add_row(bucket, *(f"{x:.2f}" for x in seconds), *(f"{x - f:+.2f}" for x in seconds[1:]))
     console.print(table)
     return 0
+
+
+#: what ``--profile`` runs: (label, policy, budget: None or "floor")
+PROFILED: tuple[tuple[str, str, str | None], ...] = (
+    ("full", "full", None),
+    ("arbor", "arbor", None),
+    ("arbor floor", "arbor", "floor"),
+)
 
 
 def _ratio_table(rows, title: str):
@@ -262,17 +280,24 @@ RATIO_COLUMNS = (
 PROFILE_COLUMNS = (
     ("task", "task", "text"), ("bucket", "where", "text"), ("full_s", "full s", "{:.2f}"),
     ("arbor_s", "arbor s (no budget)", "{:.2f}"), ("diff_s", "arbor - full s", "{:+.2f}"),
+    ("floor_s", "arbor s (at its floor)", "{:.2f}"), ("floor_diff_s", "arbor at floor - full s", "{:+.2f}"),
 )  # fmt: skip
 
 
 def profile_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """A profile.json (:func:`_profile`) as table rows, the largest difference first."""
+    """A profile.json (:func:`_profile`) as table rows, the largest difference without a budget first
+    (the floor columns None in a profile made before they were measured)."""
     full, arbor = doc["seconds"]["full"], doc["seconds"]["arbor"]
-    rows = [
-        {"task": doc["task"], "bucket": b, "full_s": full.get(b, 0.0), "arbor_s": arbor.get(b, 0.0),
-         "diff_s": arbor.get(b, 0.0) - full.get(b, 0.0)}
-        for b in set(full) | set(arbor)
-    ]  # fmt: skip
+    floor = doc["seconds"].get("arbor floor")
+    rows = []
+    for b in set(full) | set(arbor) | set(floor or {}):
+        f = full.get(b, 0.0)
+        at_floor = None if floor is None else floor.get(b, 0.0)
+        rows.append({
+            "task": doc["task"], "bucket": b, "full_s": f, "arbor_s": arbor.get(b, 0.0),
+            "diff_s": arbor.get(b, 0.0) - f, "floor_s": at_floor,
+            "floor_diff_s": None if at_floor is None else at_floor - f,
+        })  # fmt: skip
     return sorted(rows, key=lambda r: -abs(r["diff_s"]))
 
 

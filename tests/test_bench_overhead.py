@@ -7,7 +7,7 @@ import json
 import pytest
 
 from arbor_runtime import Runtime, SamplingParams
-from benchmarks.overhead import SETTINGS, bucket_of, overhead_main, profile_buckets, ratios
+from benchmarks.overhead import SETTINGS, bucket_of, overhead_main, profile_buckets, profile_rows, ratios
 
 
 def rows(task: str, seconds: dict[str, list[list[float]]]) -> list[dict]:
@@ -57,3 +57,17 @@ def test_the_script_runs_every_setting_interleaved_and_resumes(data_dir, tmp_pat
     assert by["arbor 0.5x"]["budget"] == -(-by["full"]["full_peak"] // 2) and not any(r["oom"] for r in lines)
     assert overhead_main(args) == 0  # resumed: the problem is done, nothing runs again
     assert len((tmp_path / "overhead.jsonl").read_text().splitlines()) == len(lines)
+
+
+def test_the_profile_runs_full_and_arbor_without_a_budget_and_at_its_floor(data_dir, tmp_path):
+    args = ["--profile", "--threads", "1", "--out", str(tmp_path), "model=tiny-random", f"paths.data_dir={data_dir}",
+            "task.start=0", "task.end=1", "controller.n_generate=2", "controller.breadth=2"]  # fmt: skip
+    assert overhead_main(args) == 0
+    doc = json.loads((tmp_path / "profile.json").read_text())
+    assert list(doc["seconds"]) == ["full", "arbor", "arbor floor"] and doc["floor"] > 0
+    rows = profile_rows(doc)
+    assert all(r["floor_s"] is not None for r in rows)
+    model = next(r for r in rows if r["bucket"].startswith("model"))
+    assert model["full_s"] > 0 and model["floor_s"] > 0
+    doc["seconds"].pop("arbor floor")  # a profile from before the floor was profiled: its columns stay empty
+    assert all(r["floor_s"] is None and r["floor_diff_s"] is None for r in profile_rows(doc))
