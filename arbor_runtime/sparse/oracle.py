@@ -1,0 +1,94 @@
+"""The oracle selector: each decode query reads the resident keys with the highest true score q.k.
+
+A measuring tool, not a method: it scores every resident key of the context at every layer of every
+decode step (what an index exists to avoid), so it is slower than dense attention. What it gives is
+a bound at a read budget: with the same read rule as ``lychee`` and ``quest`` (the same budget, sinks,
+window, blocks read whole and own tokens; :mod:`~arbor_runtime.sparse.reads`), the gap from the oracle
+to an index is the index's loss, the gap from dense to the oracle is sparsity's.
+
+It is a selector inside the same sparse step, not a second attention path: every block is indexed
+with one chunk per token (:class:`TokenIndex`, no statistics), and :class:`OracleStep` replaces the
+index's estimate by the exact score, per KV head group: ``max over the group's g query heads of q.k``
+(lychee's and quest's scores take the same max over the group), so the selection's sort and budget
+cut take the exact top-k keys. Its scratch grows with the context (the context's keys of one layer
+and rows x heads x context scores): for measuring, not for budgeted runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from arbor_runtime.sparse.step import SparseStep, _gather_heads
+
+
+class TokenIndex:
+    """A block's "index" for the oracle: one chunk per token, no key statistics (``nbytes`` 0).
+
+    Attributes:
+        starts: (T + 1,) long chunk boundaries (every token its own chunk).
+        covered: (T,) bool, tokens the index has seen resident.
+    """
+
+    def __init__(self, length: int) -> None:
+        self.starts = torch.arange(length + 1)
+        self.covered = torch.zeros(length, dtype=torch.bool)
+
+    @classmethod
+    def build(cls, keys, layers: int, resident: torch.Tensor, ends: torch.Tensor) -> TokenIndex:
+        """One chunk per token of a block of ``len(ends)`` tokens (the keys are not read)."""
+        index = cls(0)
+        index.update(keys, layers, resident, ends)
+        return index
+
+    @property
+    def n_chunks(self) -> int:
+        return self.starts.numel() - 1
+
+    @property
+    def nbytes(self) -> int:
+        """Nothing on the accelerator: the oracle reads the pool's keys themselves."""
+        return 0
+
+    def update(self, keys, layers: int, resident: torch.Tensor, ends: torch.Tensor) -> bool:
+        """Grow to ``len(ends)`` tokens and mark ``resident`` (T_res,) as seen; True when anything changed."""
+        length, old = int(ends.numel()), int(self.covered.numel())
+        fresh = resident[resident >= old] if length > old else resident[~self.covered[resident]]
+        if length == old and not fresh.numel():
+            return False
+        self.starts = torch.arange(length + 1)
+        self.covered = torch.cat([self.covered, torch.zeros(length - old, dtype=torch.bool)])
+        self.covered[resident] = True
+        return True
+
+    def scores(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """(r, H, T) zeros: no estimate (:class:`OracleStep` adds the exact q.k; a dense layer's
+        wrapper, :class:`~arbor_runtime.sparse.reads.DenseLayers`, puts +inf here)."""
+        return torch.zeros(q.shape[0], q.shape[1], self.n_chunks, device=q.device)
+
+    def retrieve(self, layer: int, q: torch.Tensor, n: int, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Never used: the oracle's step always selects flat (it runs no on-demand ranking)."""
+        raise NotImplementedError("the oracle selects by exact scores in OracleStep, not by candidate lists")
+
+
+class OracleStep(SparseStep):
+    """A :class:`SparseStep` whose chunk scores are exact: the highest q.k over each chunk's resident
+    keys and the group's query heads (with :class:`TokenIndex` chunks, each key's own score)."""
+
+    def _select(self, layer: int, qg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Always the flat selection (one sort and the budget cut), over the exact scores."""
+        return self._select_flat(layer, qg)
+
+    def _flat_scores(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """(R, H, C) the indexes' part (0, or +inf at a dense layer) plus the exact scores."""
+        return SparseStep._flat_scores(self, layer, q).add_(self.exact_scores(layer, q))
+
+    def exact_scores(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """(R, H, C) float32: per step chunk, max over its resident keys and the g query heads of
+        q (R, H, g, D) of q.k (unscaled: the order is the softmax's); -inf for a chunk with none."""
+        c, w = self.slots.shape
+        r, h = q.shape[0], q.shape[1]
+        slots = self.slots.reshape(1, 1, c * w).expand(1, h, c * w)
+        keys, _ = _gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)  # (1, H, S, D)
+        dots = torch.matmul(q, keys.float().transpose(-1, -2)).amax(2)  # (R, H, S)
+        dots = dots.masked_fill(slots < 0, float("-inf"))
+        return dots.view(r, h, c, w).amax(-1)
