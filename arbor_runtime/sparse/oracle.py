@@ -83,12 +83,51 @@ class OracleStep(SparseStep):
         return SparseStep._flat_scores(self, layer, q).add_(self.exact_scores(layer, q))
 
     def exact_scores(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        """(R, H, C) float32: per step chunk, max over its resident keys and the g query heads of
-        q (R, H, g, D) of q.k (unscaled: the order is the softmax's); -inf for a chunk with none."""
+        """(R, H, C) float32: per step chunk, the highest :func:`key_scores` of its keys; -inf for a
+        chunk with no resident key."""
         c, w = self.slots.shape
-        r, h = q.shape[0], q.shape[1]
-        slots = self.slots.reshape(1, 1, c * w).expand(1, h, c * w)
-        keys, _ = _gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)  # (1, H, S, D)
-        dots = torch.matmul(q, keys.float().transpose(-1, -2)).amax(2)  # (R, H, S)
-        dots = dots.masked_fill(slots < 0, float("-inf"))
-        return dots.view(r, h, c, w).amax(-1)
+        return key_scores(self, layer, q).view(q.shape[0], q.shape[1], c, w).amax(-1)
+
+
+class RecallStep(SparseStep):
+    """A :class:`SparseStep` (an index's selection, unchanged) that also measures, at every layer, the
+    selection's recall of the oracle's: of the keys the exact top-k would retrieve beyond what both
+    always read (sinks, window, blocks read whole), the share this selection reads too. Appends
+    (layer, recall) to ``owner.recall`` (a list the caller puts on the sparse attention). Scores every
+    key: for measuring (benchmarks/longctx)."""
+
+    def _select(self, layer: int, qg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        chosen, take = SparseStep._select(self, layer, qg)
+        if self.base is not None:
+            self.owner.recall.append((layer, self.recall(layer, qg, chosen, take)))
+        return chosen, take
+
+    def recall(self, layer: int, qg: torch.Tensor, chosen: torch.Tensor, take: torch.Tensor) -> float:
+        """|oracle's retrieved keys read by (chosen, take) (R, H, K)| / |oracle's retrieved keys|, over rows
+        and KV heads (1.0 when the oracle retrieves nothing beyond the forced keys)."""
+        c, w = self.slots.shape
+        r, h = qg.shape[0], qg.shape[1]
+        slots = self.slots.reshape(1, 1, c * w)
+        exact = key_scores(self, layer, qg.float())  # (R, H, C * W)
+        base = self.base.repeat_interleave(w, dim=-1)  # (R, 1, C * W): +inf forced, -inf unreadable
+        scores = (exact + base).masked_fill(slots < 0, float("-inf")).nan_to_num_(float("-inf"))
+        order = scores.sort(dim=-1, descending=True)
+        rank = torch.arange(c * w, device=exact.device)
+        top = torch.isfinite(order.values) & (rank < self.owner.select.token_budget)
+        top |= order.values == float("inf")
+        oracle = torch.zeros_like(top).scatter_(-1, order.indices, top) & torch.isfinite(scores)  # retrieved only
+        read = torch.zeros(r, h, c, dtype=torch.int32, device=exact.device).scatter_add_(-1, chosen, take.int())
+        read = (read > 0).repeat_interleave(w, dim=-1)  # (R, H, C * W): padding ids carry take False
+        wanted = int(oracle.sum())
+        return float((oracle & read).sum()) / wanted if wanted else 1.0
+
+
+def key_scores(step: SparseStep, layer: int, q: torch.Tensor) -> torch.Tensor:
+    """(R, H, C * W) float32: each of the step's key slots' score, max over the g query heads of
+    q (R, H, g, D) of q.k (unscaled: the order is the softmax's); -inf at padding (no resident key)."""
+    c, w = step.slots.shape
+    h = q.shape[1]
+    slots = step.slots.reshape(1, 1, c * w).expand(1, h, c * w)
+    keys, _ = _gather_heads(step.batch.pool, layer, slots.clamp(min=0), step.batch.groups)  # (1, H, S, D)
+    dots = torch.matmul(q, keys.float().transpose(-1, -2)).amax(2)  # (R, H, S)
+    return dots.masked_fill(slots < 0, float("-inf"))

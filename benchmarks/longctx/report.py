@@ -81,7 +81,7 @@ def per_task(data: dict[str, Any], metric: str = "accuracy", methods: Sequence[s
 
 #: the answer agreement with dense a read rule has to keep (issue 24: sparse defaults that keep the answer)
 KEEPS = 0.95
-SPARSE = ("lychee", "quest")
+SPARSE = ("lychee", "quest", "oracle_topk")
 
 
 def _overall(summary: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
