@@ -178,7 +178,7 @@ class SparseStep:
         valid = (slots >= 0) & take.unsqueeze(-1)
         r, h, k, w = slots.shape
         slots, valid = slots.view(r, h, k * w), valid.view(r, h, k * w)
-        keys, values = _gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)
+        keys, values = gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)
         q = qg.float()
         scores = torch.matmul(q, keys.float().transpose(-1, -2)) * scale  # (R, H, g, S)
         scores = scores.masked_fill(~valid.unsqueeze(2), float("-inf"))
@@ -217,7 +217,7 @@ class SparseStep:
         read = int(valid.sum())
         slots = torch.cat([slots.view(r, h, k * w), own_slots.view(r, 1, n).expand(r, h, n)], -1)
         valid = torch.cat([valid.view(r, h, k * w), own_valid.view(r, 1, n).expand(r, h, n)], -1)
-        keys, values = _gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)
+        keys, values = gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)
         q = qg.float()
         mask = valid.unsqueeze(2)  # (R, H, 1, S): every row reads at least its current token
         out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale)
@@ -339,7 +339,7 @@ def _layout(grp: Group, index: BlockIndex | None, width: int):
     return slots, target, lo, hi
 
 
-def _gather_heads(pool, layer: int, slots: torch.Tensor, groups) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_heads(pool, layer: int, slots: torch.Tensor, groups) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V at per-head slots (R, H, S) of one layer: (R, H, S, D) each (a copy).
 
     Restores in flight into the context's segments are waited for first (on CUDA, per layer).
