@@ -347,9 +347,9 @@ def test_renderer_is_a_pure_function_of_the_summary():
             "summary": [entry, other]}  # fmt: skip
     text = render(data)
     assert text == render(data)
-    assert "| 2,048 | dense | 20 | 0.50 [0.30, 0.70] | 1.00 [0.84, 1.00] |  | 1.00 | 0.000 | 9.5 |  |" in text
+    assert "| 2,048 | dense | 20 | 0.50 [0.30, 0.70] |  | 1.00 [0.84, 1.00] |  | 1.00 | 0.000 | 9.5 |  |  |" in text
     data["summary"][0] |= {"prefix_agree": 1.0, "read_fraction": 1.0}
-    assert "| 1.00 [0.84, 1.00] | 1.00 | 1.00 | 0.000 | 9.5 | 1.00 |" in render(data)
+    assert "| 1.00 [0.84, 1.00] | 1.00 | 1.00 | 0.000 | 9.5 |  | 1.00 |" in render(data)
     assert "| records | 2,048 | 20 | 0.50 | 0.25 (n=19) |" in per_task(data, "accuracy")
     assert "(run not complete)" in text
     with pytest.raises(ValueError, match="metric 'x'"):

@@ -458,6 +458,28 @@ def prefix_agree(answer: str, dense: str) -> bool:
     return a[:n] == b[:n] and (n > 0 or len(a) == len(b))
 
 
+def against_dense(rows: Sequence[dict[str, Any]], dense: dict[tuple, dict[str, Any]]) -> dict[str, Any]:
+    """One group's figures against the dense row of each item (:func:`summarise`): accuracy retained
+    on the items dense answers correctly (with its Wilson interval and n), the share of dense's
+    context attended, and the median per-item ratio of decode tokens/s to dense's."""
+    pairs = [(r, dense[item_key(r)]) for r in rows if item_key(r) in dense]
+    right = [r for r, d in pairs if d.get("correct")]
+    hits = sum(bool(r.get("correct")) for r in right)
+    reads = [
+        r["kept_tokens"] / d["kept_tokens"] * (r["read_fraction"] if r.get("read_fraction") is not None else 1.0)
+        for r, d in pairs if r.get("kept_tokens") is not None and d.get("kept_tokens")
+    ]  # fmt: skip
+    speeds = [(r.get("decode_tok_s"), d.get("decode_tok_s")) for r, d in pairs]
+    ratios = [mine / theirs for mine, theirs in speeds if mine and theirs]
+    return {
+        "dense_correct": len(right) if pairs else None,
+        "retained": hits / len(right) if right else None,
+        "retained_ci": list(wilson(hits, len(right))) if right else None,
+        "context_read": statistics.mean(reads) if reads else None,
+        "x_dense": statistics.median(ratios) if ratios else None,
+    }
+
+
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (task, length, method): items, accuracy, mean score, agreement with dense (the same
     first line), prefix agreement with dense (:func:`prefix_agree`, from the dense row of the same
@@ -465,12 +487,18 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     [lo, hi]), mean KL of the first answer token, median decode tokens/s, mean prefill seconds, the
     mean share of the context the decode read (``read_fraction``); with several tasks, also per
     (length, method) over all of them (task "all"). Sorted by task (as first seen, "all" last),
-    length, then method as first seen."""
-    dense = {(r["task"], r["length"], r["index"], r["seed"]): r["answer"] for r in rows if r["method"] == "dense"}
-    rows = [
-        r | {"prefix_agree": prefix_agree(r["answer"], dense.get((r["task"], r["length"], r["index"], r["seed"]), ""))}
-        for r in rows
-    ]
+    length, then method as first seen.
+
+    Against the dense row of the same item (measured in the same run, so its speed compares):
+    ``retained`` is accuracy retained, the share of the items dense answers correctly that the method
+    answers correctly too (``retained_ci`` its Wilson interval, ``dense_correct`` how many such items);
+    ``context_read`` the mean share of dense's context the decode attended (kept tokens over dense's,
+    times ``read_fraction``: 1.0 for dense and for a sparse read that read everything, about the kept
+    share for an eviction policy); ``x_dense`` the median over items of the method's decode tokens/s
+    over dense's. Each is None where no item has a dense row (or the rows lack the field)."""
+    dense = {item_key(r): r for r in rows if r["method"] == "dense"}
+    answers = {key: r["answer"] for key, r in dense.items()}
+    rows = [r | {"prefix_agree": prefix_agree(r["answer"], answers.get(item_key(r), ""))} for r in rows]
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["task"], r["length"], r["method"])].append(r)
@@ -499,5 +527,5 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         for name, field in pairs:
             hits = sum(bool(r[field]) for r in rs)
             entry[name], entry[f"{name}_ci"] = hits / len(rs), list(wilson(hits, len(rs)))
-        out.append(entry)
+        out.append(entry | against_dense(rs, dense))
     return out
