@@ -591,7 +591,7 @@ def test_a_claim_reads_an_interval_column_and_the_datas_own_verdicts():
 
     def cell(policy, agree, low, high, length=2048, share=0.5, task="all"):
         return {"task": task, "length": length, "policy": policy, "share": share, "agree": agree,
-                "agree_ci": [low, high]}  # fmt: skip
+                "agree_ci": [low, high], "context_read": share or 1.0}  # fmt: skip
 
     cells = [cell("dense", 1.0, 0.9, 1.0, share=None), cell("lychee", 0.9, 0.85, 0.95), cell("h2o", 0.3, 0.2, 0.4),
              cell("quest", 0.6, 0.5, 0.7), cell("lychee", 0.5, 0.4, 0.6, share=0.1), cell("h2o", 0.45, 0.35, 0.55,
@@ -603,6 +603,61 @@ def test_a_claim_reads_an_interval_column_and_the_datas_own_verdicts():
           (("0.5x", "better"), ("0.25x", "no"), ("0.1x", "worse"))]  # fmt: skip
     got = [(at, kind) for _, kind, _, at in findings(FLOOR[0], {"tables": {"vs_best": {"rows": vs}}})]
     assert got == [("0.5x", "wins"), ("0.25x", None), ("0.1x", "loses")]
+
+
+def test_a_row_that_read_the_whole_context_is_dense_and_never_wins():
+    """Long context: a row that read >= 99% of dense's context is dense against dense, whatever its share label
+    says (a share row that happened to read everything too): it is never judged, so never a win, and the
+    others at its share are judged without it; a win carries its accuracy retained and speed."""
+    from benchmarks.results.sections import LONGCTX
+    from benchmarks.results.summary import findings, summary
+
+    def cell(policy, agree, low, high, read, share=0.5):
+        return {"task": "all", "length": 8160, "policy": policy, "share": share, "agree": agree,
+                "agree_ci": [low, high], "context_read": read, "retained": 0.9, "x_dense": 1.25}  # fmt: skip
+
+    cells = [cell("dense", 1.0, 0.98, 1.0, 1.0, share=None), cell("lychee", 1.0, 0.98, 1.0, 1.0),
+             cell("quest", 0.9, 0.85, 0.95, 0.995), cell("h2o", 0.3, 0.2, 0.4, 0.5)]  # fmt: skip
+    # judged by its label alone, lychee (read 100%) would win at 50% above quest and h2o
+    assert findings(LONGCTX, {"summary": cells}) == []  # h2o alone is left: nothing to compare it with
+    cells.append(cell("kvp", 0.6, 0.5, 0.7, 0.5))
+    found = findings(LONGCTX, {"summary": cells})
+    assert {m for m, *_ in found} == {"h2o", "kvp"} and ("kvp", "wins", "8,160 tokens", "50%") in found
+    data = {"longctx": {"title": "Long context: a test", "summary": cells}}
+    text = summary(data, {"longctx": (LONGCTX,)})
+    assert "lychee" not in text and "quest" not in text
+    assert _summary_rows(text)["kvp"][0] == (
+        "Keeps most of dense's answers at 50% (accuracy retained 0.90, 1.25x dense's tok/s) on 8,160 tokens "
+        "(Long context)."
+    )
+
+
+def test_a_speed_finding_states_the_fidelity_of_its_own_row():
+    """Sparse decode: each setting where a method is faster or slower than dense carries the read share and
+    the fidelity measured in the same row, from the data (no range hides them); a row without fidelity says
+    so rather than borrow another row's."""
+    from benchmarks.results.sections import SPARSE
+    from benchmarks.results.summary import summary
+
+    def row(model, context, method, tok_s, read=100.0, top1=None, math=None):
+        return {"model": model, "context": context, "method": method, "decode_tok_s": tok_s, "read": read,
+                "top_1_gsm8k": top1, "kl_gsm8k": None, "top_1_math": math, "kl_math": None}  # fmt: skip
+
+    rows = [row("smollm2", 2048, "dense", 10.0), row("smollm2", 2048, "lychee", 9.0, 50.0, 0.97, 0.99),
+            row("smollm2", 4096, "dense", 10.0), row("smollm2", 4096, "lychee", 12.0, 25.0, 0.9, 0.8),
+            row("smollm2", 8192, "dense", 10.0), row("smollm2", 8192, "lychee", 13.0, 12.5, 0.75, 1.0),
+            row("random", 16384, "dense", 5.0), row("random", 16384, "lychee", 9.0, 6.25)]  # fmt: skip
+    data = {"sparse": {"title": "Sparse decode attention (a test)", "tables": {"main": {"rows": rows}}}}
+    wins, loses = _summary_rows(summary(data, {"sparse": (SPARSE,)}))["lychee"]
+    assert wins == (
+        "Decodes faster than dense at 4,096 (reads 25%; top-1 agreement with dense: GSM8K 0.90, MATH-500 0.80), "
+        "8,192 (reads 12.5%; top-1 agreement with dense: GSM8K 0.75, MATH-500 1.00) on smollm2 model and at "
+        "16,384 (reads 6.25%; no fidelity measured) on random model (Sparse decode attention)."
+    )
+    assert loses == (
+        "Decodes slower than dense at 2,048 (reads 50%; top-1 agreement with dense: GSM8K 0.97, MATH-500 0.99) "
+        "on smollm2 model (Sparse decode attention)."
+    )
 
 
 def test_sign_test_is_mcnemars_exact_two_sided_p():
