@@ -67,7 +67,7 @@ def profile(rt: Runtime, root, policy, tokens: int, fast: bool = True) -> dict[s
         (tree.ChunkTree, "scores", "retrieve"),
         (pages.PageIndex, "scores", "retrieve"),
         (step.SparseStep, "_select", "select+retrieve"),
-        (step, "_gather_heads", "gather"),
+        (step, "gather_heads", "gather"),
         (step.SparseStep, "attend", "sparse"),
         (step.SparseStep, "attend_all", "sparse"),
         (TreeBatch, "_attend_own", "own"),

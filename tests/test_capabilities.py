@@ -40,6 +40,8 @@ EXPECTED = {
     ("random", ()): TREE_BLIND,
     ("lychee", ()): KEEPS_ALL,
     ("quest", ()): KEEPS_ALL,
+    ("oracle_topk", ()): KEEPS_ALL,
+    ("oracle_topk", (("memory", "arbor"),)): ARBOR,
     ("lychee", (("memory", "h2o"),)): TREE_BLIND_ATTENTION,
     ("quest", (("memory", "streaming"),)): TREE_BLIND,
     ("quest", (("memory", "snapkv"),)): (F, F, T, T, 64, F, T),

@@ -161,7 +161,7 @@ def test_bad_values_end_with_one_clear_line(override, message, data_dir, tmp_pat
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["policy=lru"], "policy='lru' is not an option of policy; valid: arbor, full, h2o, kvp, lychee, quest,"),
+        (["policy=lru"], "policy='lru' is not an option of policy; valid: arbor, full, h2o, kvp, lychee, oracle_topk,"),
         (["-m", "task=gsm8k,aime2"], "task='aime2' is not an option of task; valid: aime, game24, gsm8k, math500"),
         (["experiment=acc/nope"], "experiment='acc/nope' is not an option of experiment; valid: acc/cot, acc/io,"),
         (["+controller=bfz"], "controller='bfz' is not an option of controller; valid: beam, best_first, bfs, dfs,"),

@@ -49,10 +49,11 @@ PROBLEMS = (900, 901)
 #: budget_tokens set from the start. The prompt is 504 tokens; arbor keeps the active path whole and
 #: its deepest path (game24's max_steps, legal or sampled steps) fits in 640, below the 648 tokens
 #: the sampled-step searches peak at under full (817-1176 with legal steps): the policies that evict
-#: or drop (arbor, h2o, kvp, snapkv, streaming, thinkv) must manage. lychee and quest decide only
+#: or drop (arbor, h2o, kvp, snapkv, streaming, thinkv) must manage. lychee, quest and oracle_topk decide only
 #: what decode reads; their memory policy is full (it never frees a token), so their budget holds
 #: whole trees (two at once at concurrency 2: up to ~2,400 tokens) plus the 3% index reserve.
-BUDGETS: dict[str, int | None] = {p: 640 for p in POLICIES} | {"full": None, "lychee": 4096, "quest": 4096}
+SPARSE_BUDGETS = dict.fromkeys(("lychee", "quest", "oracle_topk"), 4096)
+BUDGETS: dict[str, int | None] = {p: 640 for p in POLICIES} | {"full": None} | SPARSE_BUDGETS
 LOCAL_CELLS = list(itertools.product(POLICIES, CONTROLLERS, (1, 2)))
 RAY_CELLS = [(p, CONTROLLERS[i % len(CONTROLLERS)], 1 + i % 2) for i, p in enumerate(POLICIES)]
 ERROR = "arbor-solve: error:"

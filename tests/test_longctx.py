@@ -175,13 +175,14 @@ def _bench(tmp_path, *extra: str) -> tuple[int, dict, list[dict]]:
 
 def test_bench_runs_end_to_end(tmp_path, one_torch_thread):
     argv = ["--lengths", "256", "--items", "1", "--tasks", "records,niah_single_word",
-            "--policies", "lychee,h2o,kvp", "--shares", "0.25,1024"]  # fmt: skip
+            "--policies", "lychee,oracle_topk,h2o,kvp", "--shares", "0.25,1024"]  # fmt: skip
     code, data, rows = _bench(tmp_path, *argv)
     assert code == 0
     assert data["settings"]["methods"] == [
-        "dense", "lychee@25%", "lychee@1024", "h2o@25%", "h2o@1024", "kvp@25%", "kvp@1024"
+        "dense", "lychee@25%", "lychee@1024", "oracle_topk@25%", "oracle_topk@1024", "h2o@25%", "h2o@1024",
+        "kvp@25%", "kvp@1024",
     ]  # fmt: skip
-    assert data["complete"] and data["rows"] == len(rows) == 2 * 7 and len(data["summary"]) == (2 + 1) * 7
+    assert data["complete"] and data["rows"] == len(rows) == 2 * 9 and len(data["summary"]) == (2 + 1) * 9
     assert all(r["rss_gb"] > 0 for r in rows)  # each row says how much memory the run held after its item
     assert len(data["commit"]) == 40 and data["date"] and data["machine"]["torch_threads"] == 1
     assert data["command"].startswith("python scripts/bench_longctx.py --model tiny-random")
@@ -199,8 +200,17 @@ def test_bench_runs_end_to_end(tmp_path, one_torch_thread):
             assert r["agree"] and r["first_agree"] and r["kl_first"] == 0.0 and r["budget_tokens"] is None
         elif r["method"].endswith("@1024"):  # the budget covers the context: dense again, to float tolerance
             assert r["agree"] and r["first_agree"] and r["kl_first"] < 1e-4
+        elif r["policy"] == "oracle_topk":  # the exact top-k at lychee's budget: one-token chunks never read more
+            # (its KL is not asserted below lychee's here: after the whole question a random model's first
+            # answer token can go either way; tests/test_oracle_topk.py compares them on a fixed first step)
+            lychee = next(x for x in rows if x["method"] == "lychee@25%" and x["task"] == r["task"])
+            assert r["read_fraction"] <= lychee["read_fraction"] < 0.5 and r["kl_first"] >= 0.0
         else:  # a quarter of the context read / kept: the first answer token's distribution moves
             assert r["kl_first"] > 1e-3
+        if r["method"] == "lychee@25%":  # the index's recall of the oracle's keys at the question's step
+            assert 0.0 <= r["recall_oracle"] <= 1.0 and len(r["recall_layers"]) == 2  # (1: sinks + window fill 64)
+        else:
+            assert r["recall_oracle"] is None
     for name in ("h2o", "kvp"):
         assert all(r["kept_tokens"] == r["budget_tokens"] for r in rows if r["method"] == f"{name}@25%")
     lychee = [r for r in rows if r["method"] == "lychee@25%"]
@@ -337,9 +347,9 @@ def test_renderer_is_a_pure_function_of_the_summary():
             "summary": [entry, other]}  # fmt: skip
     text = render(data)
     assert text == render(data)
-    assert "| 2,048 | dense | 20 | 0.50 [0.30, 0.70] | 1.00 [0.84, 1.00] |  | 1.00 | 0.000 | 9.5 |  |" in text
+    assert "| 2,048 | dense | 20 | 0.50 [0.30, 0.70] |  | 1.00 [0.84, 1.00] |  | 1.00 | 0.000 | 9.5 |  |  |" in text
     data["summary"][0] |= {"prefix_agree": 1.0, "read_fraction": 1.0}
-    assert "| 1.00 [0.84, 1.00] | 1.00 | 1.00 | 0.000 | 9.5 | 1.00 |" in render(data)
+    assert "| 1.00 [0.84, 1.00] | 1.00 | 1.00 | 0.000 | 9.5 |  | 1.00 |" in render(data)
     assert "| records | 2,048 | 20 | 0.50 | 0.25 (n=19) |" in per_task(data, "accuracy")
     assert "(run not complete)" in text
     with pytest.raises(ValueError, match="metric 'x'"):
@@ -348,7 +358,8 @@ def test_renderer_is_a_pure_function_of_the_summary():
 
 def test_bad_arguments_are_errors_before_the_model_loads(capsys):
     assert main(["--policies", "lychee,flash"]) == 2
-    assert "bench_longctx.py: error: --policies: unknown 'flash'; valid: lychee, quest, kvp" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "bench_longctx.py: error: --policies: unknown 'flash'; valid: lychee, quest, oracle_topk, kvp" in err
     assert main(["--shares", "0.5,2.5"]) == 2
     assert "budget '2.5' must be a share in (0, 1)" in capsys.readouterr().err
     assert main(["--tasks", "records,ruler"]) == 2
@@ -372,7 +383,7 @@ def test_variant_names_parse_into_policies_and_bad_ones_are_refused():
     )
     with pytest.raises(ValueError, match="unknown knob 'x'"):
         variant_policy("lychee:x=1")
-    with pytest.raises(ValueError, match="lychee or quest"):
+    with pytest.raises(ValueError, match="must be one of lychee, quest, oracle_topk"):
         variant_policy("h2o:b=1")
 
 

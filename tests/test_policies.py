@@ -191,7 +191,7 @@ def test_policy_configuration_errors():
         ArborPolicy(threshold=1.5)
     with pytest.raises(FileNotFoundError, match="no_such.json"):
         ArborPolicy(calibration="/tmp/no_such.json")
-    valid = "arbor, full, h2o, kvp, lychee, quest, random, snapkv, streaming, thinkv"
+    valid = "arbor, full, h2o, kvp, lychee, oracle_topk, quest, random, snapkv, streaming, thinkv"
     with pytest.raises(ValueError, match=f"unknown policy 'lru'; valid: {valid}"):
         build_policy("lru")
 

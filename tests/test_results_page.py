@@ -525,23 +525,62 @@ def test_the_header_says_a_dirty_tree_and_rows_searched_by_several_codes():
 
 
 def test_longctx_defaults_say_what_each_default_kept_and_which_reads_kept_95_percent():
+    """A default that read the whole context is dense there: its agreement with dense is not quoted as a
+    fidelity result; a default that read less, and every measured share, gives its fidelity (accuracy
+    retained, agreement) and its speed at that one setting."""
     from benchmarks.longctx.report import defaults
 
-    def entry(method, share, agree, n=20, tok_s=5.0, read=None):
+    def entry(method, share, agree, n=20, tok_s=5.0, read=None, retained=None, x=None):
         cell = {"task": "all", "length": 4096, "method": method, "policy": method.split("@")[0], "share": share}
         return cell | {"items": n, "agree": agree, "agree_ci": [agree - 0.1, 1.0], "decode_tok_s": tok_s,
-                       "read_fraction": read}  # fmt: skip
+                       "read_fraction": read, "x_dense": x}  # fmt: skip
 
     summary = [entry("dense", None, 1.0, tok_s=4.0), entry("lychee@default", None, 1.0, read=1.0),
-               entry("lychee@50%", 0.5, 0.95), entry("lychee@25%", 0.25, 0.9), entry("quest@default", None, 0.9),
-               entry("quest@50%", 0.5, 0.5)]  # fmt: skip
+               entry("lychee@50%", 0.5, 0.95, read=0.5, x=1.25), entry("lychee@25%", 0.25, 0.9),
+               entry("quest@default", None, 0.9, read=0.4), entry("quest@50%", 0.5, 0.5)]  # fmt: skip
+    summary[2] |= {"retained": 0.9, "retained_ci": [0.8, 0.95], "dense_correct": 10}
     text = defaults({"summary": summary})
-    assert text.splitlines()[0] == (
-        "- 4,096 tokens, **lychee** at its defaults: agreement with dense 1.00 [0.90, 1.00] (n = 20), read 100% "
-        "of the context, 5.0 tok/s (dense 4.0); reads that kept >= 95%: 50%."
+    lychee, quest = text.splitlines()
+    assert lychee == (
+        "- 4,096 tokens, **lychee**: its default read rule read 100% of the context, so here it is dense (its "
+        "answers are dense's: no fidelity result); 5.0 tok/s (dense 4.0). Measured read shares: 25%: agreement "
+        "with dense 0.90 [0.80, 1.00]; 50%: accuracy retained 0.90 [0.80, 0.95] of dense's 10 correct, agreement "
+        "with dense 0.95 [0.85, 1.00], 1.25x dense's tok/s. Agreement >= 95%: 50%."
     )
-    assert text.splitlines()[1].endswith("no measured read share (50%) kept >= 95%.") and "read ?" in text
+    assert "1.00 [0.90, 1.00]" not in lychee  # dense against itself is never quoted
+    assert quest.startswith("- 4,096 tokens, **quest** at its defaults read 40% of the context: agreement with "
+                            "dense 0.90 [0.80, 1.00] (n = 20); 5.0 tok/s (dense 4.0).")  # fmt: skip
+    assert quest.endswith("Agreement >= 95%: none.")
     assert defaults({"summary": summary[:1]}) == ""
+
+
+def test_accuracy_retained_counts_only_the_items_dense_answers_correctly():
+    """Accuracy retained: of the items dense answers correctly, the share the method answers correctly
+    too (Wilson interval, n = dense's correct items); agreement still counts every item; the share of
+    dense's context read is kept share x read share; the speed ratio is per item against dense's row."""
+    from benchmarks.longctx.run import summarise, wilson
+
+    def row(index, method, correct, agree, tok_s, kept=100, read=1.0):
+        return {"task": "t", "length": 2048, "index": index, "seed": 0, "method": method,
+                "policy": method.split("@")[0], "share": None if method == "dense" else 0.1, "tokens": 110,
+                "answer": "a" if agree else "b", "score": float(correct), "correct": correct, "agree": agree,
+                "first_agree": agree, "kl_first": 0.0, "decode_tok_s": tok_s, "prefill_s": 1.0,
+                "kept_tokens": kept, "read_fraction": read}  # fmt: skip
+
+    dense = [row(i, "dense", c, True, 10.0) for i, c in enumerate((True, True, True, False))]
+    # lychee: right on 2 of dense's 3 right items, and on the item dense gets wrong (agreeing nowhere there)
+    lychee = [row(i, "lychee@10%", c, a, 12.0 + i, read=0.1)
+              for i, (c, a) in enumerate(((True, True), (False, False), (True, True), (True, False)))]  # fmt: skip
+    kvp = [row(i, "kvp@10%", False, False, 20.0, kept=10) for i in range(4)]
+    by = {e["method"]: e for e in summarise(dense + lychee + kvp)}
+    assert by["lychee@10%"]["retained"] == 2 / 3 and by["lychee@10%"]["dense_correct"] == 3
+    assert by["lychee@10%"]["retained_ci"] == list(wilson(2, 3))
+    assert by["lychee@10%"]["accuracy"] == 3 / 4 and by["lychee@10%"]["agree"] == 2 / 4
+    assert by["dense"]["retained"] == 1.0 and by["kvp@10%"]["retained"] == 0.0
+    assert by["lychee@10%"]["context_read"] == pytest.approx(0.1) and by["kvp@10%"]["context_read"] == 0.1
+    assert by["dense"]["context_read"] == 1.0 and by["lychee@10%"]["x_dense"] == pytest.approx(1.35)
+    no_dense = {e["method"]: e for e in summarise(lychee)}["lychee@10%"]
+    assert no_dense["retained"] is None and no_dense["x_dense"] is None and no_dense["dense_correct"] is None
 
 
 def test_a_claim_reads_an_interval_column_and_the_datas_own_verdicts():
@@ -552,7 +591,7 @@ def test_a_claim_reads_an_interval_column_and_the_datas_own_verdicts():
 
     def cell(policy, agree, low, high, length=2048, share=0.5, task="all"):
         return {"task": task, "length": length, "policy": policy, "share": share, "agree": agree,
-                "agree_ci": [low, high]}  # fmt: skip
+                "agree_ci": [low, high], "context_read": share or 1.0}  # fmt: skip
 
     cells = [cell("dense", 1.0, 0.9, 1.0, share=None), cell("lychee", 0.9, 0.85, 0.95), cell("h2o", 0.3, 0.2, 0.4),
              cell("quest", 0.6, 0.5, 0.7), cell("lychee", 0.5, 0.4, 0.6, share=0.1), cell("h2o", 0.45, 0.35, 0.55,
@@ -564,6 +603,61 @@ def test_a_claim_reads_an_interval_column_and_the_datas_own_verdicts():
           (("0.5x", "better"), ("0.25x", "no"), ("0.1x", "worse"))]  # fmt: skip
     got = [(at, kind) for _, kind, _, at in findings(FLOOR[0], {"tables": {"vs_best": {"rows": vs}}})]
     assert got == [("0.5x", "wins"), ("0.25x", None), ("0.1x", "loses")]
+
+
+def test_a_row_that_read_the_whole_context_is_dense_and_never_wins():
+    """Long context: a row that read >= 99% of dense's context is dense against dense, whatever its share label
+    says (a share row that happened to read everything too): it is never judged, so never a win, and the
+    others at its share are judged without it; a win carries its accuracy retained and speed."""
+    from benchmarks.results.sections import LONGCTX
+    from benchmarks.results.summary import findings, summary
+
+    def cell(policy, agree, low, high, read, share=0.5):
+        return {"task": "all", "length": 8160, "policy": policy, "share": share, "agree": agree,
+                "agree_ci": [low, high], "context_read": read, "retained": 0.9, "x_dense": 1.25}  # fmt: skip
+
+    cells = [cell("dense", 1.0, 0.98, 1.0, 1.0, share=None), cell("lychee", 1.0, 0.98, 1.0, 1.0),
+             cell("quest", 0.9, 0.85, 0.95, 0.995), cell("h2o", 0.3, 0.2, 0.4, 0.5)]  # fmt: skip
+    # judged by its label alone, lychee (read 100%) would win at 50% above quest and h2o
+    assert findings(LONGCTX, {"summary": cells}) == []  # h2o alone is left: nothing to compare it with
+    cells.append(cell("kvp", 0.6, 0.5, 0.7, 0.5))
+    found = findings(LONGCTX, {"summary": cells})
+    assert {m for m, *_ in found} == {"h2o", "kvp"} and ("kvp", "wins", "8,160 tokens", "50%") in found
+    data = {"longctx": {"title": "Long context: a test", "summary": cells}}
+    text = summary(data, {"longctx": (LONGCTX,)})
+    assert "lychee" not in text and "quest" not in text
+    assert _summary_rows(text)["kvp"][0] == (
+        "Keeps most of dense's answers at 50% (accuracy retained 0.90, 1.25x dense's tok/s) on 8,160 tokens "
+        "(Long context)."
+    )
+
+
+def test_a_speed_finding_states_the_fidelity_of_its_own_row():
+    """Sparse decode: each setting where a method is faster or slower than dense carries the read share and
+    the fidelity measured in the same row, from the data (no range hides them); a row without fidelity says
+    so rather than borrow another row's."""
+    from benchmarks.results.sections import SPARSE
+    from benchmarks.results.summary import summary
+
+    def row(model, context, method, tok_s, read=100.0, top1=None, math=None):
+        return {"model": model, "context": context, "method": method, "decode_tok_s": tok_s, "read": read,
+                "top_1_gsm8k": top1, "kl_gsm8k": None, "top_1_math": math, "kl_math": None}  # fmt: skip
+
+    rows = [row("smollm2", 2048, "dense", 10.0), row("smollm2", 2048, "lychee", 9.0, 50.0, 0.97, 0.99),
+            row("smollm2", 4096, "dense", 10.0), row("smollm2", 4096, "lychee", 12.0, 25.0, 0.9, 0.8),
+            row("smollm2", 8192, "dense", 10.0), row("smollm2", 8192, "lychee", 13.0, 12.5, 0.75, 1.0),
+            row("random", 16384, "dense", 5.0), row("random", 16384, "lychee", 9.0, 6.25)]  # fmt: skip
+    data = {"sparse": {"title": "Sparse decode attention (a test)", "tables": {"main": {"rows": rows}}}}
+    wins, loses = _summary_rows(summary(data, {"sparse": (SPARSE,)}))["lychee"]
+    assert wins == (
+        "Decodes faster than dense at 4,096 (reads 25%; top-1 agreement with dense: GSM8K 0.90, MATH-500 0.80), "
+        "8,192 (reads 12.5%; top-1 agreement with dense: GSM8K 0.75, MATH-500 1.00) on smollm2 model and at "
+        "16,384 (reads 6.25%; no fidelity measured) on random model (Sparse decode attention)."
+    )
+    assert loses == (
+        "Decodes slower than dense at 2,048 (reads 50%; top-1 agreement with dense: GSM8K 0.97, MATH-500 0.99) "
+        "on smollm2 model (Sparse decode attention)."
+    )
 
 
 def test_sign_test_is_mcnemars_exact_two_sided_p():

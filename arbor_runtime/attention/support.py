@@ -118,7 +118,7 @@ def model_attention(model: torch.nn.Module) -> ModelAttention:
 
 
 def check_policy(policy: object, attention: ModelAttention) -> None:
-    """Refuse a sparse decode policy (lychee, quest) for a model whose attention is not plain: its
+    """Refuse a sparse decode policy (lychee, quest, oracle_topk) for a model whose attention is not plain: its
     chunk retrieval and reads implement plain softmax attention only."""
     from arbor_runtime.policies.sparse import SparsePolicy
 

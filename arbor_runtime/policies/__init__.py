@@ -1,7 +1,8 @@
 """Memory policies, one file each, built by name or from Hydra (``_target_``).
 
 ``lychee`` and ``quest`` are sparse attention policies: they wrap a memory policy (``memory=``)
-and decide what decode steps read of what it keeps resident (see ``sparse.py``).
+and decide what decode steps read of what it keeps resident (see ``sparse.py``); ``oracle_topk``
+reads the exact top-k keys at the same read budget, a bound to measure them against.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from arbor_runtime.policies.full import FullPolicy
 from arbor_runtime.policies.h2o import H2OPolicy
 from arbor_runtime.policies.kvp import KVPPolicy
 from arbor_runtime.policies.lychee import LycheePolicy
+from arbor_runtime.policies.oracle_topk import OracleTopKPolicy
 from arbor_runtime.policies.quest import QuestPolicy
 from arbor_runtime.policies.random import RandomPolicy
 from arbor_runtime.policies.registry import MEMORY_POLICIES
@@ -22,7 +24,13 @@ from arbor_runtime.policies.sparse import SparsePolicy
 from arbor_runtime.policies.streaming import StreamingPolicy
 from arbor_runtime.policies.thinkv import ThinKVPolicy
 
-POLICIES: dict[str, type[Policy]] = {**MEMORY_POLICIES, "lychee": LycheePolicy, "quest": QuestPolicy}
+#: the sparse decode policies by name (each wraps a memory policy)
+SPARSE_POLICIES: dict[str, type[SparsePolicy]] = {
+    "lychee": LycheePolicy,
+    "quest": QuestPolicy,
+    "oracle_topk": OracleTopKPolicy,
+}
+POLICIES: dict[str, type[Policy]] = {**MEMORY_POLICIES, **SPARSE_POLICIES}
 
 
 def build_policy(policy: str | Policy, **kwargs: Any) -> Policy:
@@ -39,6 +47,7 @@ def build_policy(policy: str | Policy, **kwargs: Any) -> Policy:
 __all__ = [
     "MEMORY_POLICIES",
     "POLICIES",
+    "SPARSE_POLICIES",
     "ArborPolicy",
     "Capabilities",
     "FullPolicy",
@@ -46,6 +55,7 @@ __all__ = [
     "KVPPolicy",
     "LycheePolicy",
     "MemoryView",
+    "OracleTopKPolicy",
     "Policy",
     "QuestPolicy",
     "RandomPolicy",

@@ -58,6 +58,8 @@ class SparseAttention(BlockIndexes):
 
     #: the step :meth:`prepare` laid out last (None before the first)
     last_step: SparseStep | None = None
+    #: the step class :meth:`prepare` lays out (the oracle's scores every key: oracle.py)
+    step_type: type[SparseStep] = SparseStep
 
     # ---- per step ------------------------------------------------------------------------------
     def prepare(self, batch: BatchView, positions: torch.Tensor) -> SparseStep | None:
@@ -78,7 +80,7 @@ class SparseAttention(BlockIndexes):
             return None
         start, built = self.clock(), self.stats.build_seconds
         self._forget_released()
-        step = SparseStep(self, batch)
+        step = self.step_type(self, batch)
         for grp in batch.groups:
             entry = self._entry(grp.block_id)
             step.add_group(grp, entry, self.store.get(grp.block_id).start_pos)

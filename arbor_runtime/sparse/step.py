@@ -150,7 +150,7 @@ class SparseStep:
         self.slots, self.target = self.slots.to(device), self.target.to(device)
         self.length, self.forced = self.length.to(device), self.forced.to(device)
         self.forced_ids = self.forced_ids.to(device)
-        if self.owner.fast and not self.owner.on_demand:  # the flat selection (the demand needs candidate lists)
+        if not self.owner.on_demand:  # the flat selection's table (the demand needs candidate lists)
             readable = (visible & usable).to(device)
             base = torch.zeros(r, self.n_chunks, device=device).masked_fill_(~readable, float("-inf"))
             self.base = base.masked_fill_(self.forced, float("inf")).unsqueeze(1)
@@ -178,7 +178,7 @@ class SparseStep:
         valid = (slots >= 0) & take.unsqueeze(-1)
         r, h, k, w = slots.shape
         slots, valid = slots.view(r, h, k * w), valid.view(r, h, k * w)
-        keys, values = _gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)
+        keys, values = gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)
         q = qg.float()
         scores = torch.matmul(q, keys.float().transpose(-1, -2)) * scale  # (R, H, g, S)
         scores = scores.masked_fill(~valid.unsqueeze(2), float("-inf"))
@@ -217,7 +217,7 @@ class SparseStep:
         read = int(valid.sum())
         slots = torch.cat([slots.view(r, h, k * w), own_slots.view(r, 1, n).expand(r, h, n)], -1)
         valid = torch.cat([valid.view(r, h, k * w), own_valid.view(r, 1, n).expand(r, h, n)], -1)
-        keys, values = _gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)
+        keys, values = gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)
         q = qg.float()
         mask = valid.unsqueeze(2)  # (R, H, 1, S): every row reads at least its current token
         out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale)
@@ -229,7 +229,7 @@ class SparseStep:
 
     def _select(self, layer: int, qg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row and KV head, the chunks to read: (R, H, K) step chunk ids and which are taken."""
-        if self.base is not None:
+        if self.owner.fast and self.base is not None:
             flat = self._select_flat(layer, qg)
             if flat is not None:
                 return flat
@@ -267,7 +267,20 @@ class SparseStep:
         table over the step's chunks, forced ones +inf and unreadable ones -inf (``base``), one sort,
         the budget cut. The same choice as the candidate lists (they are each index's top chunks by
         the same scores) in a fraction of the operations; None when an index does not scan flat."""
-        q = qg.float()
+        scores = self._flat_scores(layer, qg.float())
+        if scores is None:
+            return None
+        scores = scores.add_(self.base).nan_to_num_(float("-inf"), float("inf"), float("-inf"))  # inf - inf: unread
+        scores, ids = scores.sort(dim=-1, descending=True)
+        size = self.length[ids]
+        before = size.cumsum(-1) - size
+        take = torch.isfinite(scores) & (before < self.owner.select.token_budget) | (scores == float("inf"))
+        k = max(int(take.sum(-1).max()), 1)
+        return ids[..., :k], take[..., :k]
+
+    def _flat_scores(self, layer: int, q: torch.Tensor) -> torch.Tensor | None:
+        """(R, H, C) float32 every step chunk's score for queries q (R, H, g, D): each index's
+        ``scores`` at its chunks, 0 elsewhere; None when an index does not scan flat."""
         r, h = q.shape[0], q.shape[1]
         scores = torch.zeros(r, h, self.n_chunks, device=q.device)
         for plan in self.plans:
@@ -280,13 +293,7 @@ class SparseStep:
                 scores[:, :, plan.offset : end] = got
             else:
                 scores[plan.rows, :, plan.offset : end] = got
-        scores = scores.add_(self.base).nan_to_num_(float("-inf"), float("inf"), float("-inf"))  # inf - inf: unread
-        scores, ids = scores.sort(dim=-1, descending=True)
-        size = self.length[ids]
-        before = size.cumsum(-1) - size
-        take = torch.isfinite(scores) & (before < self.owner.select.token_budget) | (scores == float("inf"))
-        k = max(int(take.sum(-1).max()), 1)
-        return ids[..., :k], take[..., :k]
+        return scores
 
     def _count_demand(self, retrieved, scores: torch.Tensor, take: torch.Tensor, size: torch.Tensor) -> None:
         """This layer's rehydration demand into ``self.demand`` (:func:`~arbor_runtime.sparse.demand.count_demand`)."""
@@ -332,7 +339,7 @@ def _layout(grp: Group, index: BlockIndex | None, width: int):
     return slots, target, lo, hi
 
 
-def _gather_heads(pool, layer: int, slots: torch.Tensor, groups) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_heads(pool, layer: int, slots: torch.Tensor, groups) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V at per-head slots (R, H, S) of one layer: (R, H, S, D) each (a copy).
 
     Restores in flight into the context's segments are waited for first (on CUDA, per layer).

@@ -34,26 +34,36 @@ def _ordered(values) -> list:
 
 def overview(data: dict[str, Any]) -> str:
     """Per length and method, over every task (task "all"; the task itself when there is one): n,
-    accuracy and agreement with dense with their 95% Wilson intervals, prefix agreement,
-    first-token agreement, mean KL of the first answer token, median decode tokens/s, and the share
-    of the context the decode read (summaries from before it was recorded leave it empty)."""
+    accuracy, accuracy retained (correct on the items dense answers correctly) and agreement with
+    dense with their 95% Wilson intervals, prefix agreement, first-token agreement, mean KL of the
+    first answer token, median decode tokens/s and its median ratio to dense's on the same items, and
+    the share of the context the decode read (summaries from before a figure was recorded leave it
+    empty)."""
     summary = data["summary"]
     tasks = _ordered(s["task"] for s in summary)
     task = "all" if "all" in tasks else tasks[0]
     lines = [
-        "| length | method | n | accuracy [95% CI] | agree with dense [95% CI] | prefix agree | 1st-token agree "
-        "| KL 1st | tok/s | read |",
-        "|---:|---|---:|---|---|---:|---:|---:|---:|---:|",
+        "| length | method | n | accuracy [95% CI] | accuracy retained [95% CI] | agree with dense [95% CI] "
+        "| prefix agree | 1st-token agree | KL 1st | tok/s | x dense tok/s | read |",
+        "|---:|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for s in summary:
         if s["task"] != task:
             continue
         lines.append(
-            f"| {s['length']:,} | {s['method']} | {s['items']} | {_ci(s, 'accuracy')} | {_ci(s, 'agree')} | "
-            f"{_num(s.get('prefix_agree'), '{:.2f}')} | {s['first_agree']:.2f} | {s['kl_first']:.3f} | "
-            f"{_num(s['decode_tok_s'], '{:.1f}')} | {_num(s.get('read_fraction'), '{:.2f}')} |"
+            f"| {s['length']:,} | {s['method']} | {s['items']} | {_ci(s, 'accuracy')} | {_retained(s)} | "
+            f"{_ci(s, 'agree')} | {_num(s.get('prefix_agree'), '{:.2f}')} | {s['first_agree']:.2f} | "
+            f"{s['kl_first']:.3f} | {_num(s['decode_tok_s'], '{:.1f}')} | {_num(s.get('x_dense'), '{:.2f}')} | "
+            f"{_num(s.get('read_fraction'), '{:.2f}')} |"
         )
     return "\n".join(lines)
+
+
+def _retained(entry: dict[str, Any]) -> str:
+    """Accuracy retained with its interval and how many items dense answered correctly, or empty."""
+    if entry.get("retained") is None:
+        return ""
+    return f"{_ci(entry, 'retained')} (of {entry['dense_correct']})"
 
 
 def per_task(data: dict[str, Any], metric: str = "accuracy", methods: Sequence[str] | None = None) -> str:
@@ -81,7 +91,10 @@ def per_task(data: dict[str, Any], metric: str = "accuracy", methods: Sequence[s
 
 #: the answer agreement with dense a read rule has to keep (issue 24: sparse defaults that keep the answer)
 KEEPS = 0.95
-SPARSE = ("lychee", "quest")
+SPARSE = ("lychee", "quest", "oracle_topk")
+#: a row that read at least this share of the context is dense: its agreement with dense is dense
+#: against itself, never a fidelity result (issue 49), whatever its share label says
+DENSE_READ = 0.99
 
 
 def _overall(summary: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
@@ -91,10 +104,30 @@ def _overall(summary: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, A
     return {(s["length"], s["method"]): s for s in summary if s["task"] == task}
 
 
+def read_everything(entry: dict[str, Any]) -> bool:
+    """Whether a row read (nearly) the whole context: :data:`DENSE_READ` of it or more."""
+    read = entry.get("read_fraction")
+    return read is not None and read >= DENSE_READ
+
+
+def _both(entry: dict[str, Any]) -> str:
+    """One setting's fidelity and speed together: accuracy retained, agreement with dense, speed vs dense."""
+    parts = []
+    if entry.get("retained") is not None:
+        parts.append(f"accuracy retained {_ci(entry, 'retained')} of dense's {entry['dense_correct']} correct")
+    parts.append(f"agreement with dense {_ci(entry, 'agree')}")
+    if entry.get("x_dense") is not None:
+        parts.append(f"{entry['x_dense']:.2f}x dense's tok/s")
+    return ", ".join(parts)
+
+
 def defaults(data: dict[str, Any]) -> str:
-    """Per length and sparse policy: its default read rule's answer agreement with dense (n, 95%
-    interval), the share it read and its decode tokens/s next to dense's; then the smallest measured
-    read share that kept :data:`KEEPS` of dense's answers (or that none did). Empty without default rows."""
+    """Per length and sparse policy: what its default read rule read and, when that was the whole
+    context (:func:`read_everything`), that it was dense there: its agreement with dense is no fidelity
+    result and is not quoted; otherwise its accuracy retained, agreement with dense (95% intervals)
+    and speed next to dense's. Then each measured read share with both numbers of that one setting,
+    and which shares kept :data:`KEEPS` of dense's answers and of its correct answers (or that none
+    did). Empty without default rows."""
     cells = _overall(data["summary"])
     lines = []
     for length in sorted({n for n, _ in cells}):
@@ -106,18 +139,41 @@ def defaults(data: dict[str, Any]) -> str:
             shares = sorted(
                 (s["share"], s) for (n, m), s in cells.items() if n == length and s["policy"] == policy and s["share"]
             )
-            kept = [f"{share:.0%}" for share, s in shares if s["agree"] >= KEEPS]
-            measured = ", ".join(f"{x:.0%}" for x, _ in shares)
-            verdict = f"reads that kept >= {KEEPS:.0%}: {', '.join(kept)}" if kept else (
-                f"no measured read share ({measured}) kept >= {KEEPS:.0%}"
-            )  # fmt: skip
             speed, dense_speed = _num(d["decode_tok_s"], "{:.1f}") or "?", _num(dense["decode_tok_s"], "{:.1f}") or "?"
-            lines.append(
-                f"- {length:,} tokens, **{policy}** at its defaults: agreement with dense {_ci(d, 'agree')} "
-                f"(n = {d['items']}), read {_num(d.get('read_fraction'), '{:.0%}') or '?'} of the context, "
-                f"{speed} tok/s (dense {dense_speed}); {verdict}."
-            )
+            read = _num(d.get("read_fraction"), "{:.0%}") or "?"
+            if read_everything(d):
+                head = (
+                    f"- {length:,} tokens, **{policy}**: its default read rule read {read} of the context, so here "
+                    f"it is dense (its answers are dense's: no fidelity result); {speed} tok/s (dense {dense_speed})."
+                )
+            else:
+                head = (
+                    f"- {length:,} tokens, **{policy}** at its defaults read {read} of the context: {_both(d)} "
+                    f"(n = {d['items']}); {speed} tok/s (dense {dense_speed})."
+                )
+            measured = "; ".join(f"{x:.0%}: {_both(s)}" for x, s in shares)
+            tail = f" Measured read shares: {measured}." if shares else ""
+            lines.append(head + tail + " " + _kept(shares))
     return "\n".join(lines)
+
+
+def _kept(shares: list[tuple[float, dict[str, Any]]]) -> str:
+    """Which measured read shares kept :data:`KEEPS` of dense's answers, and of its correct answers."""
+    if not shares:
+        return "No read share measured."
+    agree = [f"{x:.0%}" for x, s in shares if s["agree"] >= KEEPS]
+    text = f"Agreement >= {KEEPS:.0%}: {', '.join(agree) or 'none'}"
+    if all(s.get("retained") is not None for _, s in shares):
+        retained = [f"{x:.0%}" for x, s in shares if s["retained"] >= KEEPS]
+        text += f"; accuracy retained >= {KEEPS:.0%}: {', '.join(retained) or 'none'}"
+    return text + "."
+
+
+INTRO = (
+    "The sparse policies' defaults (each policy's own read rule) and measured read shares against dense, over "
+    "all tasks; accuracy retained is the share of the items dense answers correctly that the policy answers "
+    "correctly too, agreement counts every item (those dense gets wrong too):"
+)
 
 
 def _one(value: Any) -> str:
@@ -149,8 +205,7 @@ def render(data: dict[str, Any]) -> str:
     parts = [head]
     chosen = defaults(data)
     if chosen:
-        parts += ["", "The sparse policies' defaults (each policy's own read rule) against dense, over all tasks:"]
-        parts += ["", chosen]
+        parts += ["", INTRO, "", chosen]
     parts += ["", "Over all tasks:", "", overview(data)]
     for metric in ("accuracy", "agree"):
         parts += ["", f"Per task, {METRICS[metric]}:", "", per_task(data, metric)]

@@ -1,5 +1,6 @@
-"""The long-context bench: dense vs sparse reads (lychee, quest) and compressed contexts (kvp, h2o,
-snapkv, streaming) on the RULER-style suite of :mod:`benchmarks.longctx.generator`.
+"""The long-context bench: dense vs sparse reads (lychee, quest, and oracle_topk, their exact top-k
+bound) and compressed contexts (kvp, h2o, snapkv, streaming) on the RULER-style suite of
+:mod:`benchmarks.longctx.generator`.
 
 Protocol, per item (its context ids C, question ids Q ending in "Answer:"):
 
@@ -33,7 +34,11 @@ with dense's answer (the same :func:`answer_key`: the answer normalised, without
 around it), and at the first answer token that is
 not whitespace (SmolLM2 writes " 39" as " ", "3", "9"; dense's leading whitespace tokens are forced
 first, so both distributions have the same prefix): top-1 agreement and KL(dense || method);
-tokens/s of the greedy answer decode (wall).
+tokens/s of the greedy answer decode (wall). For lychee and quest, at the question's last token (the
+decode step before the answer, untimed), the index's recall of the oracle (``recall_oracle``, and per
+layer ``recall_layers``): of the keys oracle_topk would retrieve there at the same budget beyond the
+sinks, window and blocks read whole, the share the index's selection read too
+(:class:`~arbor_runtime.sparse.oracle.RecallStep`).
 """
 
 from __future__ import annotations
@@ -54,13 +59,16 @@ import torch
 
 from arbor_runtime import LoadedModel, Node, Runtime, SamplingParams, build_policy
 from arbor_runtime.planner import MemoryConfig
-from arbor_runtime.policies import LycheePolicy, Policy, QuestPolicy
+from arbor_runtime.policies import LycheePolicy, OracleTopKPolicy, Policy, QuestPolicy
 from arbor_runtime.runtime import bind_policy
+from arbor_runtime.sparse import SparseStep
+from arbor_runtime.sparse.oracle import RecallStep
 from arbor_runtime.sparse.reads import read_budget
 from benchmarks.longctx.generator import Item, encode, normalise
 from benchmarks.sparse import attach
 
-SPARSE = {"lychee": LycheePolicy, "quest": QuestPolicy}
+#: oracle_topk: the exact top-k at the same read rule, a bound (it scores every key: slower than dense)
+SPARSE = {"lychee": LycheePolicy, "quest": QuestPolicy, "oracle_topk": OracleTopKPolicy}
 #: what an answer is and how the decode stops: 1, the first line (16 tokens); 2, the first sentence of
 #: the first line (:func:`answer_text`), compared by :func:`answer_key`. Rows of one rows file share it.
 PROTOCOL = 2
@@ -195,15 +203,20 @@ def answer_done(text: str) -> bool:
     return bool(rest) or SENTENCE_END.search(line) is not None
 
 
-def answer(rt: Runtime, root: Node, question: Sequence[int], max_new: int, first_line: bool = True) -> Answer:
+def answer(
+    rt: Runtime, root: Node, question: Sequence[int], max_new: int, first_line: bool = True, asked=None
+) -> Answer:
     """Append the question (its last token as a decode step) below ``root`` and decode greedily.
 
     ``first_line``: the decode stops once the answer (:func:`answer_text`: the first sentence of the
     first non-empty line) is complete (:func:`answer_done`) rather than always running ``max_new``
     tokens: the answer is the same, the decode shorter. It decodes in pieces that stop at a newline
     or a sentence mark; a piece that ends before the answer is complete ("1. glass" is no sentence
-    end) is continued from its node, greedily, up to ``max_new`` tokens in all."""
+    end) is continued from its node, greedily, up to ``max_new`` tokens in all. ``asked()``, if given,
+    is called once the question's last token is in (before the timed decode)."""
     last = force(rt, rt.append_ids(root, list(question[:-1])), question[-1:])
+    if asked is not None:
+        asked()
     start = time.perf_counter()
     ids: list[int] = []
     node = last
@@ -291,13 +304,21 @@ def run_item(
             continue
         prefill_s = dense_prefill
         read = 1.0  # the share of the resident context the answer's decode steps read (sparse: measured)
+        recall: list[tuple[int, float]] = []  # (layer, the index's recall of the oracle) at the question's step
+        asked = None
         if method.policy == "dense":
             ans, logp, kept = dense, ref, len(ctx)
         else:
             budget = method.budget(len(ctx))
             if method.policy in SPARSE:
                 rt, root = fork(base, base_root, full())
-                attach(rt, method.build(len(ctx)))
+                sparse = attach(rt, method.build(len(ctx)))
+                if method.policy != "oracle_topk":  # the question's step also measures the oracle's recall
+                    sparse.step_type, sparse.recall = RecallStep, recall
+
+                    def asked(sparse=sparse) -> None:
+                        sparse.step_type = SparseStep
+
                 kept = len(ctx)
             else:
                 policy = build_policy(method.policy)
@@ -316,7 +337,7 @@ def run_item(
                     prt, proot, prefill_s = prefilled[method.policy]
                     rt, root = fork(prt, proot)
                 kept = rt.compress(min(budget, len(ctx)))
-            ans = answer(rt, root, question, max_new)
+            ans = answer(rt, root, question, max_new, asked=asked)
             logp = first_logprobs(rt, ans, prefix)
             if rt.backend.sparse is not None:
                 read = rt.backend.sparse.stats.read_fraction
@@ -333,9 +354,19 @@ def run_item(
             "agree": answer_key(text) == answer_key(dense_text),
             "first_agree": bool(ref.argmax() == logp.argmax()), "kl_first": kl,
             "answer_tokens": len(ans.ids), "decode_tok_s": len(ans.ids) / ans.seconds if ans.seconds else None,
-            "prefill_s": prefill_s,
+            "prefill_s": prefill_s, **recall_fields(recall),
         })  # fmt: skip
     return rows
+
+
+def recall_fields(recall: Sequence[tuple[int, float]]) -> dict[str, Any]:
+    """``recall_oracle`` (the mean over layers) and ``recall_layers`` (per layer, in order) of one step's
+    (layer, recall) pairs; None for both when none was measured (dense, compressing, oracle_topk, a step
+    attended dense because its budget covered the context)."""
+    if not recall:
+        return {"recall_oracle": None, "recall_layers": None}
+    layers = [value for _, value in sorted(recall)]
+    return {"recall_oracle": statistics.mean(layers), "recall_layers": layers}
 
 
 # ---- the whole run ----------------------------------------------------------------------------------
@@ -427,6 +458,28 @@ def prefix_agree(answer: str, dense: str) -> bool:
     return a[:n] == b[:n] and (n > 0 or len(a) == len(b))
 
 
+def against_dense(rows: Sequence[dict[str, Any]], dense: dict[tuple, dict[str, Any]]) -> dict[str, Any]:
+    """One group's figures against the dense row of each item (:func:`summarise`): accuracy retained
+    on the items dense answers correctly (with its Wilson interval and n), the share of dense's
+    context attended, and the median per-item ratio of decode tokens/s to dense's."""
+    pairs = [(r, dense[item_key(r)]) for r in rows if item_key(r) in dense]
+    right = [r for r, d in pairs if d.get("correct")]
+    hits = sum(bool(r.get("correct")) for r in right)
+    reads = [
+        r["kept_tokens"] / d["kept_tokens"] * (r["read_fraction"] if r.get("read_fraction") is not None else 1.0)
+        for r, d in pairs if r.get("kept_tokens") is not None and d.get("kept_tokens")
+    ]  # fmt: skip
+    speeds = [(r.get("decode_tok_s"), d.get("decode_tok_s")) for r, d in pairs]
+    ratios = [mine / theirs for mine, theirs in speeds if mine and theirs]
+    return {
+        "dense_correct": len(right) if pairs else None,
+        "retained": hits / len(right) if right else None,
+        "retained_ci": list(wilson(hits, len(right))) if right else None,
+        "context_read": statistics.mean(reads) if reads else None,
+        "x_dense": statistics.median(ratios) if ratios else None,
+    }
+
+
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (task, length, method): items, accuracy, mean score, agreement with dense (the same
     first line), prefix agreement with dense (:func:`prefix_agree`, from the dense row of the same
@@ -434,12 +487,18 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     [lo, hi]), mean KL of the first answer token, median decode tokens/s, mean prefill seconds, the
     mean share of the context the decode read (``read_fraction``); with several tasks, also per
     (length, method) over all of them (task "all"). Sorted by task (as first seen, "all" last),
-    length, then method as first seen."""
-    dense = {(r["task"], r["length"], r["index"], r["seed"]): r["answer"] for r in rows if r["method"] == "dense"}
-    rows = [
-        r | {"prefix_agree": prefix_agree(r["answer"], dense.get((r["task"], r["length"], r["index"], r["seed"]), ""))}
-        for r in rows
-    ]
+    length, then method as first seen.
+
+    Against the dense row of the same item (measured in the same run, so its speed compares):
+    ``retained`` is accuracy retained, the share of the items dense answers correctly that the method
+    answers correctly too (``retained_ci`` its Wilson interval, ``dense_correct`` how many such items);
+    ``context_read`` the mean share of dense's context the decode attended (kept tokens over dense's,
+    times ``read_fraction``: 1.0 for dense and for a sparse read that read everything, about the kept
+    share for an eviction policy); ``x_dense`` the median over items of the method's decode tokens/s
+    over dense's. Each is None where no item has a dense row (or the rows lack the field)."""
+    dense = {item_key(r): r for r in rows if r["method"] == "dense"}
+    answers = {key: r["answer"] for key, r in dense.items()}
+    rows = [r | {"prefix_agree": prefix_agree(r["answer"], answers.get(item_key(r), ""))} for r in rows]
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["task"], r["length"], r["method"])].append(r)
@@ -453,6 +512,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         rs = groups[(task, length, method)]
         speeds = [r["decode_tok_s"] for r in rs if r["decode_tok_s"] is not None]
         reads = [r["read_fraction"] for r in rs if r.get("read_fraction") is not None]  # older rows have none
+        recalls = [r["recall_oracle"] for r in rs if r.get("recall_oracle") is not None]
         entry = {
             "task": task, "length": length, "method": method, "policy": rs[0]["policy"], "share": rs[0]["share"],
             "items": len(rs), "tokens": statistics.mean(r["tokens"] for r in rs),
@@ -461,10 +521,11 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "decode_tok_s": statistics.median(speeds) if speeds else None,
             "prefill_s": statistics.mean(r["prefill_s"] for r in rs),
             "read_fraction": statistics.mean(reads) if reads else None,
+            "recall_oracle": statistics.mean(recalls) if recalls else None,
         }  # fmt: skip
         pairs = (("accuracy", "correct"), ("agree", "agree"), ("prefix_agree", "prefix_agree"), ("first_agree",) * 2)
         for name, field in pairs:
             hits = sum(bool(r[field]) for r in rs)
             entry[name], entry[f"{name}_ci"] = hits / len(rs), list(wilson(hits, len(rs)))
-        out.append(entry)
+        out.append(entry | against_dense(rs, dense))
     return out

@@ -6,8 +6,9 @@ from a fork of it (issue 24's search for defaults that keep the answer).
 SPEC is JSON: ``{"items": [[task, length, [index, ...]], ...], "variants": [name, ...]}``; task
 ``records_issue`` is the issue's records question as rebuilt for docs/data/longctx/ (240 records,
 question on record 39, seed "issue24"), other tasks are the generator's. A variant is
-``lychee:b=1024,s=0.5`` or ``quest:b=1024,d=2`` (b = token_budget, s = token_share, d = dense_layers,
-w = window_tokens, k = sink_tokens, a = bound_scale, p = page_tokens / lychee's max_chunk_tokens).
+``lychee:b=1024,s=0.5``, ``quest:b=1024,d=2`` or ``oracle_topk:b=1024,s=0.5`` (the exact top-k bound;
+b = token_budget, s = token_share, d = dense_layers, w = window_tokens, k = sink_tokens, a = bound_scale,
+p = page_tokens / lychee's max_chunk_tokens).
 One JSON line per item x variant is appended to OUT: the answer, agreement with dense (answer and
 first token), the first answer token's KL to dense, tokens/s and the share of the context read.
 """
@@ -22,7 +23,7 @@ import sys
 import torch
 
 from arbor_runtime import Runtime, load_model
-from arbor_runtime.policies import LycheePolicy, QuestPolicy
+from arbor_runtime.policies import SPARSE_POLICIES
 from benchmarks.longctx.generator import TASKS, Item, encode, make_item, normalise
 from benchmarks.longctx.run import answer, answer_text, first_logprobs, fork, leading_space
 from benchmarks.sparse import attach
@@ -51,8 +52,8 @@ def issue_item(tokenizer) -> Item:
 def variant_policy(name: str):
     """``lychee:b=1024,s=0.5`` -> LycheePolicy(token_budget=1024, token_share=0.5)."""
     kind, _, args = name.partition(":")
-    if kind not in ("lychee", "quest"):
-        raise ValueError(f"variant {name!r}: the method must be lychee or quest")
+    if kind not in SPARSE_POLICIES:
+        raise ValueError(f"variant {name!r}: the method must be one of {', '.join(SPARSE_POLICIES)}")
     settings = {}
     for part in filter(None, args.split(",")):
         key, value = part.split("=")
@@ -62,7 +63,7 @@ def variant_policy(name: str):
     if kind == "lychee" and "page_tokens" in settings:
         size = settings.pop("page_tokens")
         settings |= {"max_chunk_tokens": size, "min_chunk_tokens": max(1, size // 2)}
-    return (LycheePolicy if kind == "lychee" else QuestPolicy)(**settings)
+    return SPARSE_POLICIES[kind](**settings)
 
 
 def run_item(loaded, item: Item, variants: list[str], out) -> None:

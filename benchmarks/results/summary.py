@@ -31,7 +31,14 @@ class Claim:
     (problems only this row solved, only the reference solved: exact sign test), ``interval`` (a
     ``[low, high]`` column), ``samples`` (per-unit values: Student t), ``spread`` (a fact: how far one
     run moves, as a ratio); with none of them any difference counts. ``oom`` counts problems out of
-    memory: all ``n`` of them is a loss, never a win.
+    memory: all ``n`` of them is a loss, never a win. ``below`` keeps only rows whose column is a number
+    under the value (a read share under 0.99: a row that read the whole context is dense against dense, so
+    it is never judged, whatever its label says).
+
+    ``also`` says what else the row measured at the same setting, so a finding never stands alone (issue
+    49: a speed states the fidelity of its setting, and a fidelity its speed): format strings over the
+    row, the first whose columns all hold a value is appended to the setting the summary names (none
+    that do: nothing is appended).
     """
 
     wins: str  # what a win says, e.g. "keeps full's answer most often"
@@ -53,12 +60,23 @@ class Claim:
     oom: str | None = None
     only: Pairs = ()  # rows kept: those matching every pair
     skip: Pairs = ()  # rows left out: those matching any pair
+    below: tuple[tuple[str, float], ...] = ()  # rows kept: those whose column is a number below the value
+    also: tuple[str, ...] = ()  # the row's companion figures at the same setting, first that formats
 
     def columns(self) -> set[str]:
         """Every column the claim reads (a row without one of them is left out)."""
         fields = {f for text in (self.place, self.at) for _, f, _, _ in Formatter().parse(text) if f}
         named = (self.metric, self.method, self.n, self.interval, self.samples, self.oom, *(self.paired or ()))
-        return fields | {c for c in named if c} | {k for k, _ in self.reference + self.only + self.skip}
+        pairs = self.reference + self.only + self.skip + self.below
+        return fields | {c for c in named if c} | {k for k, _ in pairs}
+
+    def companion(self, row: dict) -> str | None:
+        """The first of ``also`` whose columns all hold a value in ``row``, formatted; else None."""
+        for fmt in self.also:
+            names = {re.split(r"[.\[]", f)[0] for _, f, _, _ in Formatter().parse(fmt) if f}
+            if all(row.get(name) is not None for name in names):
+                return fmt.format(**row)
+        return None
 
 
 Finding = tuple[str, str | None, str, str]  # (method, "wins" | "loses" | "oom" | None, place, setting)
@@ -88,6 +106,7 @@ def _rows(claim: Claim, section: dict) -> list[dict]:
     return [
         r for r in rows
         if need <= r.keys() and all(r[k] == v for k, v in claim.only) and not any(r[k] == v for k, v in claim.skip)
+        and all(isinstance(r[k], (int, float)) and r[k] < v for k, v in claim.below)
         and (claim.verdict or isinstance(r[claim.metric], (int, float)))
     ]  # fmt: skip
 
@@ -190,13 +209,33 @@ def judged(data: dict[str, dict], claims: dict[str, tuple[Claim, ...]]) -> list[
     section is named by its title up to the first colon, parenthesis or comma."""
     out = []
     for name, section in data.items():
-        title = re.split(r"[:(,]", section.get("title") or name)[0].strip()
+        title = _title(name, section)
         for claim in claims.get(name, ()):
             says = {"wins": claim.wins, "loses": claim.loses, "oom": "out of memory on every problem"}
             out += [
                 (method, kind, title, says.get(kind, ""), place, at)
                 for method, kind, place, at in findings(claim, section)
             ]
+    return out
+
+
+def _title(name: str, section: dict) -> str:
+    """A section as the summary names it: its title up to the first colon, parenthesis or comma."""
+    return re.split(r"[:(,]", section.get("title") or name)[0].strip()
+
+
+Notes = dict[tuple[str, str, str, str], str]  # (method, section, place, setting) -> what else it measured
+
+
+def companions(data: dict[str, dict], claims: dict[str, tuple[Claim, ...]]) -> Notes:
+    """Each judged row's companion figures (:meth:`Claim.companion`), by method, section, place and setting."""
+    out: Notes = {}
+    for name, section in data.items():
+        for claim in claims.get(name, ()):
+            for r in _rows(claim, section) if claim.also else ():
+                text = claim.companion(r)
+                if text:
+                    out[r[claim.method], _title(name, section), _label(claim.place, r), _label(claim.at, r)] = text
     return out
 
 
@@ -240,11 +279,20 @@ def _named(ats: list[str], measured: list[str]) -> list[str]:
     return [x for run in runs for x in ([f"{run[0]}-{run[-1]}"] if len(run) >= 3 else run)]
 
 
-def _where(title: str, at_by_place: dict[str, list[str]], measured: Settings) -> str:
-    """``at 0.1x-0.5x on game24 and at 0.5x on gsm8k``: places with the same settings share them."""
+def _where(title: str, at_by_place: dict[str, list[str]], measured: Settings, said: dict | None = None) -> str:
+    """``at 0.1x-0.5x on game24 and at 0.5x on gsm8k``: places with the same settings share them. A
+    setting with a companion (``said``: (section, place, setting) -> text) is named alone, its
+    companion after it in parentheses: ``at 8,192 (reads 12.5%; ...)``."""
+    said = said or {}
     by_settings: dict[tuple[str, ...], list[str]] = defaultdict(list)
     for place, ats in at_by_place.items():
-        by_settings[tuple(_named(ats, measured[title, place]))].append(place)
+        notes = {at: said[title, place, at] for at in ats if (title, place, at) in said}
+        if notes:  # every setting its own figures: no range
+            order = sorted(dict.fromkeys(ats), key=lambda a: (_number(a) is None, _number(a) or 0, a))
+            named = [f"{a} ({notes[a]})" if a in notes else a for a in order if a not in ("", "none")]
+        else:
+            named = _named(ats, measured[title, place])
+        by_settings[tuple(named)].append(place)
     parts = []
     for ats, places in by_settings.items():
         at = f"at {', '.join(ats)}" if ats else ""
@@ -253,13 +301,17 @@ def _where(title: str, at_by_place: dict[str, list[str]], measured: Settings) ->
     return " and ".join(p for p in parts if p)
 
 
-def cell(found: list[Verdict], measured: Settings) -> str:
-    """One sentence: each finding, where it holds and in which section, or ``-`` when there is none."""
+def cell(found: list[Verdict], measured: Settings, notes: Notes | None = None) -> str:
+    """One sentence: each finding, where it holds and in which section, or ``-`` when there is none; a
+    setting with a companion in ``notes`` (:func:`companions`) carries it."""
     where: dict[str, dict[str, dict[str, list[str]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    for _, _, title, what, place, at in found:
+    said: dict[tuple[str, str, str], str] = {}
+    for method, _, title, what, place, at in found:
         where[what][title][place].append(at)
+        if (method, title, place, at) in (notes or {}):
+            said[title, place, at] = notes[method, title, place, at]
     parts = [
-        what + " " + " and ".join(f"{_where(title, at, measured)} ({title})".lstrip() for title, at in by.items())
+        what + " " + " and ".join(f"{_where(title, at, measured, said)} ({title})".lstrip() for title, at in by.items())
         for what, by in where.items()
     ]
     text = "; ".join(parts)
@@ -273,10 +325,11 @@ def table(data: dict[str, dict], claims: dict[str, tuple[Claim, ...]]) -> str:
     for _, _, title, _, place, at in found:
         measured[title, place].append(at)
     settled = verdicts(found)
+    notes = companions(data, claims)
     lines = ["| method | where it wins | where it loses |", "|---|---|---|"]
     for method in dict.fromkeys(v[0] for v in settled):
         wins, loses = ([v for v in settled if v[0] == method and v[1] == kind] for kind in ("wins", "loses"))
-        cells = (method, cell(wins, measured), cell(loses, measured))
+        cells = (method, cell(wins, measured, notes), cell(loses, measured, notes))
         lines.append("| " + " | ".join(t.replace("|", "\\|") for t in cells) + " |")
     return "\n".join(lines)
 
