@@ -207,6 +207,13 @@ SECTIONS: tuple[Section, ...] = (
         title="Long context: RULER-style suite on SmolLM2 at 2K, 4K and 8K",
         claims=(LONGCTX,),
     ),
+    Section(  # issue 49's oracle bound next to the indexes, on a few items of the same suite (no summary claim)
+        "longctx-oracle",
+        render="benchmarks.longctx.report:render",
+        optional=True,
+        file="suite_summary.json",
+        title="Long context: lychee and quest against the exact top-k oracle at the same read (pilot)",
+    ),
     Section("sparse", claims=(SPARSE,)),
     Section("rehydrate"),
     Section("linear"),
