@@ -74,6 +74,25 @@ class MemoryManager:
         self.step += 1
         self._check_switch(targets)
 
+    def prefetch(self, work: Sequence[tuple[Node, int]], reserve: int = 0) -> int:
+        """Restores start as soon as the search's choice is known: the host spans of the paths to the
+        new expansion's nodes (``work``: (node, its thought's slots) per request) come back now, in
+        one batch issued on the restore lane, when the planner says they fit in free slots as they
+        are (:meth:`MemoryPlanner.prefetches`); its admission finds them resident. With CUDA the
+        copies run under whatever the engine computes before that admission; on the CPU they are the
+        same copies, made a little earlier. Returns the tokens brought back."""
+        nodes = [n for n in ordered_path_nodes([n for n, _ in work], frozenset(self.store.block_ids()))]
+        hosted = [n for n in nodes if n.id in self.store.host and not self.store.get(n.id).whole]
+        missing = sum(int(self.store.host.indices(n.id).numel()) for n in hosted)
+        if not self.planner.prefetches(work, missing, reserve):
+            return 0
+        start = time.perf_counter()
+        for node in hosted:
+            self._restore(node.id, torch.arange(self.store.get(node.id).length))
+        self.store.prefetch()
+        self.seconds["restore"] += time.perf_counter() - start
+        return missing
+
     def admit(self, plan: AdmitPlan, ends: Sequence[Node]) -> None:
         """Carry out an admission the planner made for the paths to ``ends`` (the admitted queue
         entries): the policy is asked for the room they need (evictions), and their paths' host spans

@@ -356,6 +356,18 @@ class MemoryPlanner:
         want = min(total, self.room(active, lone=False) - reserve)
         return 0 if self.has_free(want, reserve) else want + reserve
 
+    def prefetches(self, work: Sequence[Entry], missing: int, reserve: int) -> bool:
+        """Does a new expansion's path come back from the host as soon as it is chosen (at its
+        :meth:`MemoryManager.begin`, before the scheduler admits its rows)? Under a policy that
+        offloads and restores the active path whole, when the ``missing`` host tokens fit in free
+        slots now, keeping ``reserve`` free for the running rows, and every entry of ``work`` (path
+        end, its thought) fits the budget alone: below the floor the admission token-extracts the path
+        instead, and bringing all of it back first would be copied for nothing."""
+        caps = self.caps
+        if not (caps.offload and caps.restores_active_path) or missing <= 0 or not self.has_free(missing, reserve):
+            return False
+        return self.budget is None or all(demand_tokens([entry]) <= self.budget for entry in work)
+
     # ---- thresholds ----------------------------------------------------------------------
     def threshold_target(self) -> int:
         """Resident block tokens a plan answering an event aims at: ``threshold`` x the pool."""

@@ -83,3 +83,57 @@ def test_a_search_under_recording_lanes_never_restores_inside_a_forward_and_matc
     sync, rec = runs["sync"], runs["recording"]
     assert rec.metrics.rehydrated_tokens == sync.metrics.rehydrated_tokens > 0
     assert [n.token_ids for n in rec.all_nodes.values()] == [n.token_ids for n in sync.all_nodes.values()]
+
+
+def logged_admissions(rt: Runtime, streams: RecordingStreams) -> None:
+    """Log every admission the memory manager carries out into the lanes' log."""
+    admit = rt.memory.admit
+
+    def logged(plan, ends):
+        if plan.rows:
+            streams.log.append(("admit", [n.id for n in ends]))
+        return admit(plan, ends)
+
+    rt.memory.admit = logged
+
+
+def test_a_branch_switch_starts_the_new_paths_restores_before_its_rows_are_admitted(tiny):
+    """Prefetch on a branch switch (issue 46): the chosen node's hosted blocks come back in one batch at
+    the operation's start, before the scheduler admits its rows (on CUDA, under whatever runs until
+    then), and the admission finds the path whole: same KV, same tree as restoring at admission."""
+    trees, rehydrated = {}, {}
+    for prefetch in (True, False):
+        rt = Runtime(tiny, policy="arbor", budget_tokens=10_000, seed=1)
+        streams = recorded(rt)
+        logged_admissions(rt, streams)
+        if not prefetch:
+            rt.memory.prefetch = lambda work, reserve=0: 0
+        root = rt.new_tree("Input: 4 4 6 8\nSteps:\n")
+        a, b = rt.expand(root, 2, PARAMS)
+        kv = rt.store.read(a.id)
+        rt.store.apply(a.id, torch.tensor([0]), offload=True)  # branch a leaves the device but one token
+        rt.expand(b, 1, PARAMS)
+        mark = len(streams.log)
+        rt.expand(a, 2, PARAMS)  # the search switches back to a
+        log = streams.log[mark:]
+        ((note, blocks, _),) = restore_batches(log)
+        admitted = next(i for i, e in enumerate(log) if e[0] == "admit")
+        assert blocks == [a.id] and (note < admitted) is prefetch
+        assert all(torch.equal(x, y) for x, y in zip(rt.store.read(a.id), kv, strict=True))
+        trees[prefetch] = [n.token_ids for n in rt.all_nodes.values()]
+        rehydrated[prefetch] = rt.metrics.rehydrated_tokens
+    assert trees[True] == trees[False] and rehydrated[True] == rehydrated[False] > 0
+
+
+def test_no_prefetch_below_the_floor_or_without_free_room(tiny):
+    """The planner's rule: a path that will be token-extracted (its thought does not fit the budget with
+    it) or hosted tokens that do not fit the free slots now are left to the admission."""
+    rt = Runtime(tiny, policy="arbor", budget_tokens=400)
+    root = rt.new_tree("Input: 4 4 6 8\nSteps:\n")
+    kid = rt.expand(root, 1, PARAMS)[0]
+    rt.store.apply(kid.id, torch.tensor([0]), offload=True)
+    planner, path = rt.memory.planner, root.length + kid.length
+    assert planner.prefetches([(kid, 400 - path)], 4, reserve=0)
+    assert not planner.prefetches([(kid, 400 - path + 1)], 4, reserve=0)  # below the floor: token-extracted
+    assert not planner.prefetches([(kid, 5)], 4, reserve=planner.free - 3)  # not free now
+    assert not Runtime(tiny, policy="h2o", budget_tokens=400).memory.planner.prefetches([(kid, 5)], 4, 0)

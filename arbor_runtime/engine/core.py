@@ -256,6 +256,10 @@ class Engine:
         self.accounts.start(job)
         with self.accounts.accounting(job):
             self.memory.begin([node for node, _ in job.requests], job.account)
+            if not self.scheduler.waiting:  # rows already waiting for room keep it: no prefetch takes it
+                thoughts = [stop.params.max_new_tokens for stop in job.stops]
+                work = [(node, t) for (node, _), t in zip(job.requests, thoughts, strict=True)]
+                self.memory.prefetch(work, reserve=self.scheduler.reserve())
             for (node, n), stop in zip(job.requests, job.stops, strict=True):
                 params = stop.params
                 base = params.seed if params.seed is not None else self.table.tree_seed(node)
