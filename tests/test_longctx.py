@@ -385,6 +385,9 @@ def test_variant_names_parse_into_policies_and_bad_ones_are_refused():
         variant_policy("lychee:x=1")
     with pytest.raises(ValueError, match="must be one of lychee, quest, oracle_topk"):
         variant_policy("h2o:b=1")
+    assert variant_policy("oracle_topk:b=256,s=0.25").token_budget == 256
+    with pytest.raises(ValueError, match="oracle_topk reads single keys, it has no knob p"):
+        variant_policy("oracle_topk:p=8")
 
 
 def test_early_stop_keeps_the_answer(tiny, one_torch_thread):
