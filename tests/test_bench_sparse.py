@@ -121,6 +121,6 @@ def test_bench_sparse_output_becomes_the_sparse_section(tmp_path, long_data):
     text = render_section(Section("sparse"), load_section("sparse", tmp_path / "data"))
     assert text.startswith("## Sparse decode attention: LycheeCluster and Quest vs dense, by context length\n")
     assert "| smollm2 | 8,192 | lychee | 4 | 1.5 | 50 | 2 |" in text and "| 13.0% | 1.90% | 0.95 |" in text
-    assert "lychee decodes at\n  **1.50x dense** (attention 2.00x" in text  # the prose follows the new row
+    assert "decodes at **1.50x dense** (attention 2.00x" in text  # the prose follows the new row
     lychee = next(r for r in tiny if r["method"] == "lychee")
     assert f"| {lychee['model']} | 256 | lychee |" in text and f"| {lychee['read_fraction'] * 100:.1f}% |" in text
