@@ -37,15 +37,15 @@ def overview(data: dict[str, Any]) -> str:
     accuracy, accuracy retained (correct on the items dense answers correctly) and agreement with
     dense with their 95% Wilson intervals, prefix agreement, first-token agreement, mean KL of the
     first answer token, median decode tokens/s and its median ratio to dense's on the same items, and
-    the share of the context the decode read (summaries from before a figure was recorded leave it
-    empty)."""
+    the share of the context the decode read, and an index's recall of the exact top-k oracle's keys
+    at the question's step (summaries from before a figure was recorded leave it empty)."""
     summary = data["summary"]
     tasks = _ordered(s["task"] for s in summary)
     task = "all" if "all" in tasks else tasks[0]
     lines = [
         "| length | method | n | accuracy [95% CI] | accuracy retained [95% CI] | agree with dense [95% CI] "
-        "| prefix agree | 1st-token agree | KL 1st | tok/s | x dense tok/s | read |",
-        "|---:|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| prefix agree | 1st-token agree | KL 1st | tok/s | x dense tok/s | read | recall of oracle |",
+        "|---:|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in summary:
         if s["task"] != task:
@@ -54,7 +54,7 @@ def overview(data: dict[str, Any]) -> str:
             f"| {s['length']:,} | {s['method']} | {s['items']} | {_ci(s, 'accuracy')} | {_retained(s)} | "
             f"{_ci(s, 'agree')} | {_num(s.get('prefix_agree'), '{:.2f}')} | {s['first_agree']:.2f} | "
             f"{s['kl_first']:.3f} | {_num(s['decode_tok_s'], '{:.1f}')} | {_num(s.get('x_dense'), '{:.2f}')} | "
-            f"{_num(s.get('read_fraction'), '{:.2f}')} |"
+            f"{_num(s.get('read_fraction'), '{:.2f}')} | {_num(s.get('recall_oracle'), '{:.2f}')} |"
         )
     return "\n".join(lines)
 
