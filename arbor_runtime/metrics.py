@@ -113,7 +113,8 @@ class RuntimeMetrics:
     window_dead_bytes_max: int = 0
     #: the most slots one operation needed alone (its whole path plus its slots: a decode row's whole
     #: thought, a prefill's block, a choose pass's kept choices): the least budget at which this
-    #: search's every operation fits whole, arbor's floor for it (``MemoryPlanner.lone_need``)
+    #: search's every operation fits whole, arbor's floor for it (``MemoryPlanner.lone_need``). Runtime-wide:
+    #: a search's account (``Account.metrics``) leaves it 0, as several searches may share the runtime
     floor_tokens: int = 0
     trace: list[TracePoint] = field(default_factory=list)
 
