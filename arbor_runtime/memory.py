@@ -81,16 +81,12 @@ class MemoryManager:
         are (:meth:`MemoryPlanner.prefetches`); its admission finds them resident. With CUDA the
         copies run under whatever the engine computes before that admission; on the CPU they are the
         same copies, made a little earlier. Returns the tokens brought back."""
-        nodes = [n for n in ordered_path_nodes([n for n, _ in work], frozenset(self.store.block_ids()))]
-        hosted = [n for n in nodes if n.id in self.store.host and not self.store.get(n.id).whole]
+        hosted = self._hosted([n for n, _ in work], frozenset(self.store.block_ids()))
         missing = sum(int(self.store.host.indices(n.id).numel()) for n in hosted)
         if not self.planner.prefetches(work, missing, reserve):
             return 0
-        start = time.perf_counter()
-        for node in hosted:
-            self._restore(node.id, torch.arange(self.store.get(node.id).length))
+        self._restore_whole(hosted)
         self.store.prefetch()
-        self.seconds["restore"] += time.perf_counter() - start
         return missing
 
     def admit(self, plan: AdmitPlan, ends: Sequence[Node]) -> None:
@@ -308,11 +304,18 @@ class MemoryManager:
     def _make_whole(self, ends: Sequence[Node]) -> None:
         """Restore the paths to ``ends`` from the host tier, top-down (what no tier holds is
         recomputed by the runner: the admission's ``recompute``)."""
+        self._restore_whole(self._hosted(ends, self.active))
+
+    def _hosted(self, ends: Sequence[Node], blocks: frozenset[int]) -> list[Node]:
+        """Blocks of ``blocks`` on the paths to ``ends``, top-down, that are not whole and have host tokens."""
+        nodes = ordered_path_nodes(ends, blocks)
+        return [n for n in nodes if not self.store.get(n.id).whole and n.id in self.store.host]
+
+    def _restore_whole(self, nodes: Sequence[Node]) -> None:
+        """Every host token of ``nodes`` comes back (their copies queued for the next prefetch)."""
         start = time.perf_counter()
-        for node in ordered_path_nodes(ends, self.active):
-            blk = self.store.get(node.id)
-            if not blk.whole and node.id in self.store.host:
-                self._restore(node.id, torch.arange(blk.length))
+        for node in nodes:
+            self._restore(node.id, torch.arange(self.store.get(node.id).length))
         self.seconds["restore"] += time.perf_counter() - start
 
     def _check_switch(self, targets: Sequence[Node]) -> None:
