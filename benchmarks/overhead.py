@@ -59,12 +59,18 @@ def measured_floor(rt: Runtime, new_tokens: int) -> int:
     return max(int(rt.metrics.floor_tokens), floor_tokens(list(rt.all_nodes.values()), new_tokens))
 
 
-def problem_rows(loaded, make_controller, problem, new_tokens: int, seed: int, repeats: int) -> list[dict[str, Any]]:
-    """Every setting ``repeats`` times on one problem (interleaved), one row per run."""
+def reference_run(loaded, make_controller, problem, new_tokens: int, seed: int) -> tuple[Runtime, int, int]:
+    """``full`` without a budget on one problem: its runtime, its peak device KV and its floor
+    (:func:`measured_floor`, never above the peak)."""
     ref_rt = Runtime(loaded, policy="full", seed=seed)
     make_controller(ref_rt).solve(problem, seed=seed)
     peak = int(ref_rt.metrics.peak_device_tokens)
-    floor = min(measured_floor(ref_rt, new_tokens), peak)
+    return ref_rt, peak, min(measured_floor(ref_rt, new_tokens), peak)
+
+
+def problem_rows(loaded, make_controller, problem, new_tokens: int, seed: int, repeats: int) -> list[dict[str, Any]]:
+    """Every setting ``repeats`` times on one problem (interleaved), one row per run."""
+    ref_rt, peak, floor = reference_run(loaded, make_controller, problem, new_tokens, seed)
     ref = SearchRun(
         "full", None, {i: (list(n.token_ids), list(n.logprobs)) for i, n in ref_rt.all_nodes.items()},
         ref_rt.metrics.to_dict(), 0.0, None, None,
@@ -223,8 +229,7 @@ def _profile(setup, out, console) -> int:
 
     problem = setup.problems[0]
     seed, found = setup.seed(problem), {}
-    ref = run_search(setup.loaded, setup.controller, problem, "full", None, seed)  # also the warm run
-    floor = min(max(int(ref.metrics["floor_tokens"]), 1), int(ref.metrics["peak_device_tokens"]))
+    _, _, floor = reference_run(setup.loaded, setup.controller, problem, setup.task.max_thought_tokens, seed)  # warm
     for label, policy, budget in PROFILED:
         budget = floor if budget == "floor" else None
         run = lambda policy=policy, budget=budget: run_search(  # noqa: E731
