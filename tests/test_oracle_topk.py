@@ -9,25 +9,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_sparse_attention import PROMPT, grow  # the same tree the sparse policies are tested on
 
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.policies import LycheePolicy, OracleTopKPolicy, build_policy
 from arbor_runtime.sparse.oracle import OracleStep
 
-PROMPT = " ".join(f"Line {i} says the value is {i * 7 % 13}." for i in range(40)) + "\nAnswer:"
-GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0)
-
 
 @pytest.fixture(autouse=True)
 def _one_thread(one_torch_thread):
     yield
-
-
-def grow(rt: Runtime, params: SamplingParams = GREEDY):
-    """A prompt, two sampled children, a greedy grandchild under each: rows share context blocks."""
-    root = rt.new_tree(PROMPT, seed=3)
-    kids = rt.expand(root, 2, SamplingParams(max_new_tokens=6, temperature=1.0))
-    return kids + [c for got in rt.expand_many([(k, 1) for k in kids], params) for c in got]
 
 
 @pytest.mark.parametrize("memory", ["full", "h2o"])
