@@ -11,10 +11,12 @@ dirs back (``results.jsonl`` and ``trees/<index>.json``) and writes one row per 
   search that ran out of memory never agrees);
 - nodes as full: the share of full's tree nodes the run rebuilt with the same text along the same
   path (mean over problems; 1.00 = full's whole tree);
-- solved where full did not / not solved where full did (``gained_n`` / ``lost_n``: the pairs an exact
-  sign test reads; not table columns);
-- peak device KV (mean MB over problems), seconds (p50 / p95 over problems), rehydrations (mean),
-  out of memory (problems whose search ended in a KV budget error, with its interval).
+- solved where full did not / not solved where full did (``gained_n`` / ``lost_n``), shown with the
+  two-sided exact sign test's p-value on those pairs (``vs_full``; empty on the reference's own row);
+- peak device KV (mean MB over problems) and the KV pool the runtime allocated (``pool_mb``: with a
+  budget, that budget's pool; without one, the pool as it grew), seconds (p50 / p95 over problems),
+  problems solved per hour of search (solved over the summed seconds), rehydrations (mean), out of
+  memory (problems whose search ended in a KV budget error, with its interval).
 
 The section's commit is the code its rows were searched with (each row's ``code``), not the checkout
 that writes the section: the run dirs of a benchmark resumed over several sittings may hold rows of
@@ -35,15 +37,17 @@ from typing import Any
 
 from arbor_cli.results import load_done
 from arbor_cli.sweep import find_jobs
-from benchmarks.results.stats import format_rate
+from benchmarks.results.stats import format_rate, sign_test
 
 #: the section's main table: (key, header, fmt)
 COLUMNS = (
     ("search", "search", "text"), ("policy", "policy", "text"), ("setting", "setting", "text"),
     ("budget", "budget", "text"),
-    ("problems", "n", "auto"), ("solved", "solved [95% CI]", "text"), ("agree", "same answer as full [95% CI]", "text"),
+    ("problems", "n", "auto"), ("solved", "solved [95% CI]", "text"),
+    ("vs_full", "gained / lost vs full (sign test p)", "text"), ("agree", "same answer as full [95% CI]", "text"),
     ("nodes_as_full", "nodes as full", "{:.2f}"), ("peak_kv_mb", "peak KV MB", "{:.1f}"),
-    ("x_full_kv", "x full's peak KV", "{:.2f}"), ("p50_s", "p50 s", "{:.1f}"), ("p95_s", "p95 s", "{:.1f}"),
+    ("x_full_kv", "x full's peak KV", "{:.2f}"), ("pool_mb", "KV pool MB", "{:.1f}"), ("p50_s", "p50 s", "{:.1f}"),
+    ("p95_s", "p95 s", "{:.1f}"), ("solved_per_h", "solved / hour", "{:.1f}"),
     ("rehydrations", "rehydrations", "{:.1f}"), ("oom", "OOM [95% CI]", "text"),
 )  # fmt: skip
 
@@ -121,15 +125,19 @@ def summarise(
     seconds = [float(rows[i].get("seconds") or 0.0) for i in shared]
     peak = [float(rows[i].get("peak_device_bytes") or 0.0) for i in shared]
     ref_peak = [float(ref_rows[i].get("peak_device_bytes") or 0.0) for i in shared]
+    pool = [float(rows[i].get("pool_bytes") or 0.0) for i in shared]
     return {
         "search": search, "policy": label, "setting": setting,
         "budget": "none" if ratio is None else f"{ratio:g}x full peak",
         "ratio": ratio, "problems": len(shared), "solved": format_rate(solved, len(shared)), "solved_n": solved,
-        "gained_n": gained, "lost_n": lost,
+        "gained_n": gained, "lost_n": lost, "sign_p": None if run_dir == ref else sign_test(gained, lost),
+        "vs_full": "" if run_dir == ref else f"+{gained} / -{lost} (p {sign_test(gained, lost):.2g})",
         "agree": format_rate(agree, len(shared)), "agree_n": agree,
         "nodes_as_full": statistics.mean(share), "peak_kv_mb": statistics.mean(peak) / 2**20,
         "x_full_kv": sum(peak) / sum(ref_peak) if sum(ref_peak) else None,
-        "p50_s": _pct(seconds, 0.5), "p95_s": _pct(seconds, 0.95),
+        "pool_mb": statistics.mean(pool) / 2**20,
+        "mean_s": statistics.mean(seconds), "p50_s": _pct(seconds, 0.5), "p95_s": _pct(seconds, 0.95),
+        "solved_per_h": solved / (sum(seconds) / 3600) if sum(seconds) else None,
         "rehydrations": statistics.mean(float(rows[i].get("rehydrations") or 0) for i in shared),
         "oom": format_rate(oom, len(shared)), "oom_n": oom,
     }  # fmt: skip

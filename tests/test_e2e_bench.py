@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from arbor_cli.results import read_jsonl
 from benchmarks.e2e import main, row_codes, sweep_runs, table, tree_paths
 
 
@@ -43,7 +44,8 @@ def test_rows_compare_each_run_with_full_on_the_same_problems(tmp_path):
     full = run_dir(tmp_path / "full", [row(0, "24", True, 1000, 2.0), row(1, "7", False, 3000, 4.0)], FULL_TREES)
     sweep = tmp_path / "sweep"
     # arbor at 0.5x: the same trees and answers, more time, rehydrations
-    same = [row(0, "24", True, 500, 3.0, rehydrations=2), row(1, "7", False, 1500, 5.0, rehydrations=4)]
+    same = [row(0, "24", True, 500, 3.0, rehydrations=2, pool_bytes=2**20), row(1, "7", False, 1500, 5.0, rehydrations=4,
+                                                                          pool_bytes=3 * 2**20)]
     job(sweep, "0", ["policy=arbor", "policy.budget_ratio=0.5"], same, FULL_TREES)
     # h2o at 0.25x: problem 0 takes another branch below "a" (3 of full's 4 nodes), problem 1 runs out of memory
     other = {0: [(1, None, "q"), (2, 1, "a"), (3, 1, "b"), (5, 2, "d")], 1: [(1, None, "q")]}
@@ -61,6 +63,10 @@ def test_rows_compare_each_run_with_full_on_the_same_problems(tmp_path):
     assert arbor["agree_n"] == 2 and arbor["nodes_as_full"] == 1.0 and arbor["solved_n"] == 1
     assert arbor["x_full_kv"] == 0.5 and arbor["rehydrations"] == 3.0 and arbor["oom_n"] == 0
     assert arbor["p50_s"] == 3.0 and arbor["p95_s"] == 5.0
+    assert arbor["pool_mb"] == 2.0  # the mean pool the runtime allocated, in MB
+    assert arbor["solved_per_h"] == 1 / (8.0 / 3600)  # one solved in 3 + 5 seconds of search
+    assert ref["vs_full"] == "" and ref["sign_p"] is None  # the reference is not tested against itself
+    assert arbor["vs_full"] == "+0 / -0 (p 1)" and h2o["vs_full"] == "+0 / -1 (p 1)"
     assert h2o["agree_n"] == 0 and h2o["oom_n"] == 1 and h2o["solved_n"] == 0
     assert h2o["nodes_as_full"] == (3 / 4 + 1 / 2) / 2  # per problem, then the mean
     assert h2o["solved"].startswith("0/2") and "[" in h2o["solved"]  # a rate with its interval
@@ -188,3 +194,28 @@ def test_script_refuses_a_bad_jobs_value_before_any_search(tmp_path):
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "bench_e2e.sh: error: JOBS=two: expected a whole number >= 1 (sweeps side by side)"
     ]
+
+
+def test_scaling_script_merges_the_reference_halves_and_widens_inside_their_peak(tmp_path, data_dir):
+    """scripts/bench_scaling.sh on the tiny model (puzzles 900-901, breadths 1 / 2 / 3, 1 thought): the
+    reference's halves run side by side and merge into one run dir, then arbor at the two wider breadths
+    and full at the widest run inside each puzzle's peak; a rerun resumes every step (nothing runs twice)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = os.environ | {"BIN": str(Path(sys.executable).parent), "START": "900", "END": "902", "REF": "1",
+                        "WIDE": "2", "WIDER": "3", "THOUGHTS": "1", "SECTION": "0"}  # fmt: skip
+    script = ["bash", str(repo / "scripts/bench_scaling.sh"), str(tmp_path / "out"), str(data_dir), "model=tiny-random"]
+    for _ in range(2):
+        done = subprocess.run(script, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    out = tmp_path / "out"
+    assert [r["index"] for r in read_jsonl(out / "full" / "results.jsonl")] == [900, 901]  # merged once
+    rows = table("scaling", out / "full", [out / "sweep-1", out / "sweep-2", out / "sweep-3"])
+    got = sorted((r["policy"], r["setting"], r["problems"]) for r in rows)
+    assert got == [("arbor", "controller.breadth=2", 2), ("arbor", "controller.breadth=3", 2),
+                   ("full", "", 2), ("full", "controller.breadth=3", 2)]  # fmt: skip
+    assert all(len(read_jsonl(d / "results.jsonl")) == 2 for s in ("sweep-1", "sweep-2", "sweep-3")
+               for *_, d in sweep_runs(out / s))  # fmt: skip
