@@ -589,9 +589,9 @@ def test_a_claim_reads_an_interval_column_and_the_datas_own_verdicts():
     from benchmarks.results.sections import FLOOR, LONGCTX
     from benchmarks.results.summary import findings
 
-    def cell(policy, agree, low, high, length=2048, share=0.5, task="all"):
-        return {"task": task, "length": length, "policy": policy, "share": share, "agree": agree,
-                "agree_ci": [low, high], "context_read": share or 1.0}  # fmt: skip
+    def cell(policy, retained, low, high, length=2048, share=0.5, task="all"):
+        return {"task": task, "length": length, "policy": policy, "share": share, "retained": retained,
+                "retained_ci": [low, high], "context_read": share or 1.0}  # fmt: skip
 
     cells = [cell("dense", 1.0, 0.9, 1.0, share=None), cell("lychee", 0.9, 0.85, 0.95), cell("h2o", 0.3, 0.2, 0.4),
              cell("quest", 0.6, 0.5, 0.7), cell("lychee", 0.5, 0.4, 0.6, share=0.1), cell("h2o", 0.45, 0.35, 0.55,
@@ -608,13 +608,14 @@ def test_a_claim_reads_an_interval_column_and_the_datas_own_verdicts():
 def test_a_row_that_read_the_whole_context_is_dense_and_never_wins():
     """Long context: a row that read >= 99% of dense's context is dense against dense, whatever its share label
     says (a share row that happened to read everything too): it is never judged, so never a win, and the
-    others at its share are judged without it; a win carries its accuracy retained and speed."""
+    others at its share are judged without it. Rows rank by accuracy retained (dense's correct answers
+    kept), and a win carries the agreement on every item and the speed of its setting."""
     from benchmarks.results.sections import LONGCTX
     from benchmarks.results.summary import findings, summary
 
-    def cell(policy, agree, low, high, read, share=0.5):
-        return {"task": "all", "length": 8160, "policy": policy, "share": share, "agree": agree,
-                "agree_ci": [low, high], "context_read": read, "retained": 0.9, "x_dense": 1.25}  # fmt: skip
+    def cell(policy, retained, low, high, read, share=0.5):
+        return {"task": "all", "length": 8160, "policy": policy, "share": share, "retained": retained,
+                "retained_ci": [low, high], "context_read": read, "agree": retained - 0.1, "x_dense": 1.25}  # fmt: skip
 
     cells = [cell("dense", 1.0, 0.98, 1.0, 1.0, share=None), cell("lychee", 1.0, 0.98, 1.0, 1.0),
              cell("quest", 0.9, 0.85, 0.95, 0.995), cell("h2o", 0.3, 0.2, 0.4, 0.5)]  # fmt: skip
@@ -627,8 +628,8 @@ def test_a_row_that_read_the_whole_context_is_dense_and_never_wins():
     text = summary(data, {"longctx": (LONGCTX,)})
     assert "lychee" not in text and "quest" not in text
     assert _summary_rows(text)["kvp"][0] == (
-        "Keeps most of dense's answers at 50% (accuracy retained 0.90, 1.25x dense's tok/s) on 8,160 tokens "
-        "(Long context)."
+        "Keeps most of dense's correct answers at 50% (agreement with dense 0.50, 1.25x dense's tok/s) on 8,160 "
+        "tokens (Long context)."
     )
 
 
