@@ -104,6 +104,27 @@ def test_gsm8k_table1_prose_holds_for_the_data():
         assert arbor["p50_s"] == max(r["p50_s"] for r in at), "arbor is the slowest policy here"
 
 
+def test_fixed_memory_scaling_prose_holds_for_the_data():
+    """docs/notes/e2e-scaling-game24.md's and README's claims (issue 50): every search ran the same 100
+    puzzles inside full's breadth-5 peak; arbor at breadth 20 solves more than the reference beyond chance
+    (exact sign test, p < 0.01) and runs every puzzle; full at breadth 20 runs out of memory on every one;
+    breadth 10 solves the most per hour, breadth 20 at about the reference's rate (within 10%); the budget
+    runs allocate no more KV pool than the reference's peak."""
+    from benchmarks.results.stats import sign_test
+
+    rows = load_section("e2e-scaling-game24")["tables"]["main"]["rows"]
+    ref = next(r for r in rows if r["ratio"] is None)
+    by = {(r["policy"], r["setting"]): r for r in rows if r["ratio"] is not None}
+    b10, b20 = by["arbor", "controller.breadth=10"], by["arbor", "controller.breadth=20"]
+    wide_full = by["full", "controller.breadth=20"]
+    assert {r["problems"] for r in rows} == {100}
+    assert sign_test(b20["gained_n"], b20["lost_n"]) < 0.01 and b20["gained_n"] > b20["lost_n"]
+    assert b20["oom_n"] == b10["oom_n"] == 0 and wide_full["oom_n"] == wide_full["problems"]
+    assert b10["solved_per_h"] == max(r["solved_per_h"] for r in rows)
+    assert abs(b20["solved_per_h"] / ref["solved_per_h"] - 1) < 0.1
+    assert all(r["pool_mb"] <= ref["peak_kv_mb"] * 1.01 for r in by.values())
+
+
 def test_concurrency_prose_holds_for_the_data():
     """docs/notes/concurrency.md's sentences (claims, the figures come from the data) still hold for
     docs/data/concurrency: when a rerun changes what the table shows, this names the sentence to rewrite."""

@@ -115,12 +115,53 @@ def kvp_train(data: dict, path: Path) -> None:
     fig.savefig(path, dpi=110, metadata={"Software": None})
 
 
+def _breadth(setting: str) -> str:
+    """``controller.breadth=20 controller.n_generate=5`` -> ``b20 x5`` (the reference's empty setting: b5)."""
+    parts = dict(kv.split("=", 1) for kv in setting.split())
+    return f"b{parts.get('controller.breadth', '5')} x{parts.get('controller.n_generate', '5')}"
+
+
+def fixed_memory_scaling(data: dict, path: Path) -> None:
+    """Solved (95% Wilson interval) against the mean seconds a puzzle took, every search run inside
+    full's breadth-5 peak device KV (docs/data/e2e-scaling-game24): full's reference search, arbor's
+    widenings joined by a line in order of time; a search that ran out of memory on every puzzle is a
+    cross at zero."""
+    rows = data["tables"]["main"]["rows"]
+    fig = _figure(6.4, 3.8)
+    ax = fig.add_subplot()
+    for policy, color in (("full", "#444444"), ("arbor", "#1b9e77")):
+        mine = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["mean_s"])
+        runs = [r for r in mine if r["oom_n"] < r["problems"]]
+        x = [r["mean_s"] for r in runs]
+        y = [r["solved_n"] / r["problems"] for r in runs]
+        lo_hi = [wilson(r["solved_n"], r["problems"]) for r in runs]
+        err = [[v - lo for v, (lo, _) in zip(y, lo_hi, strict=True)], [hi - v for v, (_, hi) in zip(y, lo_hi, strict=True)]]
+        ax.errorbar(x, y, yerr=err, fmt="o-" if policy == "arbor" else "s", color=color, capsize=3, label=policy)
+        for r, xi, yi in zip(runs, x, y, strict=True):
+            ax.annotate(_breadth(r["setting"]), (xi, yi), textcoords="offset points", xytext=(6, -10), fontsize=8)
+        for r in mine:
+            if r["oom_n"] == r["problems"]:
+                ax.plot([r["mean_s"]], [0], "x", color=color, ms=8, clip_on=False)
+                ax.annotate(f"{_breadth(r['setting'])}: out of memory", (r["mean_s"], 0), textcoords="offset points",
+                            xytext=(6, 4), fontsize=8)  # fmt: skip
+    ax.set_ylim(0, 1)
+    ax.set_xlim(0, 1.2 * max(r["mean_s"] for r in rows))
+    ax.set_xlabel("mean seconds per puzzle (1 CPU thread)")
+    ax.set_ylabel(f"solved, n={rows[0]['problems']} puzzles (95% CI)")
+    where = data.get("settings", {}).get("rows", "")
+    ax.set_title(f"Game of 24 rows {where}: every search inside each puzzle's full breadth-5 KV peak", fontsize=9)
+    ax.legend(frameon=False, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+
+
 #: file next to the page -> (section whose data it draws, drawing function)
 PLOTS: dict[str, tuple[str, Callable[[dict, Path], None]]] = {
     "sparse-speedup.png": ("sparse", sparse_speedup),
     "accuracy-intervals.png": ("accuracy", accuracy_intervals),
     "memory-steps.png": ("memory-steps", memory_steps),
     "kvp-train.png": ("kvp", kvp_train),
+    "fixed-memory-scaling.png": ("e2e-scaling-game24", fixed_memory_scaling),
 }
 
 
