@@ -125,6 +125,18 @@ def test_fixed_memory_scaling_prose_holds_for_the_data():
     assert all(r["pool_mb"] <= ref["peak_kv_mb"] * 1.01 for r in by.values())
 
 
+def test_gsm8k_widening_prose_holds_for_the_data():
+    """docs/notes/e2e-widen-gsm8k.md's claims: arbor runs every question at each wider frontier inside full's
+    peak (none out of memory, no more pool than full's peak), and no solve rate separates from another."""
+    rows = load_section("e2e-widen-gsm8k")["tables"]["main"]["rows"]
+    ref = next(r for r in rows if r["ratio"] is None)
+    assert {r["problems"] for r in rows} == {50} and all(r["oom_n"] == 0 for r in rows)
+    assert all(r["pool_mb"] <= ref["peak_kv_mb"] * 1.01 for r in rows if r["ratio"] is not None)
+    for a in rows:
+        for b in rows:
+            assert overlap((a["solved_n"], a["problems"]), (b["solved_n"], b["problems"])), (a, b)
+
+
 def test_concurrency_prose_holds_for_the_data():
     """docs/notes/concurrency.md's sentences (claims, the figures come from the data) still hold for
     docs/data/concurrency: when a rerun changes what the table shows, this names the sentence to rewrite."""
