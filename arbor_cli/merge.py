@@ -19,7 +19,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from arbor_cli.residency import RESIDENCY_FILE
-from arbor_cli.results import CSV_FILE, EVENTS_FILE, RESULTS_FILE, TRACES_FILE, TREES_DIR, load_done, read_jsonl, write_csv
+from arbor_cli.results import (
+    CSV_FILE,
+    EVENTS_FILE,
+    RESULTS_FILE,
+    TRACES_FILE,
+    TREES_DIR,
+    load_done,
+    read_jsonl,
+    write_csv,
+)
 from arbor_cli.resume import FINGERPRINT_FILE, ConfigMismatch, RunDirLock
 
 #: the per-problem JSON-lines files of a run dir, results last (a problem is done once its row is)
@@ -65,7 +74,9 @@ def _check_same(target: Path, ours: dict, shard: Path, theirs: dict) -> None:
     if theirs["fingerprint"] != ours["fingerprint"]:
         changed = sorted(k for k in ours["settings"].keys() | theirs["settings"].keys()
                          if ours["settings"].get(k) != theirs["settings"].get(k))  # fmt: skip
-        raise ConfigMismatch(f"{shard} was run with another config than {target} ({', '.join(changed[:3])}); not merged")
+        raise ConfigMismatch(
+            f"{shard} was run with another config than {target} ({', '.join(changed[:3])}); not merged"
+        )
     a, b = ours.get("data") or {}, theirs.get("data") or {}
     if a.get("size") != b.get("size"):
         raise ConfigMismatch(f"{shard} read another data file than {target} ({b.get('size')} vs {a.get('size')} bytes)")

@@ -44,8 +44,8 @@ def test_rows_compare_each_run_with_full_on_the_same_problems(tmp_path):
     full = run_dir(tmp_path / "full", [row(0, "24", True, 1000, 2.0), row(1, "7", False, 3000, 4.0)], FULL_TREES)
     sweep = tmp_path / "sweep"
     # arbor at 0.5x: the same trees and answers, more time, rehydrations
-    same = [row(0, "24", True, 500, 3.0, rehydrations=2, pool_bytes=2**20), row(1, "7", False, 1500, 5.0, rehydrations=4,
-                                                                          pool_bytes=3 * 2**20)]
+    same = [row(0, "24", True, 500, 3.0, rehydrations=2, pool_bytes=2**20),
+            row(1, "7", False, 1500, 5.0, rehydrations=4, pool_bytes=3 * 2**20)]  # fmt: skip
     job(sweep, "0", ["policy=arbor", "policy.budget_ratio=0.5"], same, FULL_TREES)
     # h2o at 0.25x: problem 0 takes another branch below "a" (3 of full's 4 nodes), problem 1 runs out of memory
     other = {0: [(1, None, "q"), (2, 1, "a"), (3, 1, "b"), (5, 2, "d")], 1: [(1, None, "q")]}

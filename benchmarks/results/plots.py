@@ -135,7 +135,8 @@ def fixed_memory_scaling(data: dict, path: Path) -> None:
         x = [r["mean_s"] for r in runs]
         y = [r["solved_n"] / r["problems"] for r in runs]
         lo_hi = [wilson(r["solved_n"], r["problems"]) for r in runs]
-        err = [[v - lo for v, (lo, _) in zip(y, lo_hi, strict=True)], [hi - v for v, (_, hi) in zip(y, lo_hi, strict=True)]]
+        below = [v - lo for v, (lo, _) in zip(y, lo_hi, strict=True)]
+        err = [below, [hi - v for v, (_, hi) in zip(y, lo_hi, strict=True)]]
         ax.errorbar(x, y, yerr=err, fmt="o-" if policy == "arbor" else "s", color=color, capsize=3, label=policy)
         for r, xi, yi in zip(runs, x, y, strict=True):
             ax.annotate(_breadth(r["setting"]), (xi, yi), textcoords="offset points", xytext=(6, -10), fontsize=8)
