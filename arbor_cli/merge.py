@@ -29,7 +29,7 @@ from arbor_cli.results import (
     read_jsonl,
     write_csv,
 )
-from arbor_cli.resume import FINGERPRINT_FILE, ConfigMismatch, RunDirLock
+from arbor_cli.resume import FINGERPRINT_FILE, ConfigMismatch, RunDirLock, _diff
 
 #: the per-problem JSON-lines files of a run dir, results last (a problem is done once its row is)
 RECORD_FILES = (EVENTS_FILE, TRACES_FILE, RESIDENCY_FILE, RESULTS_FILE)
@@ -41,19 +41,20 @@ def merge_runs(target: Path, shards: Sequence[Path]) -> list[int]:
     Raises :class:`ConfigMismatch` (nothing written) when a shard's config or data file differs
     from the target's, and FileNotFoundError when a dir is not a run dir."""
     target = Path(target)
-    stored = _fingerprint(target)
+    _fingerprint(target)  # not a run dir: refused before the lock file is created there
     with RunDirLock(target):
+        stored = _fingerprint(target)  # read under the lock: no run changes it meanwhile
         done = set(load_done(target))
         plans = []
         for shard in map(Path, shards):
             theirs = _fingerprint(shard)
             _check_same(target, stored, shard, theirs)
-            new = sorted(set(load_done(shard)) - done)
-            done |= set(new)
+            new = set(load_done(shard)) - done
+            done |= new
             plans.append((shard, theirs, new))
         added = []
         for shard, theirs, new in plans:
-            _copy_problems(shard, target, set(new))
+            _copy_problems(shard, target, new)
             rows = stored.setdefault("data", {}).setdefault("rows", {})
             rows.update({i: h for i, h in theirs.get("data", {}).get("rows", {}).items() if int(i) in new})
             added += new
@@ -72,11 +73,8 @@ def _fingerprint(run_dir: Path) -> dict:
 def _check_same(target: Path, ours: dict, shard: Path, theirs: dict) -> None:
     """Refuse a shard written by another config or from another data file than the target."""
     if theirs["fingerprint"] != ours["fingerprint"]:
-        changed = sorted(k for k in ours["settings"].keys() | theirs["settings"].keys()
-                         if ours["settings"].get(k) != theirs["settings"].get(k))  # fmt: skip
-        raise ConfigMismatch(
-            f"{shard} was run with another config than {target} ({', '.join(changed[:3])}); not merged"
-        )
+        changes = _diff(ours.get("settings", {}), theirs.get("settings", {}))
+        raise ConfigMismatch(f"{shard} was run with another config than {target} ({changes}); not merged")
     a, b = ours.get("data") or {}, theirs.get("data") or {}
     if a.get("size") != b.get("size"):
         raise ConfigMismatch(f"{shard} read another data file than {target} ({b.get('size')} vs {a.get('size')} bytes)")

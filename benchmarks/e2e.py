@@ -126,12 +126,13 @@ def summarise(
     peak = [float(rows[i].get("peak_device_bytes") or 0.0) for i in shared]
     ref_peak = [float(ref_rows[i].get("peak_device_bytes") or 0.0) for i in shared]
     pool = [float(rows[i].get("pool_bytes") or 0.0) for i in shared]
+    p = None if run_dir == ref else sign_test(gained, lost)  # the reference is not tested against itself
     return {
         "search": search, "policy": label, "setting": setting,
         "budget": "none" if ratio is None else f"{ratio:g}x full peak",
         "ratio": ratio, "problems": len(shared), "solved": format_rate(solved, len(shared)), "solved_n": solved,
-        "gained_n": gained, "lost_n": lost, "sign_p": None if run_dir == ref else sign_test(gained, lost),
-        "vs_full": "" if run_dir == ref else f"+{gained} / -{lost} (p {sign_test(gained, lost):.2g})",
+        "gained_n": gained, "lost_n": lost, "sign_p": p,
+        "vs_full": "" if p is None else f"+{gained} / -{lost} (p {p:.2g})",
         "agree": format_rate(agree, len(shared)), "agree_n": agree,
         "nodes_as_full": statistics.mean(share), "peak_kv_mb": statistics.mean(peak) / 2**20,
         "x_full_kv": sum(peak) / sum(ref_peak) if sum(ref_peak) else None,
