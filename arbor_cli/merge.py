@@ -29,7 +29,7 @@ from arbor_cli.results import (
     read_jsonl,
     write_csv,
 )
-from arbor_cli.resume import FINGERPRINT_FILE, ConfigMismatch, RunDirLock, _diff
+from arbor_cli.resume import FINGERPRINT_FILE, ConfigMismatch, RunDirLock, settings_diff
 
 #: the per-problem JSON-lines files of a run dir, results last (a problem is done once its row is)
 RECORD_FILES = (EVENTS_FILE, TRACES_FILE, RESIDENCY_FILE, RESULTS_FILE)
@@ -73,7 +73,7 @@ def _fingerprint(run_dir: Path) -> dict:
 def _check_same(target: Path, ours: dict, shard: Path, theirs: dict) -> None:
     """Refuse a shard written by another config or from another data file than the target."""
     if theirs["fingerprint"] != ours["fingerprint"]:
-        changes = _diff(ours.get("settings", {}), theirs.get("settings", {}))
+        changes = settings_diff(ours.get("settings", {}), theirs.get("settings", {}))
         raise ConfigMismatch(f"{shard} was run with another config than {target} ({changes}); not merged")
     a, b = ours.get("data") or {}, theirs.get("data") or {}
     if a.get("size") != b.get("size"):

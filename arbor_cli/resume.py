@@ -164,7 +164,7 @@ def check_resume(run_dir: Path, cfg: DictConfig, task: Task | None = None, probl
     digest, settings = fingerprint(cfg)
     stored = _read(run_dir)
     if has_results and stored is not None and stored["fingerprint"] != digest and mode != "force":
-        changes = _diff(stored.get("settings", {}), settings)
+        changes = settings_diff(stored.get("settings", {}), settings)
         raise ConfigMismatch(
             f"run dir {run_dir} holds results of another config ({changes}); rerun with resume=force to add "
             "to it anyway, or pick another run_dir"
@@ -230,7 +230,7 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _diff(old: dict[str, Any], new: dict[str, Any], limit: int = 3) -> str:
+def settings_diff(old: dict[str, Any], new: dict[str, Any], limit: int = 3) -> str:
     """The first few settings that differ, as ``key: old -> new``."""
     keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
     shown = [f"{k}: {json.dumps(old.get(k))} -> {json.dumps(new.get(k))}" for k in keys[:limit]]
