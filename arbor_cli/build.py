@@ -156,6 +156,7 @@ def build_verifier(cfg: DictConfig, task: Task) -> Verifier:
     verifier = instantiate_user(cfg.verifier)
     if task.verifiers and verifier.name not in task.verifiers:
         raise ValueError(f"verifier={verifier.name} does not fit task={task.name}; valid: {', '.join(task.verifiers)}")
+    verifier.check_task(task)
     return verifier
 
 

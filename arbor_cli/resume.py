@@ -56,6 +56,10 @@ IGNORED_KEYS = (
     "task.data_dir", "task.cache_dir", "task.start", "task.end",
 )  # fmt: skip
 RESUME_MODES = (True, False, "force")
+#: settings added to the shipped configs after run dirs were written, each with the value that behaves
+#: as the runtime did before it existed: stored settings without the key read as that value, so a run
+#: made before the key was added resumes when the rerun leaves it there (and refuses when it does not)
+ADDED_KEYS: dict[str, Any] = {"verifier.lookahead": 0}
 
 
 class ConfigMismatch(ValueError):
@@ -163,7 +167,7 @@ def check_resume(run_dir: Path, cfg: DictConfig, task: Task | None = None, probl
         raise ConfigMismatch(f"run dir {run_dir} already holds results and resume=false; pick another run_dir")
     digest, settings = fingerprint(cfg)
     stored = _read(run_dir)
-    if has_results and stored is not None and stored["fingerprint"] != digest and mode != "force":
+    if has_results and stored is not None and not same_config(stored, digest, settings) and mode != "force":
         changes = settings_diff(stored.get("settings", {}), settings)
         raise ConfigMismatch(
             f"run dir {run_dir} holds results of another config ({changes}); rerun with resume=force to add "
@@ -177,6 +181,22 @@ def check_resume(run_dir: Path, cfg: DictConfig, task: Task | None = None, probl
     record = {"fingerprint": digest, "settings": settings} | ({"data": data} if data is not None else {})
     path = run_dir / FINGERPRINT_FILE
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def same_config(stored: dict[str, Any], digest: str, settings: dict[str, Any]) -> bool:
+    """Whether a stored fingerprint record says what ``digest`` / ``settings`` do: the same digest, or the
+    same settings once a key of :data:`ADDED_KEYS` the record predates is read as its old value."""
+    if stored["fingerprint"] == digest:
+        return True
+    old = stored.get("settings")
+    if old is None:
+        return False
+    old = {k: v for k, v in ADDED_KEYS.items() if k in settings and k not in old} | old
+    return _as_json(old) == _as_json(settings)
+
+
+def _as_json(settings: dict[str, Any]) -> str:
+    return json.dumps(settings, sort_keys=True, default=str)
 
 
 def data_identity(task: Task, problems: Sequence[Problem]) -> dict[str, Any]:

@@ -89,10 +89,29 @@ class ValuePrompt(ABC):
     """
 
     prefix: str = ""
+    #: trial lines the model writes before its verdict (ToT's value prompt tries the numbers first;
+    #: 0: verdict first). A prompt with trials ends each query before the verdict's cue, the verifier
+    #: has the model write its trials (:meth:`trials` keeps them) and then scores the verdicts after
+    #: :attr:`verdict_cue`.
+    lookahead: int = 0
+    #: what the verdict follows in a query with trials ("Judgement:")
+    verdict_cue: str = ""
 
     @abstractmethod
     def query(self, problem: Problem, state: Any) -> ValueQuery:
         """The query of the state after a thought."""
+
+    def with_lookahead(self, depth: int) -> ValuePrompt:
+        """This prompt with ``depth`` trial lines before each verdict (its examples show that many); a
+        prompt without a trial form takes only 0 (ValueError naming what is valid)."""
+        if depth == 0:
+            return self
+        raise ValueError(f"verifier.lookahead={depth}: this task's value prompt has no trial lines; valid: 0")
+
+    def trials(self, written: str) -> str:
+        """The trial lines to keep of what the model wrote after a query (at most :attr:`lookahead`)."""
+        del written
+        return ""
 
     def examples_span(self) -> tuple[int, int] | None:
         """The character span [start, end) of ``prefix`` that holds its examples (token-extracted

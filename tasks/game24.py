@@ -104,6 +104,23 @@ VALUE_EXAMPLES: tuple[tuple[str, str], ...] = (
     ("3 9 10", "likely"),
     ("7 8 10", "sure"),
 )
+#: each example's trials, written out in ToT's style (a whole expression over the numbers and its value),
+#: shown before the verdict when the prompt has lookahead: the first ``lookahead`` of them (a "sure"
+#: example reaches 24 in its first trial, so every depth shows why it is sure)
+VALUE_TRIALS: dict[str, tuple[str, ...]] = {
+    "3 5": ("3 + 5 = 8", "3 * 5 = 15", "5 - 3 = 2"),
+    "6 4": ("6 * 4 = 24",),
+    "4 5 7": ("4 + 5 + 7 = 16", "4 * 7 - 5 = 23", "(7 - 5) * 4 = 8"),
+    "13 13 13": ("13 + 13 + 13 = 39", "13 * 13 / 13 = 13", "13 + 13 - 13 = 13"),
+    "2 10 12": ("2 + 10 + 12 = 24",),
+    "1 1 2": ("1 + 1 + 2 = 4", "(1 + 1) * 2 = 4", "1 * 1 * 2 = 2"),
+    "3 9 10": ("3 + 9 + 10 = 22", "10 * 3 - 9 = 21", "9 * 3 - 10 = 17"),
+    "7 8 10": ("(10 - 7) * 8 = 24",),
+}
+#: the most trial lines a value query may have (the examples show up to this many)
+MAX_LOOKAHEAD = max(len(t) for t in VALUE_TRIALS.values())
+#: how one trial line starts, and the verdict's cue
+TRIAL_MARK, VERDICT_CUE = "Trial:", "Judgement:"
 
 
 class Operand(NamedTuple):
@@ -145,22 +162,58 @@ class Game24State:
 
 def value_query(numbers: str) -> str:
     """One state's block of the value prompt: the numbers left; the model completes the verdict."""
-    return f"Input: {numbers}\nJudgement:"
+    return f"Input: {numbers}\n{VERDICT_CUE}"
+
+
+def trial_example(numbers: str, verdict: str, depth: int) -> str:
+    """One example of the value prompt with ``depth`` trial lines (at most its own) before the verdict."""
+    tried = "".join(f"{TRIAL_MARK} {t}\n" for t in VALUE_TRIALS[numbers][:depth])
+    return f"Input: {numbers}\n{tried}{VERDICT_CUE} {verdict}\n"
 
 
 class Game24ValuePrompt(ValuePrompt):
-    """Game of 24 value prompt: can the numbers left still make 24? Finished paths need no model."""
+    """Game of 24 value prompt: can the numbers left still make 24? Finished paths need no model.
 
-    prefix = VALUE_HEADER + "".join(f"{value_query(n)} {v}\n" for n, v in VALUE_EXAMPLES)
+    Args:
+        lookahead: trial lines (whole expressions over the numbers left and their values, ToT's style)
+            the model writes before its verdict, 0 to :data:`MAX_LOOKAHEAD`; 0 (default): verdict first.
+    """
+
+    verdict_cue = VERDICT_CUE
+
+    def __init__(self, lookahead: int = 0) -> None:
+        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or not 0 <= lookahead <= MAX_LOOKAHEAD:
+            raise ValueError(f"verifier.lookahead={lookahead!r}: valid for game24: an integer 0-{MAX_LOOKAHEAD}")
+        self.lookahead = lookahead
+        if lookahead == 0:
+            self.prefix = VALUE_HEADER + "".join(f"{value_query(n)} {v}\n" for n, v in VALUE_EXAMPLES)
+        else:
+            self.prefix = VALUE_HEADER + "".join(trial_example(n, v, lookahead) for n, v in VALUE_EXAMPLES)
+
+    def with_lookahead(self, depth: int) -> Game24ValuePrompt:
+        """This prompt with ``depth`` trial lines before each verdict."""
+        return self if depth == self.lookahead else Game24ValuePrompt(depth)
 
     def examples_span(self) -> tuple[int, int]:
         """The verdict examples after the header line."""
         return len(VALUE_HEADER), len(self.prefix)
 
     def query(self, problem: Problem, state: Game24State) -> ValueQuery:
-        """Keyed by the numbers left, so states reached in different orders share one evaluation."""
+        """Keyed by the numbers left, so states reached in different orders share one evaluation. With
+        lookahead the text ends after the numbers' line: the model writes its trials next."""
         numbers = " ".join(format_number(v) for v in state.values)
-        return ValueQuery(("game24", numbers), value_query(numbers))
+        text = value_query(numbers)
+        return ValueQuery(("game24", numbers), text if self.lookahead == 0 else text.removesuffix(VERDICT_CUE))
+
+    def trials(self, written: str) -> str:
+        """The leading whole lines of ``written`` that are trials ("Trial: ..."), at most :attr:`lookahead`,
+        each ending in a newline; the rest (a verdict, another input, a line cut short) is dropped."""
+        kept = []
+        for line in written.split("\n")[:-1][: self.lookahead]:  # whole lines only
+            if not line.startswith(TRIAL_MARK) or not line.removeprefix(TRIAL_MARK).strip():
+                break
+            kept.append(line + "\n")
+        return "".join(kept)
 
     def finished_score(self, problem: Problem, result: StepResult) -> float:
         """1.0 when the final expression uses the inputs once and equals 24, else 0.0 (exact)."""

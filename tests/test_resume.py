@@ -20,7 +20,7 @@ from arbor_cli.results import (
     read_jsonl,
     repair_jsonl,
 )
-from arbor_cli.resume import FINGERPRINT_FILE, fingerprint
+from arbor_cli.resume import ADDED_KEYS, FINGERPRINT_FILE, fingerprint
 from arbor_cli.run import run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -108,6 +108,26 @@ def test_another_config_refuses_in_one_line_unless_forced(data_dir, tmp_path, ca
     assert run(forced, Console(width=100)) == 0
     assert [json.loads(line)["index"] for line in lines(tmp_path)] == [900, 901]
     assert json.loads((tmp_path / FINGERPRINT_FILE).read_text())["settings"]["seed"] == 7
+
+
+def test_a_run_dir_written_before_a_key_was_added_resumes_at_its_old_value(data_dir, tmp_path, capsys):
+    """A run dir whose stored settings predate ``verifier.lookahead`` (:data:`ADDED_KEYS`) resumes when the
+    rerun leaves it at 0 (what the old runtime did), and refuses in one line when the rerun asks for trials."""
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=901"), Console(width=100)) == 0
+    path = tmp_path / FINGERPRINT_FILE
+    record = json.loads(path.read_text())
+    assert record["settings"].pop("verifier.lookahead") == ADDED_KEYS["verifier.lookahead"] == 0
+    record["fingerprint"] = "written-before"  # as an older version stored it: another digest, no such key
+    path.write_text(json.dumps(record))
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=902"), Console(width=100)) == 0
+    assert [json.loads(line)["index"] for line in lines(tmp_path)] == [900, 901]
+    assert json.loads(path.read_text())["settings"]["verifier.lookahead"] == 0  # stored as now
+    record = json.loads(path.read_text())
+    del record["settings"]["verifier.lookahead"]
+    path.write_text(json.dumps(record | {"fingerprint": "written-before"}))
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=903", "verifier.lookahead=1")) == 2
+    assert "verifier.lookahead: null -> 1" in capsys.readouterr().err
+    assert len(lines(tmp_path)) == 2  # nothing was added
 
 
 def test_resume_false_refuses_a_dir_with_results(data_dir, tmp_path, capsys):

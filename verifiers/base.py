@@ -86,6 +86,11 @@ class Verifier(ABC):
         """Extra fields to log for a scored node (default: none)."""
         return {}
 
+    def check_task(self, task: Task) -> None:
+        """Refuse (ValueError naming what is valid) a task this verifier's settings cannot score; called
+        when a run is built, before the model loads. By default every task its name fits."""
+        del task
+
     def bind(self, runtime: Runtime, task: Task) -> None:
         """Called by a controller before it searches: the runtime it grows trees in and the task.
 

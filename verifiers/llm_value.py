@@ -16,6 +16,12 @@ root in the search's runtime, prefilled once; each state's query is a teacher-fo
 to that root, sampled from, and released again, so only the prefix stays resident. Values are
 cached per state (ToT's value cache) for one runtime. Unlike ToT's prompt, the examples give the
 verdict directly (no arithmetic lines first), so a verdict fits in a few tokens.
+
+``lookahead=k`` (choose mode, a prompt with a trial form: Game of 24) is ToT's own order: the examples
+show up to k trials before their verdict, the model writes up to k trial lines after a state's query
+(greedy, :data:`TRIAL_TOKENS` tokens a line at most, in a block released afterwards), and the verdicts
+are scored after the query, its trials and the prompt's verdict cue. Deeper lookahead spends more
+model time per state on a better-informed verdict (issue 50's third widening).
 """
 
 from __future__ import annotations
@@ -60,6 +66,8 @@ def raw_value(verdicts: list[str | None]) -> float:
 MODES = ("choose", "sample")
 #: the verdicts as choices after "Judgement:" (the value prompts' examples write " sure" etc.)
 VERDICT_CHOICES = tuple(f" {v}" for v in VALUE_MAP)
+#: tokens one trial line may take (lookahead)
+TRIAL_TOKENS = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +89,8 @@ class LLMValueVerifier(Verifier):
         n_evaluate: verdicts sampled per state (one batch; sample mode).
         temperature: sampling temperature of the verdicts.
         max_new_tokens: tokens one verdict may take (it ends at a newline).
+        lookahead: trial lines the model writes before its verdict (choose mode; the task's value
+            prompt must have a trial form: Game of 24 takes 0-3); 0: verdict first.
         runtime / prompt: what to evaluate in and with; a controller binds both (the task's
             ``value_prompt``), so leave them None there.
 
@@ -102,12 +112,17 @@ class LLMValueVerifier(Verifier):
         prompt: ValuePrompt | None = None,
         seed: int = 0,
         mode: str = "choose",
+        lookahead: int = 0,
     ) -> None:
         if n_evaluate < 1:
             raise ValueError(f"llm_value: n_evaluate={n_evaluate} must be >= 1")
         if mode not in MODES:
             raise ValueError(f"llm_value: mode={mode!r} must be one of {', '.join(MODES)}")
-        self.n_evaluate, self.mode = n_evaluate, mode
+        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
+            raise ValueError(f"verifier.lookahead={lookahead!r}: valid: an integer >= 0 (0: verdict first)")
+        if lookahead and mode != "choose":
+            raise ValueError(f"verifier.lookahead={lookahead} needs verifier.mode=choose (got {mode})")
+        self.n_evaluate, self.mode, self.lookahead = n_evaluate, mode, lookahead
         self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, stop=["\n"])
         self.runtime: Runtime | None = None
         self.prompt = prompt
@@ -118,6 +133,8 @@ class LLMValueVerifier(Verifier):
         #: function of its text whichever search (or how many at once) asks
         self.seed = seed
         self._lock = threading.Lock()  # searches in threads share one verifier
+        if prompt is not None:
+            self.prompt = prompt.with_lookahead(lookahead)
         if runtime is not None:
             self.use_runtime(runtime)
 
@@ -135,11 +152,20 @@ class LLMValueVerifier(Verifier):
 
     def bind(self, runtime: Runtime, task: Task) -> None:
         """Evaluate in ``runtime`` with ``task``'s value prompt (ValueError if it has none)."""
+        self.prompt = self.task_prompt(task)
+        self.use_runtime(runtime)
+
+    def check_task(self, task: Task) -> None:
+        """Refuse (ValueError) a task without a value prompt, or one whose prompt has no trial form
+        when ``lookahead`` asks for trials: before any model loads."""
+        self.task_prompt(task)
+
+    def task_prompt(self, task: Task) -> ValuePrompt:
+        """``task``'s value prompt with this verifier's lookahead."""
         if task.value_prompt is None:
             valid = ", ".join(task.verifiers)
             raise ValueError(f"verifier=llm_value: task {task.name} has no value prompt; valid verifiers: {valid}")
-        self.prompt = task.value_prompt
-        self.use_runtime(runtime)
+        return task.value_prompt.with_lookahead(self.lookahead)
 
     def use_runtime(self, runtime: Runtime) -> None:
         """Evaluate in ``runtime`` from now on; a new runtime starts with no prefix root and an empty cache."""
@@ -175,7 +201,10 @@ class LLMValueVerifier(Verifier):
         rt = self._bound()
         root = self._root(self._prompt().prefix)
         if self.mode == "choose":
-            ev = self._choose(rt, root, query.text)
+            text = query.text
+            if self._prompt().lookahead:
+                text += self._trials(rt, root, text) + self._prompt().verdict_cue
+            ev = self._choose(rt, root, text)
         else:
             block = rt.append(root, query.text)
             try:
@@ -187,6 +216,20 @@ class LLMValueVerifier(Verifier):
         return ev
 
     # ---- helpers -------------------------------------------------------------------------
+    def _trials(self, rt: Runtime, root: Node, query: str) -> str:
+        """The trial lines the model writes (greedy) after ``query`` below the prefix, as the prompt keeps
+        them; the block they were written in is released."""
+        prompt = self._prompt()
+        sampling = SamplingParams(
+            max_new_tokens=prompt.lookahead * TRIAL_TOKENS, temperature=0.0, stop=[prompt.verdict_cue, "\nInput:"]
+        )
+        block = rt.append(root, query)
+        try:
+            (written,) = rt.expand(block, n=1, sampling=sampling)
+            return prompt.trials(written.text)
+        finally:
+            rt.release(block)
+
     def _choose(self, rt: Runtime, root: Node, query: str) -> Evaluation:
         """The verdicts' probabilities after the query (renormalized over the three) and their expected value."""
         scored = rt.choose(root, [query + v for v in VERDICT_CHOICES])
