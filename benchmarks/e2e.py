@@ -82,7 +82,8 @@ def varying_settings(jobs) -> set[str]:
 def sweep_runs(sweep_dir: Path, varying: set[str] | None = None) -> list[tuple[str, float | None, str, Path]]:
     """(policy, budget ratio, the search-shape overrides that differ between the jobs as text, run dir) of
     every job of a Hydra sweep (:func:`arbor_cli.sweep.find_jobs`: its ``.hydra/overrides.yaml``); an
-    override every job has alike (the search both runs share) names no setting. ``varying``: the keys
+    override every job has alike (the search both runs share) names no setting; the keys are named in
+    :data:`SETTING_KEYS`' order, whatever order the command gave them in. ``varying``: the keys
     that differ, when the jobs of several sweeps are compared (default: those of this sweep's jobs)."""
     jobs = find_jobs(sweep_dir)
     varying = varying_settings(jobs) if varying is None else varying
@@ -91,7 +92,7 @@ def sweep_runs(sweep_dir: Path, varying: set[str] | None = None) -> list[tuple[s
         found = dict(job.overrides)
         ratio = found.pop("policy.budget_ratio", None)
         policy = found.pop("policy", job.choices.get("policy", "full"))
-        other = " ".join(f"{k}={v}" for k, v in found.items() if k in varying)
+        other = " ".join(f"{k}={found[k]}" for k in SETTING_KEYS if k in varying and k in found)
         out.append((policy, None if ratio is None else float(ratio), other, job.path))
     return out
 
