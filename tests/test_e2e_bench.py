@@ -197,25 +197,30 @@ def test_script_refuses_a_bad_jobs_value_before_any_search(tmp_path):
 
 
 def test_scaling_script_merges_the_reference_halves_and_widens_inside_their_peak(tmp_path, data_dir):
-    """scripts/bench_scaling.sh on the tiny model (puzzles 900-901, breadths 1 / 2 / 3, 1 thought): the
-    reference's halves run side by side and merge into one run dir, then arbor at the two wider breadths
-    and full at the widest run inside each puzzle's peak; a rerun resumes every step (nothing runs twice)."""
+    """scripts/bench_scaling.sh on the tiny model (puzzles 900-901, breadths 1 / 2 / 3 / 4, 1 thought, 2 for
+    the widened one): the reference's halves run side by side and merge into one run dir, then arbor at the
+    wider breadths, full at breadth 3, arbor with 2 thoughts per state (halves merged) and arbor at breadth 4
+    (halves merged) run inside each puzzle's peak; a rerun resumes every step (nothing runs twice)."""
     import os
     import subprocess
     import sys
 
     repo = Path(__file__).resolve().parents[1]
     env = os.environ | {"BIN": str(Path(sys.executable).parent), "START": "900", "END": "902", "REF": "1",
-                        "WIDE": "2", "WIDER": "3", "THOUGHTS": "1", "SECTION": "0"}  # fmt: skip
+                        "WIDE": "2", "WIDER": "3", "WIDEST": "4", "THOUGHTS": "1", "MORE": "2",
+                        "SECTION": "0"}  # fmt: skip
     script = ["bash", str(repo / "scripts/bench_scaling.sh"), str(tmp_path / "out"), str(data_dir), "model=tiny-random"]
     for _ in range(2):
         done = subprocess.run(script, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
     out = tmp_path / "out"
     assert [r["index"] for r in read_jsonl(out / "full" / "results.jsonl")] == [900, 901]  # merged once
-    rows = table("scaling", out / "full", [out / "sweep-1", out / "sweep-2", out / "sweep-3"])
+    runs = ("sweep-1", "sweep-2", "sweep-3", "thoughts", "widest")
+    rows = table("scaling", out / "full", [out / s for s in runs])
     got = sorted((r["policy"], r["setting"], r["problems"]) for r in rows)
-    assert got == [("arbor", "controller.breadth=2", 2), ("arbor", "controller.breadth=3", 2),
-                   ("full", "", 2), ("full", "controller.breadth=3", 2)]  # fmt: skip
-    assert all(len(read_jsonl(d / "results.jsonl")) == 2 for s in ("sweep-1", "sweep-2", "sweep-3")
-               for *_, d in sweep_runs(out / s))  # fmt: skip
+    assert got == [("arbor", "controller.breadth=1 controller.n_generate=2", 2),
+                   ("arbor", "controller.breadth=2 controller.n_generate=1", 2),
+                   ("arbor", "controller.breadth=3 controller.n_generate=1", 2),
+                   ("arbor", "controller.breadth=4 controller.n_generate=1", 2),
+                   ("full", "", 2), ("full", "controller.breadth=3 controller.n_generate=1", 2)]  # fmt: skip
+    assert all(len(read_jsonl(d / "results.jsonl")) == 2 for s in runs for *_, d in sweep_runs(out / s))
