@@ -130,7 +130,8 @@ def scaling_lines(data: dict) -> list[str]:
         + f". Generated from `docs/data/{SCALING}/`; the widenings, their times and the command are in "
         "[docs/results.md](docs/results.md).",
         "",
-        "![solved vs seconds per puzzle inside full's breadth-5 KV peak: full, and arbor at wider breadths]"
+        "![solved vs seconds per puzzle inside full's breadth-5 KV peak: full, and arbor widened by breadth and by "
+        "thoughts per state]"
         "(docs/fixed-memory-scaling.png)",
         "",
     ]

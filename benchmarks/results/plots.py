@@ -121,37 +121,65 @@ def _breadth(setting: str) -> str:
     return f"b{parts.get('controller.breadth', '5')} x{parts.get('controller.n_generate', '5')}"
 
 
+def _shape(setting: str) -> tuple[int, int]:
+    """``controller.breadth=20 controller.n_generate=5`` -> (20, 5); a key the setting leaves out is the
+    reference's (breadth 5, 5 thoughts per state)."""
+    parts = dict(kv.split("=", 1) for kv in setting.split())
+    return int(parts.get("controller.breadth", 5)), int(parts.get("controller.n_generate", 5))
+
+
+#: fixed_memory_scaling's widenings: (label, colour, marker) by what a search widens against the reference
+WIDENINGS = {"breadth": ("arbor, wider breadth", "#1b9e77", "o-"), "thoughts": ("arbor, more thoughts per state",
+                                                                                 "#7570b3", "D--")}  # fmt: skip
+
+
 def fixed_memory_scaling(data: dict, path: Path) -> None:
     """Solved (95% Wilson interval) against the mean seconds a puzzle took, every search run inside
-    full's breadth-5 peak device KV (docs/data/e2e-scaling-game24): full's reference search, arbor's
-    widenings joined by a line in order of time; a search that ran out of memory on every puzzle is a
-    cross at zero."""
+    full's breadth-5 peak device KV (docs/data/e2e-scaling-game24): full's reference search, and each
+    arbor widening (wider breadth; more thoughts per state) as a curve that starts at the reference, in
+    order of time; a search that ran out of memory on every puzzle is a cross at zero."""
     rows = data["tables"]["main"]["rows"]
+    ref = next(r for r in rows if r["ratio"] is None)
     fig = _figure(6.4, 3.8)
     ax = fig.add_subplot()
-    for policy, color in (("full", "#444444"), ("arbor", "#1b9e77")):
-        mine = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["mean_s"])
-        runs = [r for r in mine if r["oom_n"] < r["problems"]]
-        x = [r["mean_s"] for r in runs]
-        y = [r["solved_n"] / r["problems"] for r in runs]
-        lo_hi = [wilson(r["solved_n"], r["problems"]) for r in runs]
-        below = [v - lo for v, (lo, _) in zip(y, lo_hi, strict=True)]
-        err = [below, [hi - v for v, (_, hi) in zip(y, lo_hi, strict=True)]]
-        ax.errorbar(x, y, yerr=err, fmt="o-" if policy == "arbor" else "s", color=color, capsize=3, label=policy)
-        for r, xi, yi in zip(runs, x, y, strict=True):
-            ax.annotate(_breadth(r["setting"]), (xi, yi), textcoords="offset points", xytext=(6, -10), fontsize=8)
-        for r in mine:
-            if r["oom_n"] == r["problems"]:
-                ax.plot([r["mean_s"]], [0], "x", color=color, ms=8, clip_on=False)
-                ax.annotate(f"{_breadth(r['setting'])}: out of memory", (r["mean_s"], 0), textcoords="offset points",
-                            xytext=(6, 4), fontsize=8)  # fmt: skip
+
+    def point(r: dict) -> tuple[float, float, float, float]:  # x, y, y - low, high - y
+        y = r["solved_n"] / r["problems"]
+        lo, hi = wilson(r["solved_n"], r["problems"])
+        return r["mean_s"], y, y - lo, hi - y
+
+    def draw(runs: list[dict], fmt: str, color: str, label: str, alternate: bool = False) -> None:
+        x, y, below, above = zip(*(point(r) for r in runs), strict=True)
+        ax.errorbar(x, y, yerr=[below, above], fmt=fmt, color=color, capsize=3, label=label)
+        for i, (r, xi, yi) in enumerate(zip(runs, x, y, strict=True)):
+            if r is not ref:  # ``alternate``: labels above / below the curve in turn, so close points stay readable
+                up = alternate and i % 2 == 1
+                ax.annotate(_breadth(r["setting"]), (xi, yi), textcoords="offset points",
+                            xytext=(6, 6) if up else (6, -14), fontsize=8)  # fmt: skip
+
+    ref_shape = _shape(ref["setting"])
+    arbor = [r for r in rows if r["policy"] == "arbor" and r["oom_n"] < r["problems"]]
+    for widening, (label, color, fmt) in WIDENINGS.items():
+        axis = 0 if widening == "breadth" else 1
+        mine = [r for r in arbor if _shape(r["setting"])[1 - axis] == ref_shape[1 - axis]
+                and _shape(r["setting"])[axis] > ref_shape[axis]]  # fmt: skip
+        if mine:
+            draw([ref, *sorted(mine, key=lambda r: r["mean_s"])], fmt, color, label, alternate=widening == "breadth")
+    draw([ref], "s", "#444444", f"full {_breadth(ref['setting'])} (reference, its peak is the budget)")
+    ax.annotate(_breadth(ref["setting"]), (ref["mean_s"], ref["solved_n"] / ref["problems"]),
+                textcoords="offset points", xytext=(6, -10), fontsize=8)  # fmt: skip
+    for r in rows:
+        if r["oom_n"] == r["problems"]:
+            ax.plot([r["mean_s"]], [0], "x", color="#444444", ms=8, clip_on=False)
+            ax.annotate(f"{r['policy']} {_breadth(r['setting'])}: out of memory", (r["mean_s"], 0),
+                        textcoords="offset points", xytext=(6, 4), fontsize=8)  # fmt: skip
     ax.set_ylim(0, 1)
     ax.set_xlim(0, 1.2 * max(r["mean_s"] for r in rows))
     ax.set_xlabel("mean seconds per puzzle (1 CPU thread)")
     ax.set_ylabel(f"solved, n={rows[0]['problems']} puzzles (95% CI)")
     where = data.get("settings", {}).get("rows", "")
     ax.set_title(f"Game of 24 rows {where}: every search inside each puzzle's full breadth-5 KV peak", fontsize=9)
-    ax.legend(frameon=False, loc="upper left")
+    ax.legend(frameon=False, loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})
 
