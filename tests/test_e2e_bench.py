@@ -224,3 +224,29 @@ def test_scaling_script_merges_the_reference_halves_and_widens_inside_their_peak
                    ("arbor", "controller.breadth=4 controller.n_generate=1", 2),
                    ("full", "", 2), ("full", "controller.breadth=3 controller.n_generate=1", 2)]  # fmt: skip
     assert all(len(read_jsonl(d / "results.jsonl")) == 2 for s in runs for *_, d in sweep_runs(out / s))
+
+
+def test_scaling_script_with_lookahead_runs_the_reference_and_each_lookahead_only(tmp_path, data_dir):
+    """LOOKAHEAD="1 2" on the tiny model: the reference, then arbor at the reference's breadth with
+    verifier.lookahead 1 and 2 inside its peak, each as merged halves; no breadth or thoughts widening runs;
+    a bad LOOKAHEAD is refused in one line before anything runs."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = os.environ | {"BIN": str(Path(sys.executable).parent), "START": "900", "END": "902", "REF": "1",
+                        "THOUGHTS": "1", "SECTION": "0"}  # fmt: skip
+    script = ["bash", str(repo / "scripts/bench_scaling.sh"), str(tmp_path / "out"), str(data_dir), "model=tiny-random"]
+    bad = subprocess.run(script, cwd=repo, env=env | {"LOOKAHEAD": "1 two"}, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "LOOKAHEAD=1 two" in bad.stderr
+    assert not (tmp_path / "out").exists()
+    done = subprocess.run(script, cwd=repo, env=env | {"LOOKAHEAD": "1 2"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
+        "full", "full-2", "lookahead-1", "lookahead-1-2", "lookahead-2", "lookahead-2-2"
+    ]  # fmt: skip
+    rows = table("lookahead", out / "full", [out / "lookahead-1", out / "lookahead-2"])
+    got = sorted((r["policy"], r["setting"], r["problems"]) for r in rows)
+    assert got == [("arbor", "verifier.lookahead=1", 2), ("arbor", "verifier.lookahead=2", 2), ("full", "", 2)]
