@@ -130,7 +130,8 @@ def test_the_verdict_is_scored_after_the_models_own_trials(tiny, game24_problem)
     totals = {v: sum(ref.append(query, f" {v}").logprobs) for v in VALUE_MAP}
     z = sum(math.exp(t) for t in totals.values())
     probs = {v: math.exp(t) / z for v, t in totals.items()}
-    assert verifier.describe(problem, result)["verdict_probs"] == pytest.approx(probs, rel=1e-4)
+    described = verifier.describe(problem, result)
+    assert described["verdict_probs"] == pytest.approx(probs, rel=1e-4) and described["trials"] == trials
     assert score == pytest.approx(sum(p * VALUE_MAP[v] for v, p in probs.items()) / 20, rel=1e-4)
     assert verifier.roots[verifier.prompt.prefix].children == []  # trials and query released
     assert verifier.score(problem, result) == score and len(written) == 1  # cached: nothing written again

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from arbor_runtime import Node, Runtime, SamplingParams
@@ -73,12 +73,14 @@ TRIAL_TOKENS = 24
 @dataclass(frozen=True, slots=True)
 class Evaluation:
     """One state's verdicts (sampled; or None in choose mode), their probabilities (choose mode; else
-    empty), the ToT value (``raw``) and the score in [0, 1]."""
+    empty), the ToT value (``raw``), the score in [0, 1] and the trial lines the model wrote first
+    (lookahead; else None)."""
 
     verdicts: tuple[str | None, ...]
     raw: float
     score: float
     probs: dict[str, float] | None = None
+    trials: str | None = None
 
 
 class LLMValueVerifier(Verifier):
@@ -182,13 +184,15 @@ class LLMValueVerifier(Verifier):
         return self.evaluate(self._prompt().query(problem, result.state)).score
 
     def describe(self, problem: Problem, result: StepResult) -> dict[str, Any]:
-        """The raw ToT value and the verdicts of a state already scored (no model call; {} otherwise)."""
+        """The raw ToT value, the verdicts (or their probabilities) and, with lookahead, the trial lines the model
+        wrote, of a state already scored (no model call; {} otherwise)."""
         if not result.valid or self._finished(problem, result) is not None:
             return {}
         ev = self.cache.get(self._prompt().query(problem, result.state).key)
         if ev is None:
             return {}
-        return {"value_raw": ev.raw} | ({"verdict_probs": ev.probs} if ev.probs else {"verdicts": list(ev.verdicts)})
+        found = {"value_raw": ev.raw} | ({"verdict_probs": ev.probs} if ev.probs else {"verdicts": list(ev.verdicts)})
+        return found | ({"trials": ev.trials} if ev.trials is not None else {})
 
     def evaluate(self, query: ValueQuery) -> Evaluation:
         """Score ``query`` below the prefix root: verdict probabilities or samples (cached per state).
@@ -200,11 +204,11 @@ class LLMValueVerifier(Verifier):
             return self.cache[query.key]
         rt = self._bound()
         root = self._root(self._prompt().prefix)
-        if self.mode == "choose":
-            text = query.text
-            if self._prompt().lookahead:
-                text += self._trials(rt, root, text) + self._prompt().verdict_cue
-            ev = self._choose(rt, root, text)
+        if self.mode == "choose" and self._prompt().lookahead:
+            trials = self._trials(rt, root, query.text)
+            ev = replace(self._choose(rt, root, query.text + trials + self._prompt().verdict_cue), trials=trials)
+        elif self.mode == "choose":
+            ev = self._choose(rt, root, query.text)
         else:
             block = rt.append(root, query.text)
             try:
