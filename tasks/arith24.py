@@ -53,15 +53,21 @@ def check_expression(expr: str, inputs: Sequence[int]) -> bool:
     parentheses are accepted; × and ÷ are read as * and /. Anything else, including division by
     zero, gives False.
     """
+    found = evaluate(expr)
+    return found is not None and found[0] == TARGET and Counter(found[1]) == Counter(inputs)
+
+
+def evaluate(expr: str) -> tuple[Fraction, list[int]] | None:
+    """``expr``'s exact value and the integer literals it uses (in order), parsed as :func:`check_expression`
+    parses; None when it is not such an expression or divides by zero."""
     tree = _parse(expr)
     if tree is None:
-        return False
+        return None
     used: list[int] = []
     try:
-        value = _evaluate(tree.body, used)
+        return _evaluate(tree.body, used), used
     except (ValueError, ZeroDivisionError):
-        return False
-    return value == TARGET and Counter(used) == Counter(inputs)
+        return None
 
 
 def apply_op(a: Fraction, op: str, b: Fraction) -> Fraction:

@@ -108,9 +108,10 @@ class ValuePrompt(ABC):
             return self
         raise ValueError(f"verifier.lookahead={depth}: this task's value prompt has no trial lines; valid: 0")
 
-    def trials(self, written: str) -> str:
-        """The trial lines to keep of what the model wrote after a query (at most :attr:`lookahead`)."""
-        del written
+    def trials(self, written: str, query: ValueQuery, exact: bool = False) -> str:
+        """The trial lines to keep of what the model wrote after ``query`` (at most :attr:`lookahead`);
+        ``exact``: only trials the task can check, each with its value computed by the task, not the model."""
+        del written, query, exact
         return ""
 
     def examples_span(self) -> tuple[int, int] | None:

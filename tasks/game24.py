@@ -24,7 +24,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from arbor_runtime.tasks.arith24 import apply_op, check_expression, format_number, parse_puzzle
+from arbor_runtime.tasks.arith24 import apply_op, check_expression, evaluate, format_number, parse_puzzle
 from arbor_runtime.tasks.base import Problem, Proposal, StepResult, Task, ValuePrompt, ValueQuery
 from arbor_runtime.tasks.data import DataUnavailable, check_slice, find_file, read_rows
 
@@ -205,15 +205,34 @@ class Game24ValuePrompt(ValuePrompt):
         text = value_query(numbers)
         return ValueQuery(("game24", numbers), text if self.lookahead == 0 else text.removesuffix(VERDICT_CUE))
 
-    def trials(self, written: str) -> str:
+    def trials(self, written: str, query: ValueQuery, exact: bool = False) -> str:
         """The leading whole lines of ``written`` that are trials ("Trial: ..."), at most :attr:`lookahead`,
-        each ending in a newline; the rest (a verdict, another input, a line cut short) is dropped."""
+        each ending in a newline; the rest (a verdict, another input, a line cut short) is dropped.
+
+        ``exact``: a trial is kept only when its expression uses exactly the numbers left (``query``'s key)
+        with + - * /, and its value is the exact one (:func:`exact_trial`), whatever the model wrote after "="."""
         kept = []
         for line in written.split("\n")[:-1][: self.lookahead]:  # whole lines only
-            if not line.startswith(TRIAL_MARK) or not line.removeprefix(TRIAL_MARK).strip():
+            body = line.removeprefix(TRIAL_MARK).strip()
+            if not line.startswith(TRIAL_MARK) or not body:
                 break
+            if exact:
+                body = exact_trial(body, query.key[1])
+                if body is None:
+                    continue
+                line = f"{TRIAL_MARK} {body}"
             kept.append(line + "\n")
         return "".join(kept)
+
+
+def exact_trial(trial: str, numbers: str) -> str | None:
+    """``"3 + 4 + 9 = 18"`` over numbers ``"3 4 9"`` -> ``"3 + 4 + 9 = 16"``: the expression before "=" with its
+    exact value; None when it is not an expression of exactly those (whole) numbers with + - * /."""
+    expr = trial.split("=", 1)[0].strip()
+    found = evaluate(expr)
+    if found is None or sorted(str(n) for n in found[1]) != sorted(numbers.split()):
+        return None
+    return f"{expr} = {format_number(found[0])}"
 
     def finished_score(self, problem: Problem, result: StepResult) -> float:
         """1.0 when the final expression uses the inputs once and equals 24, else 0.0 (exact)."""

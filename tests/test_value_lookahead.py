@@ -21,6 +21,7 @@ from arbor_runtime.tasks.game24 import (
     VALUE_TRIALS,
     Game24Task,
     Game24ValuePrompt,
+    exact_trial,
 )
 from arbor_runtime.tasks.stepwise import StepwiseValuePrompt
 from arbor_runtime.verifiers import LLMValueVerifier
@@ -74,12 +75,50 @@ def test_a_deeper_prompt_shows_that_many_trials_and_leaves_the_query_open(game24
     assert "5 - 3 = 2" not in two.prefix and two.examples_span() == (len(VALUE_HEADER), len(two.prefix))
     query = two.query(problem, task.initial_state(problem))
     assert query.text == "Input: 4 5 6 10\n" and query.key == ("game24", "4 5 6 10")  # same key: one cache
-    assert two.trials("Trial: 4 + 5 + 6 + 10 = 25\nTrial: 4 * 6 = 24\nTrial: x\n") == (
+    assert two.trials("Trial: 4 + 5 + 6 + 10 = 25\nTrial: 4 * 6 = 24\nTrial: x\n", query) == (
         "Trial: 4 + 5 + 6 + 10 = 25\nTrial: 4 * 6 = 24\n"
     )
-    assert two.trials("Trial: 4 * 6 = 24\nJudgement") == "Trial: 4 * 6 = 24\n"  # the verdict's cue ends them
-    assert two.trials("Trial: 4 * 6 =") == ""  # a line cut short is not kept
-    assert two.trials("sure\nTrial: 4 * 6 = 24\n") == "" and two.trials("Trial:\n") == ""
+    assert two.trials("Trial: 4 * 6 = 24\nJudgement", query) == "Trial: 4 * 6 = 24\n"  # the cue ends them
+    assert two.trials("Trial: 4 * 6 =", query) == ""  # a line cut short is not kept
+    assert two.trials("sure\nTrial: 4 * 6 = 24\n", query) == "" and two.trials("Trial:\n", query) == ""
+
+
+def test_exact_trial_values_keep_only_checked_trials_with_the_tasks_arithmetic(game24_problem):
+    """trial_values=exact: a trial of exactly the numbers left keeps its expression and gets its exact value;
+    one over other numbers, or not an expression, is dropped (a later one still counts)."""
+    task, problem = game24_problem
+    three = Game24ValuePrompt(3)
+    query = three.query(problem, task.step(problem, task.initial_state(problem), "6 - 5 = 1 (left").state)
+    assert query.key == ("game24", "1 4 10")
+    written = "Trial: 1 + 4 + 10 = 13\nTrial: 4 * 6 = 24\nTrial: (10 - 4) * 4 = 24\n"
+    assert three.trials(written, query, exact=True) == "Trial: 1 + 4 + 10 = 15\n"  # 6 and 4 twice: dropped
+    written = "Trial: (1 + 10) * 4 = 24\nTrial: 10 / (4 - 4) = 1\nTrial: 4 * 10 - 1 = 3 * 13\n"
+    assert three.trials(written, query, exact=True) == "Trial: (1 + 10) * 4 = 44\nTrial: 4 * 10 - 1 = 39\n"
+    assert exact_trial("10 * (4 - 1) = 30", "1 4 10") == "10 * (4 - 1) = 30"
+    assert exact_trial("10 * 4 - 1", "1 4 10") == "10 * 4 - 1 = 39"  # no "=": the value is added
+    assert exact_trial("2 / 3 * 36 = 24", "2/3 36") is None  # a fraction left is not a whole number
+    assert exact_trial("__import__('os') = 1", "1 4 10") is None and exact_trial("1 + 4 ** 10", "1 4 10") is None
+
+
+def test_trial_values_take_model_or_exact_and_exact_changes_what_the_verdict_reads(tiny, game24_problem):
+    with pytest.raises(ValueError, match="verifier.trial_values='tool': valid: model, exact"):
+        LLMValueVerifier(lookahead=1, trial_values="tool")
+    task, problem = game24_problem
+    rt = Runtime(tiny, seed=0)
+    verifier = LLMValueVerifier(runtime=rt, prompt=task.value_prompt, lookahead=2, trial_values="exact")
+    written: list[str] = []
+    expand = rt.expand
+
+    def script(node, n=1, sampling=None):  # the model's trials, as scripted text (the tiny model writes noise)
+        kids = expand(node, n, sampling)
+        kids[0].text = "Trial: 6 + 9 + 10 = 24\nTrial: 9 * 10 = 24\n"
+        written.append(kids[0].text)
+        return kids
+
+    rt.expand = script
+    result = task.step(problem, task.initial_state(problem), "4 + 5 = 9 (left")
+    verifier.score(problem, result)
+    assert verifier.describe(problem, result)["trials"] == "Trial: 6 + 9 + 10 = 25\n"  # checked, then corrected
 
 
 @pytest.mark.parametrize("bad", [-1, MAX_LOOKAHEAD + 1, 1.5, True, "2"])
@@ -123,7 +162,7 @@ def test_the_verdict_is_scored_after_the_models_own_trials(tiny, game24_problem)
     result = task.step(problem, task.initial_state(problem), "4 + 5 = 9 (left")
     score = verifier.score(problem, result)
     assert len(written) == 1  # one greedy continuation per state
-    trials = verifier.prompt.trials(written[0])
+    trials = verifier.prompt.trials(written[0], verifier.prompt.query(problem, result.state))
     text = "Input: 6 9 10\n" + trials + "Judgement:"
     ref = Runtime(tiny, seed=0)
     query = ref.append(ref.new_tree(verifier.prompt.prefix), text)

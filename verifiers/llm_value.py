@@ -21,7 +21,9 @@ verdict directly (no arithmetic lines first), so a verdict fits in a few tokens.
 show up to k trials before their verdict, the model writes up to k trial lines after a state's query
 (greedy, :data:`TRIAL_TOKENS` tokens a line at most, in a block released afterwards), and the verdicts
 are scored after the query, its trials and the prompt's verdict cue. Deeper lookahead spends more
-model time per state on a better-informed verdict (issue 50's third widening).
+model time per state on a better-informed verdict (issue 50's third widening). ``trial_values="exact"``
+keeps only trials the task can check (Game of 24: an expression of exactly the numbers left) and writes
+their exact values in place of the model's own arithmetic, as ``task.propose=legal`` does for steps.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ MODES = ("choose", "sample")
 VERDICT_CHOICES = tuple(f" {v}" for v in VALUE_MAP)
 #: tokens one trial line may take (lookahead)
 TRIAL_TOKENS = 24
+#: whose values the kept trials carry: the model's own, or the task's exact ones
+TRIAL_VALUES = ("model", "exact")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,8 @@ class LLMValueVerifier(Verifier):
         max_new_tokens: tokens one verdict may take (it ends at a newline).
         lookahead: trial lines the model writes before its verdict (choose mode; the task's value
             prompt must have a trial form: Game of 24 takes 0-3); 0: verdict first.
+        trial_values: "model" (the trials as the model wrote them, ToT's way) or "exact" (only trials the
+            task can check, with their exact values); no effect without lookahead.
         runtime / prompt: what to evaluate in and with; a controller binds both (the task's
             ``value_prompt``), so leave them None there.
 
@@ -115,6 +121,7 @@ class LLMValueVerifier(Verifier):
         seed: int = 0,
         mode: str = "choose",
         lookahead: int = 0,
+        trial_values: str = "model",
     ) -> None:
         if n_evaluate < 1:
             raise ValueError(f"llm_value: n_evaluate={n_evaluate} must be >= 1")
@@ -122,9 +129,11 @@ class LLMValueVerifier(Verifier):
             raise ValueError(f"llm_value: mode={mode!r} must be one of {', '.join(MODES)}")
         if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
             raise ValueError(f"verifier.lookahead={lookahead!r}: valid: an integer >= 0 (0: verdict first)")
+        if trial_values not in TRIAL_VALUES:
+            raise ValueError(f"verifier.trial_values={trial_values!r}: valid: {', '.join(TRIAL_VALUES)}")
         if lookahead and mode != "choose":
             raise ValueError(f"verifier.lookahead={lookahead} needs verifier.mode=choose (got {mode})")
-        self.n_evaluate, self.mode, self.lookahead = n_evaluate, mode, lookahead
+        self.n_evaluate, self.mode, self.lookahead, self.trial_values = n_evaluate, mode, lookahead, trial_values
         self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, stop=["\n"])
         self.runtime: Runtime | None = None
         self.prompt = prompt
@@ -205,7 +214,7 @@ class LLMValueVerifier(Verifier):
         rt = self._bound()
         root = self._root(self._prompt().prefix)
         if self.mode == "choose" and self._prompt().lookahead:
-            trials = self._trials(rt, root, query.text)
+            trials = self._trials(rt, root, query)
             ev = replace(self._choose(rt, root, query.text + trials + self._prompt().verdict_cue), trials=trials)
         elif self.mode == "choose":
             ev = self._choose(rt, root, query.text)
@@ -220,17 +229,17 @@ class LLMValueVerifier(Verifier):
         return ev
 
     # ---- helpers -------------------------------------------------------------------------
-    def _trials(self, rt: Runtime, root: Node, query: str) -> str:
+    def _trials(self, rt: Runtime, root: Node, query: ValueQuery) -> str:
         """The trial lines the model writes (greedy) after ``query`` below the prefix, as the prompt keeps
         them; the block they were written in is released."""
         prompt = self._prompt()
         sampling = SamplingParams(
             max_new_tokens=prompt.lookahead * TRIAL_TOKENS, temperature=0.0, stop=[prompt.verdict_cue, "\nInput:"]
         )
-        block = rt.append(root, query)
+        block = rt.append(root, query.text)
         try:
             (written,) = rt.expand(block, n=1, sampling=sampling)
-            return prompt.trials(written.text)
+            return prompt.trials(written.text, query, exact=self.trial_values == "exact")
         finally:
             rt.release(block)
 
