@@ -71,7 +71,10 @@ def tree_paths(run_dir: Path, index: int) -> set[tuple[str, ...]]:
 
 
 #: swept overrides a row names besides policy and budget (the search's shape)
-SETTING_KEYS = ("controller.breadth", "controller.n_generate", "controller.max_expansions", "verifier.lookahead")
+SETTING_KEYS = (
+    "controller.breadth", "controller.n_generate", "controller.max_expansions", "verifier.lookahead",
+    "verifier.trial_values",
+)  # fmt: skip
 
 
 def varying_settings(jobs) -> set[str]:

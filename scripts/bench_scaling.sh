@@ -13,8 +13,9 @@
 #    arbor at breadth REF with MORE thoughts per state (OUT/thoughts), then arbor at breadth WIDEST (OUT/widest);
 # 4. python -m benchmarks.e2e writes docs/data/e2e-scaling-game24/results.json (SECTION=0: print only).
 # LOOKAHEAD="1 2" runs, after the reference, only the value-prompt widening instead of steps 2-3: arbor at
-# breadth REF with verifier.lookahead=k, its halves merged into OUT/lookahead-k, for each k; the section is
-# then docs/data/e2e-lookahead-game24 (its own reference, so its rows share one code).
+# breadth REF with verifier.lookahead=k, its halves merged into OUT/lookahead-k, for each k, and for each of
+# TRIALS (default "model"; "model exact" adds OUT/lookahead-k-exact with verifier.trial_values=exact); the
+# section is then docs/data/e2e-lookahead-game24 (its own reference, so its rows share one code).
 # Every step resumes (run dirs keep their results.jsonl): an interrupted run is rerun with the same command.
 # START/END (default 900/1000) pick another slice; REF, WIDE, WIDER, WIDEST (5, 10, 20, 40) the breadths,
 # THOUGHTS (5) the thoughts per state and MORE (10) the widened one; further arguments are overrides of every
@@ -30,6 +31,11 @@ for v in START END REF WIDE WIDER WIDEST THOUGHTS MORE; do
 done
 LOOKAHEAD=${LOOKAHEAD:-}
 [ -z "$LOOKAHEAD" ] || given+="LOOKAHEAD='$LOOKAHEAD' "
+[ -z "${TRIALS+x}" ] || given+="TRIALS='$TRIALS' "
+TRIALS=${TRIALS:-model}
+for t in $TRIALS; do
+  [[ "$t" == model || "$t" == exact ]] || { echo "bench_scaling.sh: TRIALS=$TRIALS: valid: model, exact" >&2; exit 2; }
+done
 for k in $LOOKAHEAD; do
   [[ "$k" =~ ^[0-9]+$ ]] || { echo "bench_scaling.sh: LOOKAHEAD=$LOOKAHEAD: valid: whole numbers, e.g. '1 2'" >&2
     exit 2; }
@@ -79,8 +85,11 @@ both
 if [ -n "$LOOKAHEAD" ]; then
   runs=()
   for k in $LOOKAHEAD; do
-    halves "$REF" "$THOUGHTS" "$OUT/lookahead-$k" verifier.lookahead="$k"
-    runs+=("$OUT/lookahead-$k")
+    for t in $TRIALS; do
+      dir="$OUT/lookahead-$k$([ "$t" = model ] || echo "-$t")"
+      halves "$REF" "$THOUGHTS" "$dir" verifier.lookahead="$k" verifier.trial_values="$t"
+      runs+=("$dir")
+    done
   done
   name=lookahead-game24 title="Lookahead in the value prompt at fixed memory: Game of 24 rows $START-$((END - 1))"
 else

@@ -227,9 +227,10 @@ def test_scaling_script_merges_the_reference_halves_and_widens_inside_their_peak
 
 
 def test_scaling_script_with_lookahead_runs_the_reference_and_each_lookahead_only(tmp_path, data_dir):
-    """LOOKAHEAD="1 2" on the tiny model: the reference, then arbor at the reference's breadth with
-    verifier.lookahead 1 and 2 inside its peak, each as merged halves; no breadth or thoughts widening runs;
-    a bad LOOKAHEAD is refused in one line before anything runs."""
+    """LOOKAHEAD="1 2" TRIALS="model exact" on the tiny model: the reference, then arbor at the reference's
+    breadth with verifier.lookahead 1 and 2, each with the model's and the exact trial values, inside its
+    peak, each as merged halves; no breadth or thoughts widening runs; a bad LOOKAHEAD or TRIALS is refused
+    in one line before anything runs."""
     import os
     import subprocess
     import sys
@@ -241,12 +242,18 @@ def test_scaling_script_with_lookahead_runs_the_reference_and_each_lookahead_onl
     bad = subprocess.run(script, cwd=repo, env=env | {"LOOKAHEAD": "1 two"}, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "LOOKAHEAD=1 two" in bad.stderr
     assert not (tmp_path / "out").exists()
-    done = subprocess.run(script, cwd=repo, env=env | {"LOOKAHEAD": "1 2"}, capture_output=True, text=True, timeout=600)
+    bad = subprocess.run(script, cwd=repo, env=env | {"LOOKAHEAD": "1", "TRIALS": "tool"}, capture_output=True,
+                         text=True)  # fmt: skip
+    assert bad.returncode == 2 and "TRIALS=tool: valid: model, exact" in bad.stderr
+    lookahead = {"LOOKAHEAD": "1 2", "TRIALS": "model exact"}
+    done = subprocess.run(script, cwd=repo, env=env | lookahead, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     out = tmp_path / "out"
-    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
-        "full", "full-2", "lookahead-1", "lookahead-1-2", "lookahead-2", "lookahead-2-2"
-    ]  # fmt: skip
-    rows = table("lookahead", out / "full", [out / "lookahead-1", out / "lookahead-2"])
+    runs = ["lookahead-1", "lookahead-1-exact", "lookahead-2", "lookahead-2-exact"]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(
+        ["full", "full-2", *runs, *(f"{r}-2" for r in runs)]
+    )
+    rows = table("lookahead", out / "full", [out / r for r in runs])
     got = sorted((r["policy"], r["setting"], r["problems"]) for r in rows)
-    assert got == [("arbor", "verifier.lookahead=1", 2), ("arbor", "verifier.lookahead=2", 2), ("full", "", 2)]
+    assert got == [("arbor", f"verifier.lookahead={k} verifier.trial_values={t}", 2)
+                   for k in (1, 2) for t in ("exact", "model")] + [("full", "", 2)]  # fmt: skip
