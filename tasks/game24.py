@@ -224,6 +224,11 @@ class Game24ValuePrompt(ValuePrompt):
             kept.append(line + "\n")
         return "".join(kept)
 
+    def finished_score(self, problem: Problem, result: StepResult) -> float:
+        """1.0 when the final expression uses the inputs once and equals 24, else 0.0 (exact)."""
+        answer = result.answer
+        return 1.0 if answer is not None and check_expression(answer, parse_puzzle(problem.question)) else 0.0
+
 
 def exact_trial(trial: str, numbers: str) -> str | None:
     """``"3 + 4 + 9 = 18"`` over numbers ``"3 4 9"`` -> ``"3 + 4 + 9 = 16"``: the expression before "=" with its
@@ -233,11 +238,6 @@ def exact_trial(trial: str, numbers: str) -> str | None:
     if found is None or sorted(str(n) for n in found[1]) != sorted(numbers.split()):
         return None
     return f"{expr} = {format_number(found[0])}"
-
-    def finished_score(self, problem: Problem, result: StepResult) -> float:
-        """1.0 when the final expression uses the inputs once and equals 24, else 0.0 (exact)."""
-        answer = result.answer
-        return 1.0 if answer is not None and check_expression(answer, parse_puzzle(problem.question)) else 0.0
 
 
 def find_data_file(data_dir: str | Path | None) -> Path:
