@@ -166,7 +166,8 @@ def value_query(numbers: str) -> str:
 
 
 def trial_example(numbers: str, verdict: str, depth: int) -> str:
-    """One example of the value prompt with ``depth`` trial lines (at most its own) before the verdict."""
+    """One example of the value prompt with ``depth`` trial lines (at most its own) before the verdict; depth
+    0 is the verdict-first example, ``value_query(numbers)`` and the verdict."""
     tried = "".join(f"{TRIAL_MARK} {t}\n" for t in VALUE_TRIALS[numbers][:depth])
     return f"Input: {numbers}\n{tried}{VERDICT_CUE} {verdict}\n"
 
@@ -185,10 +186,7 @@ class Game24ValuePrompt(ValuePrompt):
         if isinstance(lookahead, bool) or not isinstance(lookahead, int) or not 0 <= lookahead <= MAX_LOOKAHEAD:
             raise ValueError(f"verifier.lookahead={lookahead!r}: valid for game24: an integer 0-{MAX_LOOKAHEAD}")
         self.lookahead = lookahead
-        if lookahead == 0:
-            self.prefix = VALUE_HEADER + "".join(f"{value_query(n)} {v}\n" for n, v in VALUE_EXAMPLES)
-        else:
-            self.prefix = VALUE_HEADER + "".join(trial_example(n, v, lookahead) for n, v in VALUE_EXAMPLES)
+        self.prefix = VALUE_HEADER + "".join(trial_example(n, v, lookahead) for n, v in VALUE_EXAMPLES)
 
     def with_lookahead(self, depth: int) -> Game24ValuePrompt:
         """This prompt with ``depth`` trial lines before each verdict."""

@@ -136,7 +136,7 @@ class LLMValueVerifier(Verifier):
         self.n_evaluate, self.mode, self.lookahead, self.trial_values = n_evaluate, mode, lookahead, trial_values
         self.sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, stop=["\n"])
         self.runtime: Runtime | None = None
-        self.prompt = prompt
+        self.prompt = None if prompt is None else prompt.with_lookahead(lookahead)
         self.roots: dict[str, Node] = {}  # prefix text -> its root in ``runtime``
         self.cache: dict[Any, Evaluation] = {}
         self.evaluations = 0  # states sent to the model (cache misses)
@@ -144,8 +144,6 @@ class LLMValueVerifier(Verifier):
         #: function of its text whichever search (or how many at once) asks
         self.seed = seed
         self._lock = threading.Lock()  # searches in threads share one verifier
-        if prompt is not None:
-            self.prompt = prompt.with_lookahead(lookahead)
         if runtime is not None:
             self.use_runtime(runtime)
 

@@ -115,17 +115,17 @@ def kvp_train(data: dict, path: Path) -> None:
     fig.savefig(path, dpi=110, metadata={"Software": None})
 
 
-def _breadth(setting: str) -> str:
-    """``controller.breadth=20 controller.n_generate=5`` -> ``b20 x5`` (the reference's empty setting: b5)."""
-    parts = dict(kv.split("=", 1) for kv in setting.split())
-    return f"b{parts.get('controller.breadth', '5')} x{parts.get('controller.n_generate', '5')}"
-
-
 def _shape(setting: str) -> tuple[int, int]:
     """``controller.breadth=20 controller.n_generate=5`` -> (20, 5); a key the setting leaves out is the
     reference's (breadth 5, 5 thoughts per state)."""
     parts = dict(kv.split("=", 1) for kv in setting.split())
     return int(parts.get("controller.breadth", 5)), int(parts.get("controller.n_generate", 5))
+
+
+def _breadth(setting: str) -> str:
+    """``controller.breadth=20 controller.n_generate=5`` -> ``b20 x5`` (the reference's empty setting: b5 x5)."""
+    breadth, thoughts = _shape(setting)
+    return f"b{breadth} x{thoughts}"
 
 
 #: fixed_memory_scaling's widenings: (label, colour, marker) by what a search widens against the reference
