@@ -818,3 +818,25 @@ def test_the_header_groups_sections_by_runtime_code(tmp_path):
         f"- `{code_one}` (2 of 5 sections): a, b",
         f"- not known (2 sections): d (`{three[:12]}`, uncommitted changes), e (`ffffffffffff`, not in the map)",
     ]
+
+
+def test_the_scaling_figure_names_each_widening_by_the_one_key_it_raises():
+    """fixed_memory_scaling's curves (issue 50): breadth, thoughts per state and value-prompt lookahead (at
+    the model's or the exact trial values) each against the reference's shape; a search that changes two
+    keys, or lowers one, is on no curve."""
+    from benchmarks.results.plots import shape_of, widening_of
+
+    ref = shape_of("")
+    assert ref == (5, 5, 0, "model")
+    assert shape_of("controller.breadth=20 controller.n_generate=5") == (20, 5, 0, "model")
+    cases = {
+        "controller.breadth=10": "breadth",
+        "controller.n_generate=10": "thoughts",
+        "verifier.lookahead=2 verifier.trial_values=model": "lookahead",
+        "verifier.lookahead=1 verifier.trial_values=exact": "lookahead exact",
+        "controller.breadth=10 verifier.lookahead=1": None,
+        "controller.breadth=10 controller.n_generate=10": None,
+        "controller.breadth=3": None,
+        "verifier.trial_values=exact": None,
+    }
+    assert {s: widening_of(shape_of(s), ref) for s in cases} == cases

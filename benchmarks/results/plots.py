@@ -115,28 +115,56 @@ def kvp_train(data: dict, path: Path) -> None:
     fig.savefig(path, dpi=110, metadata={"Software": None})
 
 
-def _shape(setting: str) -> tuple[int, int]:
-    """``controller.breadth=20 controller.n_generate=5`` -> (20, 5); a key the setting leaves out is the
-    reference's (breadth 5, 5 thoughts per state)."""
+#: a search's shape (:func:`shape_of`): the setting keys a widening changes, each with the reference's value
+SHAPE_KEYS = (("controller.breadth", 5), ("controller.n_generate", 5), ("verifier.lookahead", 0),
+              ("verifier.trial_values", "model"))  # fmt: skip
+
+
+def shape_of(setting: str) -> tuple:
+    """``controller.breadth=20 controller.n_generate=5`` -> (20, 5, 0, "model"): breadth, thoughts per
+    state, value-prompt lookahead and its trial values; a key the setting leaves out is the reference's
+    (:data:`SHAPE_KEYS`)."""
     parts = dict(kv.split("=", 1) for kv in setting.split())
-    return int(parts.get("controller.breadth", 5)), int(parts.get("controller.n_generate", 5))
+    return tuple(type(default)(parts.get(key, default)) for key, default in SHAPE_KEYS)
 
 
 def _breadth(setting: str) -> str:
-    """``controller.breadth=20 controller.n_generate=5`` -> ``b20 x5`` (the reference's empty setting: b5 x5)."""
-    breadth, thoughts = _shape(setting)
-    return f"b{breadth} x{thoughts}"
+    """``controller.breadth=20 controller.n_generate=5`` -> ``b20 x5`` (the reference's empty setting: b5 x5);
+    a lookahead names its depth (``b5 x5 k1``) and exact trial values (``b5 x5 k1 exact``)."""
+    breadth, thoughts, lookahead, trials = shape_of(setting)
+    label = f"b{breadth} x{thoughts}"
+    if lookahead:
+        label += f" k{lookahead}" + ("" if trials == "model" else f" {trials}")
+    return label
 
 
 #: fixed_memory_scaling's widenings: (label, colour, marker) by what a search widens against the reference
-WIDENINGS = {"breadth": ("arbor, wider breadth", "#1b9e77", "o-"), "thoughts": ("arbor, more thoughts per state",
-                                                                                 "#7570b3", "D--")}  # fmt: skip
+WIDENINGS = {
+    "breadth": ("arbor, wider breadth", "#1b9e77", "o-"),
+    "thoughts": ("arbor, more thoughts per state", "#7570b3", "D--"),
+    "lookahead": ("arbor, lookahead in the value prompt (model's trial values)", "#d95f02", "^-"),
+    "lookahead exact": ("arbor, lookahead in the value prompt (exact trial values)", "#e7298a", "v--"),
+}
+
+
+def widening_of(shape: tuple, ref: tuple) -> str | None:
+    """Which of :data:`WIDENINGS` a search of ``shape`` is against the reference's ``ref``: the one key it
+    raises with the others alike (lookahead: at either trial values); None for anything else."""
+    breadth, thoughts, lookahead, trials = shape
+    if lookahead > ref[2] and (breadth, thoughts) == ref[:2]:
+        return "lookahead" if trials == "model" else f"lookahead {trials}"
+    if shape[2:] != ref[2:]:
+        return None
+    if breadth > ref[0] and thoughts == ref[1]:
+        return "breadth"
+    return "thoughts" if thoughts > ref[1] and breadth == ref[0] else None
 
 
 def fixed_memory_scaling(data: dict, path: Path) -> None:
     """Solved (95% Wilson interval) against the mean seconds a puzzle took, every search run inside
     full's breadth-5 peak device KV (docs/data/e2e-scaling-game24): full's reference search, and each
-    arbor widening (wider breadth; more thoughts per state) as a curve that starts at the reference, in
+    arbor widening (wider breadth; more thoughts per state; lookahead in the value prompt, at the model's or the
+    exact trial values: :func:`widening_of`) as a curve that starts at the reference, in
     order of time; a search that ran out of memory on every puzzle is a cross at zero."""
     rows = data["tables"]["main"]["rows"]
     ref = next(r for r in rows if r["ratio"] is None)
@@ -157,12 +185,10 @@ def fixed_memory_scaling(data: dict, path: Path) -> None:
                 ax.annotate(_breadth(r["setting"]), (xi, yi), textcoords="offset points",
                             xytext=(6, 6) if up else (6, -14), fontsize=8)  # fmt: skip
 
-    ref_shape = _shape(ref["setting"])
+    ref_shape = shape_of(ref["setting"])
     arbor = [r for r in rows if r["policy"] == "arbor" and r["oom_n"] < r["problems"]]
     for widening, (label, color, fmt) in WIDENINGS.items():
-        axis = 0 if widening == "breadth" else 1
-        mine = [r for r in arbor if _shape(r["setting"])[1 - axis] == ref_shape[1 - axis]
-                and _shape(r["setting"])[axis] > ref_shape[axis]]  # fmt: skip
+        mine = [r for r in arbor if widening_of(shape_of(r["setting"]), ref_shape) == widening]
         if mine:
             draw([ref, *sorted(mine, key=lambda r: r["mean_s"])], fmt, color, label, alternate=widening == "breadth")
     draw([ref], "s", "#444444", f"full {_breadth(ref['setting'])} (reference, its peak is the budget)")
