@@ -175,14 +175,14 @@ def _bench(tmp_path, *extra: str) -> tuple[int, dict, list[dict]]:
 
 def test_bench_runs_end_to_end(tmp_path, one_torch_thread):
     argv = ["--lengths", "256", "--items", "1", "--tasks", "records,niah_single_word",
-            "--policies", "lychee,oracle_topk,h2o,kvp", "--shares", "0.25,1024"]  # fmt: skip
+            "--policies", "lychee,oracle_topk,oracle_chunks,h2o,kvp", "--shares", "0.25,1024"]  # fmt: skip
     code, data, rows = _bench(tmp_path, *argv)
     assert code == 0
     assert data["settings"]["methods"] == [
-        "dense", "lychee@25%", "lychee@1024", "oracle_topk@25%", "oracle_topk@1024", "h2o@25%", "h2o@1024",
-        "kvp@25%", "kvp@1024",
+        "dense", "lychee@25%", "lychee@1024", "oracle_topk@25%", "oracle_topk@1024", "oracle_chunks@25%",
+        "oracle_chunks@1024", "h2o@25%", "h2o@1024", "kvp@25%", "kvp@1024",
     ]  # fmt: skip
-    assert data["complete"] and data["rows"] == len(rows) == 2 * 9 and len(data["summary"]) == (2 + 1) * 9
+    assert data["complete"] and data["rows"] == len(rows) == 2 * 11 and len(data["summary"]) == (2 + 1) * 11
     assert all(r["rss_gb"] > 0 for r in rows)  # each row says how much memory the run held after its item
     assert len(data["commit"]) == 40 and data["date"] and data["machine"]["torch_threads"] == 1
     assert data["command"].startswith("python scripts/bench_longctx.py --model tiny-random")
@@ -205,6 +205,8 @@ def test_bench_runs_end_to_end(tmp_path, one_torch_thread):
             # answer token can go either way; tests/test_oracle_topk.py compares them on a fixed first step)
             lychee = next(x for x in rows if x["method"] == "lychee@25%" and x["task"] == r["task"])
             assert r["read_fraction"] <= lychee["read_fraction"] < 0.5 and r["kl_first"] >= 0.0
+        elif r["policy"] == "oracle_chunks":  # lychee's chunks, exact scores: whole chunks, like lychee's reads
+            assert 0.0 < r["read_fraction"] < 0.5 and r["kl_first"] >= 0.0
         else:  # a quarter of the context read / kept: the first answer token's distribution moves
             assert r["kl_first"] > 1e-3
         if r["method"] == "lychee@25%":  # the index's recall of the oracle's keys at the question's step
@@ -359,7 +361,8 @@ def test_renderer_is_a_pure_function_of_the_summary():
 def test_bad_arguments_are_errors_before_the_model_loads(capsys):
     assert main(["--policies", "lychee,flash"]) == 2
     err = capsys.readouterr().err
-    assert "bench_longctx.py: error: --policies: unknown 'flash'; valid: lychee, quest, oracle_topk, kvp" in err
+    valid = "valid: lychee, quest, oracle_topk, oracle_chunks, kvp"
+    assert f"bench_longctx.py: error: --policies: unknown 'flash'; {valid}" in err
     assert main(["--shares", "0.5,2.5"]) == 2
     assert "budget '2.5' must be a share in (0, 1)" in capsys.readouterr().err
     assert main(["--tasks", "records,ruler"]) == 2

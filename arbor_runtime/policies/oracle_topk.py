@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from arbor_runtime.policies.lychee import LycheePolicy
 from arbor_runtime.policies.sparse import SparsePolicy
-from arbor_runtime.sparse.oracle import OracleStep, TokenIndex
+from arbor_runtime.sparse.oracle import ChunkBoundaries, OracleStep, TokenIndex
+
+#: oracle_topk's ``chunks``: what one unit of its selection is
+CHUNKS = ("token", "lychee")
 
 
 @dataclass(slots=True)
@@ -23,20 +27,27 @@ class OracleTopKPolicy(SparsePolicy):
     0.25, so at default settings it reads as many tokens as lychee (one-token chunks fill the budget
     exactly, lychee's last chunk may cross it by up to a chunk). ``exact`` and ``bound_scale`` have
     no effect (the scores are exact). ``rehydrate=ranked`` is refused: the oracle ranks nothing for
-    the host tier.
+    the host tier. ``chunks``: ``token`` (the exact top-k keys) or ``lychee`` (lychee's chunks at its
+    default knobs, each scored by its best key: what lychee's boundaries allow with a perfect score).
     """
 
     name = "oracle_topk"
 
     token_share: float = 0.25  # lychee's
+    chunks: str = "token"
 
     def __post_init__(self) -> None:
         SparsePolicy.__post_init__(self)
         if self.rehydrate != "whole":
             raise ValueError(f"rehydrate={self.rehydrate!r}: policy=oracle_topk reads resident keys only; valid: whole")
+        if self.chunks not in CHUNKS:
+            raise ValueError(f"chunks={self.chunks!r}: the oracle's selection unit; valid: {', '.join(CHUNKS)}")
 
     def index_builder(self):
-        return TokenIndex.build, 1
+        if self.chunks == "token":
+            return TokenIndex.build, 1
+        build, width = LycheePolicy().index_builder()
+        return ChunkBoundaries.builder(build), width
 
     def sparse_attention(self, store, token_ids, decode):
         attention = SparsePolicy.sparse_attention(self, store, token_ids, decode)

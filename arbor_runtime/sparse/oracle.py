@@ -70,6 +70,60 @@ class TokenIndex:
         raise NotImplementedError("the oracle selects by exact scores in OracleStep, not by candidate lists")
 
 
+class ChunkBoundaries:
+    """Another index's chunks without its estimate: the oracle over lychee's chunk boundaries.
+
+    :class:`OracleStep` then scores each of these chunks by the exact highest q.k of its keys, so the
+    oracle reads whole chunks as lychee does: the gap from the token oracle to this one is what the chunk
+    boundaries lose, the gap from this one to lychee what its centroid score loses (issue 49).
+
+    Attributes:
+        index: the wrapped index (e.g. :class:`~arbor_runtime.sparse.tree.ChunkTree`); its ``starts``
+            (C + 1,) and ``covered`` (T,) are these chunks', its statistics unused.
+    """
+
+    def __init__(self, index) -> None:
+        self.index = index
+
+    @classmethod
+    def builder(cls, build):
+        """``build`` (keys, layers, resident, ends) -> index, wrapped: the same arguments, a ChunkBoundaries."""
+
+        def build_boundaries(keys, layers: int, resident: torch.Tensor, ends: torch.Tensor) -> ChunkBoundaries:
+            return cls(build(keys, layers, resident, ends))
+
+        return build_boundaries
+
+    @property
+    def starts(self) -> torch.Tensor:
+        return self.index.starts
+
+    @property
+    def covered(self) -> torch.Tensor:
+        return self.index.covered
+
+    @property
+    def n_chunks(self) -> int:
+        return self.index.n_chunks
+
+    @property
+    def nbytes(self) -> int:
+        """Nothing counted: a measuring tool (the oracle reads the pool's keys themselves)."""
+        return 0
+
+    def update(self, keys, layers: int, resident: torch.Tensor, ends: torch.Tensor) -> bool:
+        """The wrapped index's update (its chunks may be re-cut as it grows)."""
+        return self.index.update(keys, layers, resident, ends)
+
+    def scores(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """(r, H, C) zeros, as :meth:`TokenIndex.scores`: the exact scores are :class:`OracleStep`'s."""
+        return torch.zeros(q.shape[0], q.shape[1], self.n_chunks, device=q.device)
+
+    def retrieve(self, layer: int, q: torch.Tensor, n: int, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Never used: the oracle's step always selects flat."""
+        raise NotImplementedError("the oracle selects by exact scores in OracleStep, not by candidate lists")
+
+
 class OracleStep(SparseStep):
     """A :class:`SparseStep` whose chunk scores are exact: the highest q.k over each chunk's resident
     keys and the group's query heads (with :class:`TokenIndex` chunks, each key's own score)."""

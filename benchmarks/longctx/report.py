@@ -91,7 +91,7 @@ def per_task(data: dict[str, Any], metric: str = "accuracy", methods: Sequence[s
 
 #: the answer agreement with dense a read rule has to keep (issue 24: sparse defaults that keep the answer)
 KEEPS = 0.95
-SPARSE = ("lychee", "quest", "oracle_topk")
+SPARSE = ("lychee", "quest", "oracle_topk", "oracle_chunks")
 #: a row that read at least this share of the context is dense: its agreement with dense is dense
 #: against itself, never a fidelity result (issue 49), whatever its share label says
 DENSE_READ = 0.99

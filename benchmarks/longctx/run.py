@@ -1,6 +1,6 @@
 """The long-context bench: dense vs sparse reads (lychee, quest, and oracle_topk, their exact top-k
-bound) and compressed contexts (kvp, h2o, snapkv, streaming) on the RULER-style suite of
-:mod:`benchmarks.longctx.generator`.
+bound, with oracle_chunks, the same bound over lychee's chunks) and compressed contexts (kvp, h2o,
+snapkv, streaming) on the RULER-style suite of :mod:`benchmarks.longctx.generator`.
 
 Protocol, per item (its context ids C, question ids Q ending in "Answer:"):
 
@@ -53,6 +53,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -67,8 +68,14 @@ from arbor_runtime.sparse.reads import read_budget
 from benchmarks.longctx.generator import Item, encode, normalise
 from benchmarks.sparse import attach
 
-#: oracle_topk: the exact top-k at the same read rule, a bound (it scores every key: slower than dense)
-SPARSE = {"lychee": LycheePolicy, "quest": QuestPolicy, "oracle_topk": OracleTopKPolicy}
+#: oracle_topk: the exact top-k at the same read rule, a bound (it scores every key: slower than dense);
+#: oracle_chunks: the same over lychee's chunks (oracle_topk -> oracle_chunks: what lychee's chunk
+#: boundaries lose; oracle_chunks -> lychee: what its centroid score loses)
+SPARSE = {
+    "lychee": LycheePolicy, "quest": QuestPolicy, "oracle_topk": OracleTopKPolicy,
+    "oracle_chunks": partial(OracleTopKPolicy, chunks="lychee"),
+}  # fmt: skip
+ORACLES = ("oracle_topk", "oracle_chunks")
 #: what an answer is and how the decode stops: 1, the first line (16 tokens); 2, the first sentence of
 #: the first line (:func:`answer_text`), compared by :func:`answer_key`. Rows of one rows file share it.
 PROTOCOL = 2
@@ -313,7 +320,7 @@ def run_item(
             if method.policy in SPARSE:
                 rt, root = fork(base, base_root, full())
                 sparse = attach(rt, method.build(len(ctx)))
-                if method.policy != "oracle_topk":  # the question's step also measures the oracle's recall
+                if method.policy not in ORACLES:  # the question's step also measures the oracle's recall
                     sparse.step_type, sparse.recall = RecallStep, recall
 
                     def asked(sparse=sparse) -> None:
