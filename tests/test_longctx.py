@@ -211,8 +211,9 @@ def test_bench_runs_end_to_end(tmp_path, one_torch_thread):
             assert r["kl_first"] > 1e-3
         if r["method"] == "lychee@25%":  # the index's recall of the oracle's keys at the question's step
             assert 0.0 <= r["recall_oracle"] <= 1.0 and len(r["recall_layers"]) == 2  # (1: sinks + window fill 64)
+            assert len(r["recall_heads"]) == 2 and all(h is None or 0.0 <= h <= 1.0 for h in r["recall_heads"])
         else:
-            assert r["recall_oracle"] is None
+            assert r["recall_oracle"] is None and r["recall_heads"] is None
     for name in ("h2o", "kvp"):
         assert all(r["kept_tokens"] == r["budget_tokens"] for r in rows if r["method"] == f"{name}@25%")
     lychee = [r for r in rows if r["method"] == "lychee@25%"]

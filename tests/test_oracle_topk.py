@@ -189,3 +189,68 @@ def test_oracle_chunks_setting_is_validated():
     assert build_policy("oracle_topk").chunks == "token"
     with pytest.raises(ValueError, match="chunks='page': the oracle's selection unit; valid: token, lychee"):
         OracleTopKPolicy(chunks="page")
+
+
+def recall_by_hand(step, layer: int, qg: torch.Tensor, chosen: torch.Tensor, take: torch.Tensor) -> list[list[float]]:
+    """Per row and KV head, [hits, wanted]: the oracle's keys beyond the forced chunks (``step.base`` +inf)
+    are the readable slots in the first ``token_budget`` ranks by brute-force score (forced slots first),
+    its hits those in a chunk the selection read."""
+    c, w = step.slots.shape
+    budget = step.owner.select.token_budget
+    out = []
+    for r in range(qg.shape[0]):
+        base = step.base[r, 0]
+        for h in range(qg.shape[1]):
+            read = set(chosen[r, h][take[r, h]].tolist())
+            scored = []  # (score, chunk, forced) of each readable slot
+            for ci in range(c):
+                if not torch.isfinite(base[ci]) and base[ci] < 0:
+                    continue
+                slots = step.slots[ci][step.slots[ci] >= 0]
+                if not slots.numel():
+                    continue
+                keys, _ = step.batch.pool.gather_layer(layer, slots)  # (H, n, D)
+                dots = (qg[r, h].float() @ keys[h].float().T).amax(0)  # (n,)
+                forced = bool(base[ci] == float("inf"))
+                scored += [(float("inf") if forced else float(d), ci, forced) for d in dots]
+            ranked = sorted(scored, key=lambda x: -x[0])[:budget]
+            oracle = [ci for _, ci, forced in ranked if not forced]
+            out.append([sum(ci in read for ci in oracle), len(oracle)])
+    return out
+
+
+def test_recall_step_measures_the_share_of_the_oracles_keys_the_index_read(tiny, monkeypatch):
+    """RecallStep (the suite's recall_oracle / recall_layers / recall_heads): at lychee's small budget its
+    per-layer and per-KV-head recall equal a brute-force count of the oracle's top keys (beyond the forced
+    chunks) that lychee's selection read; with every key in budget, recall is 1 everywhere."""
+    from arbor_runtime.sparse.oracle import RecallStep
+
+    def measured(budget: int):
+        rt = Runtime(tiny, policy=LycheePolicy(token_budget=budget, token_share=0.0, sink_tokens=4, window_tokens=8,
+                                               min_block_tokens=4))  # fmt: skip
+        sparse = rt.backend.sparse
+        sparse.dense_when_covered, sparse.step_type, sparse.recall = False, RecallStep, []
+        calls = []
+        real = RecallStep.recall
+
+        def spy(self, layer, qg, chosen, take):
+            got = real(self, layer, qg, chosen, take)
+            calls.append((got, recall_by_hand(self, layer, qg, chosen, take)))
+            return got
+
+        monkeypatch.setattr(RecallStep, "recall", spy)
+        grow(rt)
+        monkeypatch.setattr(RecallStep, "recall", real)
+        return sparse.recall, calls
+
+    everything, _ = measured(10**6)
+    assert everything and [x for x in everything if not (x[1] == 1.0 and all(h in (1.0, None) for h in x[2]))] == []
+    small, calls = measured(40)
+    assert len(small) == len(calls) > 0
+    assert any(total < 1.0 for _, total, _ in small)  # lychee's centroids miss some of the exact top keys
+    for (total, heads), by_hand in calls[:: max(len(calls) // 10, 1)]:
+        h = len(heads)
+        per_head = [[sum(x[0] for x in by_hand[i::h]), sum(x[1] for x in by_hand[i::h])] for i in range(h)]
+        assert heads == [hit / n if n else None for hit, n in per_head]
+        hits, wanted = sum(x[0] for x in by_hand), sum(x[1] for x in by_hand)
+        assert total == (hits / wanted if wanted else 1.0)

@@ -147,24 +147,30 @@ class RecallStep(SparseStep):
     """A :class:`SparseStep` (an index's selection, unchanged) that also measures, at every layer, the
     selection's recall of the oracle's: of the keys the exact top-k would retrieve beyond what both
     always read (sinks, window, blocks read whole), the share this selection reads too. Appends
-    (layer, recall) to ``owner.recall`` (a list the caller puts on the sparse attention). Scores every
-    key: for measuring (benchmarks/longctx)."""
+    (layer, recall, per-KV-head recalls) to ``owner.recall`` (a list the caller puts on the sparse
+    attention). Scores every key: for measuring (benchmarks/longctx)."""
 
     def _select(self, layer: int, qg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         chosen, take = SparseStep._select(self, layer, qg)
         if self.base is not None:
-            self.owner.recall.append((layer, self.recall(layer, qg, chosen, take)))
+            self.owner.recall.append((layer, *self.recall(layer, qg, chosen, take)))
         return chosen, take
 
-    def recall(self, layer: int, qg: torch.Tensor, chosen: torch.Tensor, take: torch.Tensor) -> float:
+    def recall(
+        self, layer: int, qg: torch.Tensor, chosen: torch.Tensor, take: torch.Tensor
+    ) -> tuple[float, list[float | None]]:
         """|oracle's retrieved keys read by (chosen, take) (R, H, K)| / |oracle's retrieved keys|, over rows
-        and KV heads (1.0 when the oracle retrieves nothing beyond the forced keys)."""
+        and KV heads (1.0 when the oracle retrieves nothing beyond the forced keys), and the same per KV
+        head over rows (None for a head where it retrieves nothing)."""
         c, w = self.slots.shape
         r, h = qg.shape[0], qg.shape[1]
         slots = self.slots.reshape(1, 1, c * w)
         exact = key_scores(self, layer, qg.float())  # (R, H, C * W)
         base = self.base.repeat_interleave(w, dim=-1)  # (R, 1, C * W): +inf forced, -inf unreadable
-        scores = (exact + base).masked_fill(slots < 0, float("-inf")).nan_to_num_(float("-inf"))
+        # inf - inf (a forced chunk's padding): unread; the infinities stay infinite (nan_to_num's defaults
+        # would make them the largest / lowest finite floats, counting forced and unreadable keys as wanted)
+        scores = (exact + base).masked_fill(slots < 0, float("-inf"))
+        scores = scores.nan_to_num_(float("-inf"), float("inf"), float("-inf"))
         order = scores.sort(dim=-1, descending=True)
         rank = torch.arange(c * w, device=exact.device)
         top = torch.isfinite(order.values) & (rank < self.owner.select.token_budget)
@@ -172,8 +178,10 @@ class RecallStep(SparseStep):
         oracle = torch.zeros_like(top).scatter_(-1, order.indices, top) & torch.isfinite(scores)  # retrieved only
         read = torch.zeros(r, h, c, dtype=torch.int32, device=exact.device).scatter_add_(-1, chosen, take.int())
         read = (read > 0).repeat_interleave(w, dim=-1)  # (R, H, C * W): padding ids carry take False
-        wanted = int(oracle.sum())
-        return float((oracle & read).sum()) / wanted if wanted else 1.0
+        hits, wanted = (oracle & read).sum(dim=(0, 2)), oracle.sum(dim=(0, 2))  # (H,) each
+        heads = [float(x) / int(n) if int(n) else None for x, n in zip(hits, wanted, strict=True)]
+        total = int(wanted.sum())
+        return (float(hits.sum()) / total if total else 1.0), heads
 
 
 def key_scores(step: SparseStep, layer: int, q: torch.Tensor) -> torch.Tensor:

@@ -35,9 +35,9 @@ around it), and at the first answer token that is
 not whitespace (SmolLM2 writes " 39" as " ", "3", "9"; dense's leading whitespace tokens are forced
 first, so both distributions have the same prefix): top-1 agreement and KL(dense || method);
 tokens/s of the greedy answer decode (wall). For lychee and quest, at the question's last token (the
-decode step before the answer, untimed), the index's recall of the oracle (``recall_oracle``, and per
-layer ``recall_layers``): of the keys oracle_topk would retrieve there at the same budget beyond the
-sinks, window and blocks read whole, the share the index's selection read too
+decode step before the answer, untimed), the index's recall of the oracle (``recall_oracle``, per
+layer ``recall_layers`` and per KV head ``recall_heads``): of the keys oracle_topk would retrieve there
+at the same budget beyond the sinks, window and blocks read whole, the share the index's selection read too
 (:class:`~arbor_runtime.sparse.oracle.RecallStep`).
 """
 
@@ -311,7 +311,7 @@ def run_item(
             continue
         prefill_s = dense_prefill
         read = 1.0  # the share of the resident context the answer's decode steps read (sparse: measured)
-        recall: list[tuple[int, float]] = []  # (layer, the index's recall of the oracle) at the question's step
+        recall: list[tuple] = []  # (layer, the index's recall of the oracle, per KV head) at the question's step
         asked = None
         if method.policy == "dense":
             ans, logp, kept = dense, ref, len(ctx)
@@ -366,14 +366,18 @@ def run_item(
     return rows
 
 
-def recall_fields(recall: Sequence[tuple[int, float]]) -> dict[str, Any]:
-    """``recall_oracle`` (the mean over layers) and ``recall_layers`` (per layer, in order) of one step's
-    (layer, recall) pairs; None for both when none was measured (dense, compressing, oracle_topk, a step
-    attended dense because its budget covered the context)."""
+def recall_fields(recall: Sequence[tuple[int, float, list[float | None]]]) -> dict[str, Any]:
+    """``recall_oracle`` (the mean over layers), ``recall_layers`` (per layer, in order) and
+    ``recall_heads`` (per KV head, the mean over the layers where the oracle retrieved anything for it)
+    of one step's (layer, recall, per-head recalls); None for all three when none was measured (dense,
+    compressing, the oracles, a step attended dense because its budget covered the context)."""
     if not recall:
-        return {"recall_oracle": None, "recall_layers": None}
-    layers = [value for _, value in sorted(recall)]
-    return {"recall_oracle": statistics.mean(layers), "recall_layers": layers}
+        return {"recall_oracle": None, "recall_layers": None, "recall_heads": None}
+    ordered = sorted(recall, key=lambda x: x[0])
+    layers = [value for _, value, _ in ordered]
+    per_head = zip(*(heads for _, _, heads in ordered), strict=True)
+    heads = [statistics.mean(known) if (known := [v for v in h if v is not None]) else None for h in per_head]
+    return {"recall_oracle": statistics.mean(layers), "recall_layers": layers, "recall_heads": heads}
 
 
 # ---- the whole run ----------------------------------------------------------------------------------
