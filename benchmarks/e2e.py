@@ -154,7 +154,9 @@ def table(search: str, full_dir: Path, sweep_dirs: Iterable[Path]) -> list[dict[
     ref_rows = load_done(full_dir)
     out = [summarise(search, "full", None, full_dir, full_dir, ref_rows)]
     sweep_dirs = list(sweep_dirs)
-    varying = varying_settings([j for d in sweep_dirs for j in find_jobs(d)])  # over every sweep: one naming
+    # over the reference and every sweep: one naming, and a key every sweep sets alike but the reference does
+    # not (verifier.lookahead=1 in two runs that differ by their trial values) still names the rows
+    varying = varying_settings([j for d in [full_dir, *sweep_dirs] for j in find_jobs(d)])
     runs = [r for d in sweep_dirs for r in sweep_runs(d, varying)]
     order = list(dict.fromkeys(p for p, _, _, _ in runs))
     shapes = list(dict.fromkeys(o for _, _, o, _ in runs))

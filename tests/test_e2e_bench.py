@@ -88,6 +88,20 @@ def test_sweep_jobs_name_policy_ratio_and_search_shape(tmp_path):
     assert (policy, ratio, other, path.name) == ("kvp", 0.35, "", "0")  # seed is not a search-shape key
 
 
+def test_a_setting_the_runs_share_but_the_reference_lacks_still_names_the_rows(tmp_path):
+    """Two lookahead-1 runs that differ by their trial values, against a reference without lookahead: the
+    rows name both keys (in SETTING_KEYS order), not only the one the two runs differ by."""
+    full = job(tmp_path, "full", ["policy=full", "controller.breadth=5"], [row(0, "24", True, 9, 1.0)], FULL_TREES)
+    runs = []
+    for trials in ("model", "exact"):
+        over = ["policy=arbor", "controller.breadth=5", f"verifier.trial_values={trials}", "verifier.lookahead=1"]
+        runs.append(job(tmp_path, f"la-{trials}", over, [row(0, "24", True, 5, 2.0)], FULL_TREES))
+    rows = table("x", full, runs)
+    assert [r["setting"] for r in rows] == [
+        "", "verifier.lookahead=1 verifier.trial_values=model", "verifier.lookahead=1 verifier.trial_values=exact"
+    ]
+
+
 def test_section_data_is_written_with_the_command(tmp_path, monkeypatch):
     import benchmarks.results.data as data
 
