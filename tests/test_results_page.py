@@ -134,6 +134,31 @@ def test_fixed_memory_scaling_prose_holds_for_the_data():
     assert all(r["pool_mb"] <= ref["peak_kv_mb"] * 1.01 for r in by.values())
 
 
+def test_lookahead_prose_holds_for_the_data():
+    """docs/notes/e2e-lookahead-game24.md's claims (issue 50's third widening): every search ran the same 100
+    puzzles inside its reference's breadth-5 peak, none out of memory and no pool above the peak; lookahead 1
+    at either trial values does not separate from the reference and loses more puzzles than it gains; its p50
+    time is over twice the reference's; per hour the reference solves the most, and far more than either (the
+    lookahead pays least of the three widenings: the scaling section's every widening solves over twice what
+    either lookahead search solves per hour); the reference answers as the scaling section's does."""
+    from benchmarks.results.stats import sign_test
+
+    rows = load_section("e2e-lookahead-game24")["tables"]["main"]["rows"]
+    ref = next(r for r in rows if r["ratio"] is None)
+    by = {r["setting"]: r for r in rows if r["ratio"] is not None}
+    model, exact = (by[f"verifier.lookahead=1 verifier.trial_values={t}"] for t in ("model", "exact"))
+    assert {r["problems"] for r in rows} == {100} and all(r["oom_n"] == 0 for r in rows)
+    assert all(r["pool_mb"] <= ref["peak_kv_mb"] * 1.01 for r in (model, exact))
+    for r in (model, exact):
+        assert sign_test(r["gained_n"], r["lost_n"]) > 0.05 and r["lost_n"] > r["gained_n"]
+        assert r["p50_s"] > 2 * ref["p50_s"] and r["solved_per_h"] < ref["solved_per_h"] / 2
+    scaling = load_section("e2e-scaling-game24")["tables"]["main"]["rows"]
+    widened = [r for r in scaling if r["policy"] == "arbor"]
+    assert min(r["solved_per_h"] for r in widened) > 2 * max(model["solved_per_h"], exact["solved_per_h"])
+    scaling_ref = next(r for r in scaling if r["ratio"] is None)
+    assert ref["solved_n"] == scaling_ref["solved_n"]  # (the note's row-by-row answer check is on the run dirs)
+
+
 def test_gsm8k_widening_prose_holds_for_the_data():
     """docs/notes/e2e-widen-gsm8k.md's claims: arbor runs every question at each wider frontier inside full's
     peak (none out of memory, no more pool than full's peak), and no solve rate separates from another."""

@@ -176,21 +176,23 @@ def fixed_memory_scaling(data: dict, path: Path) -> None:
         lo, hi = wilson(r["solved_n"], r["problems"])
         return r["mean_s"], y, y - lo, hi - y
 
-    def draw(runs: list[dict], fmt: str, color: str, label: str, alternate: bool = False) -> None:
+    def draw(runs: list[dict], fmt: str, color: str, label: str, alternate: bool = False, left: bool = False) -> None:
         x, y, below, above = zip(*(point(r) for r in runs), strict=True)
         ax.errorbar(x, y, yerr=[below, above], fmt=fmt, color=color, capsize=3, label=label)
         for i, (r, xi, yi) in enumerate(zip(runs, x, y, strict=True)):
-            if r is not ref:  # ``alternate``: labels above / below the curve in turn, so close points stay readable
+            if r is not ref:  # ``alternate``: labels above / below the curve in turn, so close points stay readable;
+                # ``left``: labels to the left, above (a curve whose points sit next to another curve's)
                 up = alternate and i % 2 == 1
                 ax.annotate(_breadth(r["setting"]), (xi, yi), textcoords="offset points",
-                            xytext=(6, 6) if up else (6, -14), fontsize=8)  # fmt: skip
+                            xytext=(-78, 8) if left else (6, 6) if up else (6, -14), fontsize=8)  # fmt: skip
 
     ref_shape = shape_of(ref["setting"])
     arbor = [r for r in rows if r["policy"] == "arbor" and r["oom_n"] < r["problems"]]
     for widening, (label, color, fmt) in WIDENINGS.items():
         mine = [r for r in arbor if widening_of(shape_of(r["setting"]), ref_shape) == widening]
         if mine:
-            draw([ref, *sorted(mine, key=lambda r: r["mean_s"])], fmt, color, label, alternate=widening == "breadth")
+            draw([ref, *sorted(mine, key=lambda r: r["mean_s"])], fmt, color, label, alternate=widening == "breadth",
+                 left=widening == "lookahead exact")  # fmt: skip
     draw([ref], "s", "#444444", f"full {_breadth(ref['setting'])} (reference, its peak is the budget)")
     ax.annotate(_breadth(ref["setting"]), (ref["mean_s"], ref["solved_n"] / ref["problems"]),
                 textcoords="offset points", xytext=(6, -10), fontsize=8)  # fmt: skip
@@ -217,6 +219,7 @@ PLOTS: dict[str, tuple[str, Callable[[dict, Path], None]]] = {
     "memory-steps.png": ("memory-steps", memory_steps),
     "kvp-train.png": ("kvp", kvp_train),
     "fixed-memory-scaling.png": ("e2e-scaling-game24", fixed_memory_scaling),
+    "lookahead-game24.png": ("e2e-lookahead-game24", fixed_memory_scaling),
 }
 
 

@@ -229,6 +229,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("e2e-configl-game24", optional=True),  # its summary line is e2e-scaling-game24's, at n = 100
     Section("e2e-configl-gsm8k", claims=(CONFIGL,)),
     Section("e2e-scaling-game24", claims=(CONFIGL,)),
+    Section("e2e-lookahead-game24"),  # issue 50's third widening, at its own reference (one runtime code)
     Section("e2e-widen-gsm8k", claims=(CONFIGL,)),
     Section("speed", claims=(SPEED,)),
     Section("controllers"),
