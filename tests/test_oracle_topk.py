@@ -63,12 +63,8 @@ def brute_force(step: OracleStep, layer: int, qg: torch.Tensor, row: int, sinks:
     return out
 
 
-def test_a_small_budget_reads_exactly_the_top_keys_by_score(tiny, monkeypatch):
-    sinks, window, budget = 4, 8, 40
-    policy = OracleTopKPolicy(
-        token_budget=budget, token_share=0.0, sink_tokens=sinks, window_tokens=window, min_block_tokens=4
-    )
-    rt = Runtime(tiny, policy=policy)
+def selections(rt: Runtime, monkeypatch) -> list[tuple]:
+    """(step, layer, qg, chosen, take) of every OracleStep selection while :func:`grow` runs on ``rt``."""
     seen = []
     select = OracleStep._select
 
@@ -79,6 +75,16 @@ def test_a_small_budget_reads_exactly_the_top_keys_by_score(tiny, monkeypatch):
 
     monkeypatch.setattr(OracleStep, "_select", spy)
     grow(rt)
+    return seen
+
+
+def test_a_small_budget_reads_exactly_the_top_keys_by_score(tiny, monkeypatch):
+    sinks, window, budget = 4, 8, 40
+    policy = OracleTopKPolicy(
+        token_budget=budget, token_share=0.0, sink_tokens=sinks, window_tokens=window, min_block_tokens=4
+    )
+    rt = Runtime(tiny, policy=policy)
+    seen = selections(rt, monkeypatch)
     assert seen and rt.backend.sparse.stats.read_fraction < 0.2
     checked = 0
     for step, layer, qg, chosen, take in seen[:: max(len(seen) // 12, 1)]:  # a dozen (step, layer) pairs
@@ -153,16 +159,7 @@ def test_over_lychee_chunks_a_small_budget_reads_the_chunks_with_the_best_keys(t
         chunks="lychee", token_budget=40, token_share=0.0, sink_tokens=4, window_tokens=8, min_block_tokens=4
     )
     rt = Runtime(tiny, policy=policy)
-    seen = []
-    select = OracleStep._select
-
-    def spy(self, layer, qg):
-        chosen, take = select(self, layer, qg)
-        seen.append((self, layer, qg.clone(), chosen, take))
-        return chosen, take
-
-    monkeypatch.setattr(OracleStep, "_select", spy)
-    grow(rt)
+    seen = selections(rt, monkeypatch)
     assert seen and rt.backend.sparse.stats.read_fraction < 0.3
     checked = 0
     for step, layer, qg, chosen, take in seen[:: max(len(seen) // 12, 1)]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from arbor_runtime.sparse.reads import IndexWrapper
 from arbor_runtime.sparse.step import SparseStep, gather_heads
 
 
@@ -70,20 +71,20 @@ class TokenIndex:
         raise NotImplementedError("the oracle selects by exact scores in OracleStep, not by candidate lists")
 
 
-class ChunkBoundaries:
+class ChunkBoundaries(IndexWrapper):
     """Another index's chunks without its estimate: the oracle over lychee's chunk boundaries.
 
     :class:`OracleStep` then scores each of these chunks by the exact highest q.k of its keys, so the
     oracle reads whole chunks as lychee does: the gap from the token oracle to this one is what the chunk
-    boundaries lose, the gap from this one to lychee what its centroid score loses (issue 49).
+    boundaries lose, the gap from this one to lychee what its centroid score loses (issue 49). Its
+    chunks and ``update`` (the chunks may be re-cut as the block grows) are the wrapped index's
+    (:class:`~arbor_runtime.sparse.reads.IndexWrapper`), its statistics unused.
 
     Attributes:
-        index: the wrapped index (e.g. :class:`~arbor_runtime.sparse.tree.ChunkTree`); its ``starts``
-            (C + 1,) and ``covered`` (T,) are these chunks', its statistics unused.
+        index: the wrapped index (e.g. :class:`~arbor_runtime.sparse.tree.ChunkTree`).
     """
 
-    def __init__(self, index) -> None:
-        self.index = index
+    __slots__ = ()
 
     @classmethod
     def builder(cls, build):
@@ -95,25 +96,9 @@ class ChunkBoundaries:
         return build_boundaries
 
     @property
-    def starts(self) -> torch.Tensor:
-        return self.index.starts
-
-    @property
-    def covered(self) -> torch.Tensor:
-        return self.index.covered
-
-    @property
-    def n_chunks(self) -> int:
-        return self.index.n_chunks
-
-    @property
     def nbytes(self) -> int:
         """Nothing counted: a measuring tool (the oracle reads the pool's keys themselves)."""
         return 0
-
-    def update(self, keys, layers: int, resident: torch.Tensor, ends: torch.Tensor) -> bool:
-        """The wrapped index's update (its chunks may be re-cut as it grows)."""
-        return self.index.update(keys, layers, resident, ends)
 
     def scores(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """(r, H, C) zeros, as :meth:`TokenIndex.scores`: the exact scores are :class:`OracleStep`'s."""

@@ -33,21 +33,15 @@ def read_budget(context_tokens: int, floor: int, share: float) -> int:
     return max(1, int(floor), math.ceil(share * context_tokens))
 
 
-class DenseLayers:
-    """A block index whose retrieval, at layers below ``layers``, returns every chunk (bound +inf).
+class IndexWrapper:
+    """A block index that wraps another: its chunks (``starts``, ``covered``, ``n_chunks``), ``nbytes``
+    and ``update`` are the wrapped index's; a subclass changes how chunks are scored or retrieved.
+    Args: index: a :class:`~arbor_runtime.sparse.attend.BlockIndex`."""
 
-    Everything else (``starts``, ``covered``, ``n_chunks``, ``nbytes``, ``update``) is the wrapped
-    index's. Args: index: a :class:`~arbor_runtime.sparse.attend.BlockIndex`; layers: how many
-    leading layers read whole.
-    """
+    __slots__ = ("index",)
 
-    __slots__ = ("index", "layers")
-
-    def __init__(self, index, layers: int) -> None:
-        self.index, self.layers = index, int(layers)
-
-    def __getattr__(self, name: str):
-        return getattr(self.index, name)
+    def __init__(self, index) -> None:
+        self.index = index
 
     @property
     def starts(self) -> torch.Tensor:
@@ -67,6 +61,24 @@ class DenseLayers:
 
     def update(self, *args, **kwargs) -> bool:
         return self.index.update(*args, **kwargs)
+
+
+class DenseLayers(IndexWrapper):
+    """A block index whose retrieval, at layers below ``layers``, returns every chunk (bound +inf).
+
+    Everything else (``starts``, ``covered``, ``n_chunks``, ``nbytes``, ``update``) is the wrapped
+    index's. Args: index: a :class:`~arbor_runtime.sparse.attend.BlockIndex`; layers: how many
+    leading layers read whole.
+    """
+
+    __slots__ = ("layers",)
+
+    def __init__(self, index, layers: int) -> None:
+        IndexWrapper.__init__(self, index)
+        self.layers = int(layers)
+
+    def __getattr__(self, name: str):
+        return getattr(self.index, name)
 
     def scores(self, layer: int, q: torch.Tensor) -> torch.Tensor | None:
         """(r, H, C): +inf at a dense layer, else the wrapped index's scores (None: it does not scan flat)."""
