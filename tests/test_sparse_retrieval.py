@@ -191,3 +191,30 @@ def test_retrieval_defaults_match_their_config_files(name):
         assert sizes == (conf["min_chunk_tokens"], conf["max_chunk_tokens"]) == (4, 8)
     else:
         assert policy.page_tokens == conf["page_tokens"] == 16
+
+
+@pytest.mark.parametrize("name", sorted(SPARSE))
+def test_ranking_only_the_chunks_the_cut_can_take_chooses_as_the_full_sort(tiny, name, monkeypatch):
+    """``_select_flat`` ranks the top ``_most_taken`` chunks (topk), not all of them: the same chunks
+    as ranking every chunk, at every layer and step, and so the same tokens and log-probs (to float
+    rounding: the forced chunks, all +inf, may be gathered in another order)."""
+    knobs = dict(token_budget=30, token_share=0.0, min_block_tokens=4, sink_tokens=2, window_tokens=4)
+    flat, picks = SparseStep._select_flat, {"topk": [], "all": []}
+
+    def recording(label):
+        def spy(self, layer, qg):
+            chosen, take = flat(self, layer, qg)
+            rows, heads = range(qg.shape[0]), range(qg.shape[1])
+            picks[label].append([sorted(chosen[r, h][take[r, h]].tolist()) for r in rows for h in heads])
+            return chosen, take
+
+        return spy
+
+    monkeypatch.setattr(SparseStep, "_select_flat", recording("topk"))
+    cut = [(n.token_ids, n.logprobs) for n in grow(Runtime(tiny, policy=SPARSE[name](**knobs)))]
+    monkeypatch.setattr(SparseStep, "_most_taken", lambda self, scores: self.n_chunks)
+    monkeypatch.setattr(SparseStep, "_select_flat", recording("all"))
+    full = [(n.token_ids, n.logprobs) for n in grow(Runtime(tiny, policy=SPARSE[name](**knobs)))]
+    assert picks["topk"] == picks["all"] and len(picks["all"]) > 10
+    for (ids, logp), (want_ids, want) in zip(cut, full, strict=True):
+        assert ids == want_ids and max(abs(a - b) for a, b in zip(logp, want, strict=True)) < 1e-5
