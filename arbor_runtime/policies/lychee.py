@@ -11,6 +11,7 @@ import torch
 
 from arbor_runtime.policies.sparse import SparsePolicy
 from arbor_runtime.sparse import ChunkTree, TreeConfig
+from arbor_runtime.sparse.tree import CHUNK_SCORES
 
 
 @dataclass(slots=True)
@@ -26,6 +27,9 @@ class LycheePolicy(SparsePolicy):
         drift_threshold: key drift (1 - cosine to the preceding keys) that starts a chunk; inf = off.
         fanout: children per index node; top_nodes: most nodes at the top of a block's hierarchy.
         oversample: subtrees kept per level, as a multiple of the chunks asked for.
+        chunk_score: ``centroid`` (q.c) or ``axis`` (q.c + max(q.u hi, q.u lo): each chunk's principal
+            axis of key deviations and their spread along it, so a lone key that matches the query is
+            not averaged away; about 2x the index memory). See :class:`~arbor_runtime.sparse.TreeConfig`.
         flat_chunks: blocks of at most this many chunks are scanned flat (exact top-k by bound, one
             matmul); the hierarchy is descended above. 2,048 (~12-16K tokens): on this CPU the
             flat scan costs less up to about 4,096 chunks (docs/notes/sparse.md).
@@ -41,9 +45,13 @@ class LycheePolicy(SparsePolicy):
     top_nodes: int = 64
     oversample: float = 2.0
     flat_chunks: int = 2048
+    chunk_score: str = "centroid"
 
     def __post_init__(self) -> None:
         SparsePolicy.__post_init__(self)
+        if self.chunk_score not in CHUNK_SCORES:
+            valid = ", ".join(CHUNK_SCORES)
+            raise ValueError(f"chunk_score={self.chunk_score!r}: how a chunk is scored; valid: {valid}")
         self.tree_config()  # validates the index knobs now
 
     def tree_config(self) -> TreeConfig:
@@ -58,6 +66,7 @@ class LycheePolicy(SparsePolicy):
             flat_chunks=int(self.flat_chunks),
             dtype=torch.int8,  # + a float16 scale per node: under 2% of fp32 K+V (docs/notes/sparse.md)
             radius_scale=float(self.bound_scale),
+            score=self.chunk_score,
         )
 
     def index_builder(self):
