@@ -42,7 +42,9 @@ from arbor_runtime.sparse import ChunkTree, PageIndex, TreeConfig
 from arbor_runtime.sparse.chunking import BoundaryTable
 from arbor_runtime.sparse.reads import read_budget
 
-KNOBS = {"s": float, "b": int, "p": int, "a": float, "m": int, "t": float, "g": int, "e": int, "n": int}
+KNOBS = {"s": float, "b": int, "p": int, "a": float, "m": int, "t": float, "g": int, "e": int, "n": int, "k": str}
+#: chunk scores a rule may ask for with ``k`` (see :func:`chunk_sketch`); ``index``: the index's own
+SCORES = ("index", "mean", "max", "axis", "halves")
 SINKS, WINDOW = 16, 64
 
 
@@ -61,6 +63,7 @@ class Rule:
     across: int = 0  # 1: the budget of all KV heads of a layer is shared, chunks taken by estimated mass
     estimate: int = 0  # 1: each unread chunk is attended as one key, its keys' mean, weighted by its size
     neighbours: int = 0  # n: a chunk's score is the best of its own and its n neighbours' on each side
+    score: str = "index"  # k: how a chunk is scored (SCORES); not "index": float32 sketches of the keys
 
     @classmethod
     def parse(cls, name: str) -> Rule:
@@ -69,13 +72,15 @@ class Rule:
             raise ValueError(f"rule {name!r}: kind must be lychee, quest or dense")
         rule = cls(name, kind)
         fields = {"s": "share", "b": "floor", "p": "chunk", "a": "radius", "m": "window"} | {
-            "t": "top_p", "g": "across", "e": "estimate", "n": "neighbours"
+            "t": "top_p", "g": "across", "e": "estimate", "n": "neighbours", "k": "score"
         }  # fmt: skip
         for part in filter(None, args.split(",")):
             key, value = part.split("=")
             if key not in KNOBS:
                 raise ValueError(f"rule {name!r}: unknown knob {key!r}; valid: {', '.join(KNOBS)}")
             setattr(rule, fields[key], KNOBS[key](value))
+        if rule.score not in SCORES:
+            raise ValueError(f"rule {name!r}: k={rule.score!r}; valid: {', '.join(SCORES)}")
         return rule
 
 
@@ -137,6 +142,72 @@ def build_index(rule: Rule, keys: list[torch.Tensor], ends: torch.Tensor):
     return ChunkTree.build(cfg, read, len(keys), resident, ends)  # the chunks only: scanned flat
 
 
+def chunk_sketch(kind: str, keys: list[torch.Tensor], starts: torch.Tensor):
+    """layer, q (1, H, g, D) -> (1, H, C): every chunk's score under ``kind``, from float32 keys, the
+    max over the g query heads of a KV head (as the index scores). Chunks are ``starts`` (C + 1,) over
+    the context's keys (L x (H, T, D)).
+
+    - ``mean``: q.c, c the chunk's mean key (the index's centroid score, unquantized);
+    - ``max``: the chunk's best key, max_k q.k (the chunk oracle: what any sketch can reach);
+    - ``axis``: q.c + max(q.u hi, q.u lo), u the first principal axis of the chunk's deviations k - c
+      (3 power steps from the farthest key), hi / lo their largest / smallest projection on it: the
+      chunk's best key exactly when its keys deviate from c along one direction (one outlier);
+    - ``halves``: the best of the means of the chunk's two halves.
+    """
+    t = int(starts[-1])
+    chunk_of = torch.searchsorted(starts, torch.arange(t), right=True) - 1
+    n = int(starts.numel()) - 1
+    if kind == "halves":
+        mid = (starts[:-1] + starts[1:]) // 2
+        chunk_of = 2 * chunk_of + (torch.arange(t) >= mid[chunk_of]).long()
+        n *= 2
+    count = torch.bincount(chunk_of, minlength=n).clamp(min=1).view(1, -1, 1).float()
+
+    def means(k: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(k.shape[0], n, k.shape[-1]).index_add_(1, chunk_of, k) / count
+
+    stats = []
+    for k in keys:
+        k = k[:, :t].float()
+        c = means(k)  # (H, n, D)
+        if kind == "axis":
+            dev = k - c[:, chunk_of]  # (H, T, D)
+            idx = chunk_of.expand(k.shape[0], -1)
+            far = torch.zeros(k.shape[0], n).scatter_reduce_(1, idx, dev.norm(dim=-1), "amax")
+            pick = dev.norm(dim=-1) >= far[:, chunk_of]  # the farthest key of each chunk (ties: their sum)
+            u = torch.zeros_like(c).index_add_(1, chunk_of, dev * pick.unsqueeze(-1))
+            for _ in range(3):
+                u = torch.nn.functional.normalize(u, dim=-1)
+                proj = (dev * u[:, chunk_of]).sum(-1, keepdim=True)
+                u = torch.zeros_like(c).index_add_(1, chunk_of, dev * proj)
+            u = torch.nn.functional.normalize(u, dim=-1)
+            proj = (dev * u[:, chunk_of]).sum(-1)  # (H, T)
+            hi = torch.full((k.shape[0], n), -torch.inf).scatter_reduce_(1, idx, proj, "amax")
+            lo = torch.full((k.shape[0], n), torch.inf).scatter_reduce_(1, idx, proj, "amin")
+            stats.append((c, u, hi, lo))
+        elif kind == "max":
+            stats.append((k,))
+        else:
+            stats.append((c,))
+
+    def score(layer: int, q: torch.Tensor) -> torch.Tensor:
+        st = stats[layer]
+        if kind == "max":
+            dots = torch.matmul(q[0], st[0].transpose(-1, -2)).amax(1)  # (H, T)
+            out = torch.full((dots.shape[0], n), -torch.inf).scatter_reduce_(1, chunk_of.expand_as(dots), dots, "amax")
+            return out.unsqueeze(0)
+        dots = torch.matmul(q[0], st[0].transpose(-1, -2))  # (H, g, n)
+        if kind == "axis":
+            qu = torch.matmul(q[0], st[1].transpose(-1, -2))
+            dots = dots + torch.maximum(qu * st[2].unsqueeze(1), qu * st[3].unsqueeze(1))
+        out = dots.amax(1)  # (H, n)
+        if kind == "halves":
+            out = out.view(out.shape[0], -1, 2).amax(-1)
+        return out.unsqueeze(0)
+
+    return score
+
+
 def scaled(index, scale: float):
     """A shallow copy of ``index`` scoring with ``scale`` (the statistics are shared)."""
     out = copy.copy(index)
@@ -147,7 +218,7 @@ def scaled(index, scale: float):
     return out
 
 
-def selector(rule: Rule, index, n_ctx: int, n_total: int, probe: Probe):
+def selector(rule: Rule, index, n_ctx: int, n_total: int, probe: Probe, sketch=None):
     """layer, q, keys -> (H, n_total) bool: sinks, window, the question block, then top chunks to budget."""
     budget = read_budget(n_total, rule.floor, rule.share)
     starts = index.starts
@@ -161,7 +232,10 @@ def selector(rule: Rule, index, n_ctx: int, n_total: int, probe: Probe):
         if rule.window and layer in probe.recent:
             past = probe.recent[layer].float()  # (Hq, m, D)
             q = torch.cat([q, past.reshape(h, g * past.shape[1], -1).unsqueeze(0)], dim=2)
-        raw = (index.bounds(layer, q) if rule.kind == "quest" else index.leaf_bounds(layer, q))[0]  # (H, C)
+        if sketch is not None:
+            raw = sketch(layer, q)[0]  # (H, C)
+        else:
+            raw = (index.bounds(layer, q) if rule.kind == "quest" else index.leaf_bounds(layer, q))[0]  # (H, C)
         if rule.neighbours:  # a chunk next to a well-scored one scores as well: the two are read together
             width = 2 * rule.neighbours + 1
             raw = torch.nn.functional.max_pool1d(raw.unsqueeze(0), width, 1, rule.neighbours)[0]
@@ -239,12 +313,17 @@ def run_item(loaded, probe: Probe, item, rules: list[Rule], out, max_answer: int
     refs, answer_ids = step_logprobs(None, [int(ids[0, -1])], max_answer)
     feed = [int(ids[0, -1])] + answer_ids[:-1]
     ref = refs[0]
-    indexes = {}
+    indexes, sketches = {}, {}
     for rule in rules:
         key = (rule.kind == "quest", rule.chunk)
         if key not in indexes:
             indexes[key] = build_index(rule, keys, ends)
-        select, budget = selector(rule, scaled(indexes[key], rule.radius), len(ctx), n_total, probe)
+        sketch = None
+        if rule.score != "index":
+            if (key, rule.score) not in sketches:
+                sketches[(key, rule.score)] = chunk_sketch(rule.score, keys, indexes[key].starts)
+            sketch = sketches[(key, rule.score)]
+        select, budget = selector(rule, scaled(indexes[key], rule.radius), len(ctx), n_total, probe, sketch)
         probe.chunks = None
         if rule.estimate:
             st = indexes[key].starts
@@ -291,7 +370,8 @@ def table(rows: list[dict]) -> str:
     for (length, rule), rs in groups.items():
         n = len(rs)
         cells = [f"{length:,}", f"`{rule}`", str(n), f"{sum(r['first_agree'] for r in rs)}/{n}"]
-        cells += [f"{sum(r['kl'] for r in rs) / n:.4f}", f"{sum(r['read'] for r in rs) / n:.2f}"]
+        read = sum(r["read"] if "read" in r else r["read_share"] for r in rs) / n  # older rows: the planned share
+        cells += [f"{sum(r['kl'] for r in rs) / n:.4f}", f"{read:.2f}"]
         cells += [f"{sum(r['mass'] for r in rs) / n:.3f}"]
         if forced:
             done = [r for r in rs if "answer_agree" in r]

@@ -94,12 +94,32 @@ def profile(rt: Runtime, root, policy, tokens: int, fast: bool = True) -> dict[s
     return out
 
 
+def method_knobs(method: str) -> tuple[str, dict]:
+    """``lychee:chunk_score=axis+max_chunk_tokens=4`` -> ("lychee", {"chunk_score": "axis", "max_chunk_tokens": 4})."""
+    kind, _, args = method.partition(":")
+    if kind not in ("lychee", "quest"):
+        raise SystemExit(f"--methods: {method!r}; valid: lychee or quest, optionally with ':knob=value+...'")
+    knobs = {}
+    for part in filter(None, args.split("+")):
+        key, _, value = part.partition("=")
+        for cast in (int, float, str):
+            try:
+                knobs[key] = cast(value)
+                break
+            except ValueError:
+                continue
+    return kind, knobs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--decode", type=int, default=16)
     ap.add_argument("--shares", default="0.1,0.5", help="read shares (token_share, floor 1) to profile")
-    ap.add_argument("--methods", default="lychee,quest")
+    ap.add_argument(
+        "--methods", default="lychee,quest", help="lychee / quest, knobs: 'lychee:chunk_score=axis+max_chunk_tokens=4'"
+    )
+    ap.add_argument("--fast-only", action="store_true", help="profile the fast step only (the runtime's)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--label", default="", help="a label for the rows (e.g. the code version)")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds (a shared CPU: compare within one)")
@@ -111,10 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         root = rt.new_tree_ids(list(range(args.context)))
     cases = [("dense", None, 1.0, True)]
     for method in args.methods.split(","):
-        cls = LycheePolicy if method == "lychee" else QuestPolicy
+        kind, knobs = method_knobs(method)
+        cls = QuestPolicy if kind == "quest" else LycheePolicy
         for share in map(float, args.shares.split(",")):
-            for fast in (False, True):
-                cases.append((method, cls(token_budget=1, token_share=share), share, fast))
+            for fast in (True,) if args.fast_only else (False, True):
+                cases.append((method, cls(token_budget=1, token_share=share, **knobs), share, fast))
     with open(args.out, "a") as out:
         for (method, policy, share, fast), rnd in ((c, i) for i in range(args.rounds) for c in cases):
             row = {"label": args.label, "round": rnd, "context": args.context, "method": method, "share": share}
