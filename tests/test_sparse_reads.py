@@ -114,6 +114,22 @@ def test_bad_read_knobs_name_the_value():
 
 
 @pytest.mark.parametrize("name", sorted(SPARSE))
+def test_a_context_below_dense_below_is_attended_dense_and_above_it_the_budget_holds(tiny, name):
+    _, dense = generate(tiny, "full")
+    rt, below = generate(tiny, SPARSE[name](**(SMALL | {"dense_below": 10**6})))
+    stats = rt.backend.sparse.stats
+    assert stats.steps > 0 and stats.dense_steps == stats.steps and stats.read_fraction == 1.0
+    assert stats.builds == 0  # no index was built
+    assert below.token_ids == dense.token_ids
+    assert max(abs(a - b) for a, b in zip(below.logprobs, dense.logprobs, strict=True)) < 1e-4
+    rt, _ = generate(tiny, SPARSE[name](**(SMALL | {"dense_below": 100})))  # the prompt is longer
+    stats = rt.backend.sparse.stats
+    assert stats.dense_steps == 0 and stats.read_fraction < 0.5
+    with pytest.raises(ValueError, match="dense_below=-1 must be an integer >= 0"):
+        SPARSE[name](dense_below=-1)
+
+
+@pytest.mark.parametrize("name", sorted(SPARSE))
 def test_defaults_read_a_share_of_the_context_above_8192_tokens(name):
     """The measured defaults (issue 24, docs/data/longctx/README.md), the same in conf/policy/*.yaml:
     dense up to 8K tokens of context, then lychee reads a quarter (centroid score, 4-8-token chunks),

@@ -54,6 +54,8 @@ class SparsePolicy(Policy):
             rows in docs/data/longctx/).
         token_share: read max(token_budget, token_share x the row's resident context) tokens
             (at most the context; 0 = ``token_budget`` alone). See ``arbor_runtime/sparse/reads.py``.
+        dense_below: decode steps whose longest row holds fewer resident context tokens than this are
+            attended dense (no index is built or read): where a partial read does not pay. 0 = none.
         dense_layers: the first this many layers read every resident token (0 = none).
         sink_tokens / window_tokens: first and last positions always read.
         min_block_tokens: blocks shorter than this are read whole (not indexed).
@@ -76,6 +78,7 @@ class SparsePolicy(Policy):
     memory_args: dict[str, Any] = field(default_factory=dict)
     token_budget: int = 8192
     token_share: float = 0.5
+    dense_below: int = 0
     dense_layers: int = 0
     sink_tokens: int = 16
     window_tokens: int = 64
@@ -91,7 +94,7 @@ class SparsePolicy(Policy):
             self.budget_tokens = self.memory.budget_tokens
         Policy.__post_init__(self)
         knobs = ("token_budget", 1), ("sink_tokens", 0), ("window_tokens", 0), ("min_block_tokens", 0)
-        for knob, least in (*knobs, ("dense_layers", 0)):
+        for knob, least in (*knobs, ("dense_layers", 0), ("dense_below", 0)):
             value = getattr(self, knob)
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"{knob}={value!r} must be an integer >= {least}")
@@ -201,6 +204,7 @@ class SparsePolicy(Policy):
             min_block_tokens=self.min_block_tokens,
             exact=self.exact,
             width=width,
+            dense_below=self.dense_below,
         )
         reserve = None if self.budget_tokens is None else self.reserve_tokens * store.shape.bytes_per_token
         on_demand = self.rehydrate == "ranked"

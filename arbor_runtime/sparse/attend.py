@@ -65,13 +65,15 @@ class SparseAttention(BlockIndexes):
     def prepare(self, batch: BatchView, positions: torch.Tensor) -> SparseStep | None:
         """Lay out one decode step: positions (R,) are the rows' current token positions.
 
-        None (the backend attends the step dense) when the read budget covers every row's resident
-        context and nothing is ranked on demand: the selection would take every chunk, so the dense
-        step reads the same tokens, exactly and without the selection's cost."""
+        None (the backend attends the step dense) when nothing is ranked on demand and either the read
+        budget covers every row's resident context (the selection would take every chunk, so the dense
+        step reads the same tokens, exactly and without the selection's cost) or the longest row's
+        context is below ``select.dense_below`` (where reading part of it does not pay)."""
         contexts = row_contexts(batch)  # (R,) resident context tokens
         longest = int(contexts.max()) if contexts.numel() else 0
         self._set_budget(longest)
-        if self.dense_when_covered and not self.on_demand and self.select.token_budget >= longest:
+        covered = self.select.token_budget >= longest or longest < self.select.dense_below
+        if self.dense_when_covered and not self.on_demand and covered:
             read = int(contexts.sum()) * self.store.shape.kv_heads * self.store.shape.layers
             self.stats.steps += 1
             self.stats.dense_steps += 1

@@ -62,6 +62,7 @@ class SelectConfig:
         min_block_tokens: blocks shorter than this are read whole, not indexed.
         exact: exact top-k retrieval by bound (lychee's second pass) instead of the beam descent.
         width: most tokens in one chunk (the gather width).
+        dense_below: a step whose longest row holds fewer resident context tokens is attended dense.
     """
 
     token_budget: int = 1024
@@ -70,6 +71,7 @@ class SelectConfig:
     min_block_tokens: int = 64
     exact: bool = False
     width: int = 16
+    dense_below: int = 0
 
 
 @dataclass(slots=True)
