@@ -376,6 +376,44 @@ def test_bad_arguments_are_errors_before_the_model_loads(capsys):
     assert "--redo: unknown 'dense'; valid: lychee" in capsys.readouterr().err
     assert main(["--first", "20", "--items", "20"]) == 2
     assert "--first 20 must be below --items 20" in capsys.readouterr().err
+    assert main(["--policies", "lychee:max_chunks=4"]) == 2
+    assert "--policies: policy 'lychee:max_chunks=4': " in capsys.readouterr().err
+    assert main(["--policies", "lychee:max_chunk_tokens=2+min_chunk_tokens=4"]) == 2
+    assert "chunk lengths must satisfy 1 <= min_len <= max_len, got 4, 2" in capsys.readouterr().err
+    assert main(["--policies", "h2o:keep=2"]) == 2
+    assert "--policies: unknown 'h2o:keep=2'" in capsys.readouterr().err
+
+
+def test_a_sparse_variant_runs_beside_its_policy_with_its_knobs(tmp_path, one_torch_thread, monkeypatch):
+    """``lychee:min_chunk_tokens=2+max_chunk_tokens=4``: its own rows and label, the knobs on the policy it
+    reads through, the shares' read rule as for any sparse method."""
+    built = []
+    real = Method.build
+
+    def spy(self, context_tokens):
+        policy = real(self, context_tokens)
+        built.append((self.policy, policy.min_chunk_tokens, policy.max_chunk_tokens, policy.token_share))
+        return policy
+
+    monkeypatch.setattr(Method, "build", spy)
+    variant = "lychee:min_chunk_tokens=2+max_chunk_tokens=4"
+    argv = [
+        "--lengths",
+        "256",
+        "--items",
+        "1",
+        "--tasks",
+        "records",
+        "--policies",
+        f"lychee,{variant}",
+        "--shares",
+        "0.25",
+    ]
+    code, data, rows = _bench(tmp_path, *argv)
+    assert code == 0
+    assert data["settings"]["methods"] == ["dense", "lychee@25%", f"{variant}@25%"]
+    assert [r["policy"] for r in rows] == ["dense", "lychee", variant]
+    assert ("lychee", 4, 8, 0.0) in built and (variant, 2, 4, 0.0) in built
 
 
 def test_variant_names_parse_into_policies_and_bad_ones_are_refused():
@@ -383,7 +421,10 @@ def test_variant_names_parse_into_policies_and_bad_ones_are_refused():
 
     policy = variant_policy("quest:b=512,s=0.25,d=2")
     assert (type(policy).__name__, policy.token_budget, policy.token_share, policy.dense_layers) == (
-        "QuestPolicy", 512, 0.25, 2
+        "QuestPolicy",
+        512,
+        0.25,
+        2,
     )
     with pytest.raises(ValueError, match="unknown knob 'x'"):
         variant_policy("lychee:x=1")

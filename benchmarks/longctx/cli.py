@@ -20,7 +20,7 @@ from arbor_cli.provenance import checkout_commit
 from arbor_cli.report import fit_table
 from arbor_cli.results import Column
 from benchmarks.longctx.generator import TASKS, make_suite, records_example
-from benchmarks.longctx.run import POLICIES, PROTOCOL, item_key, methods, run, summarise
+from benchmarks.longctx.run import POLICIES, PROTOCOL, check_policy, item_key, methods, run, summarise
 
 PROG = "bench_longctx.py"
 MODELS = ("smollm2", "tiny-random")
@@ -41,6 +41,19 @@ def _names(text: str, what: str, valid: Sequence[str]) -> list[str]:
     bad = [n for n in names if n not in valid] or ([] if names else [text])
     if bad:
         raise ValueError(f"--{what}: unknown {bad[0]!r}; valid: {', '.join(valid)}")
+    return names
+
+
+def _policies(text: str, what: str) -> list[str]:
+    """Comma-separated policies of the suite, sparse variants included (``lychee:max_chunk_tokens=4``)."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise ValueError(f"--{what}: unknown {text!r}; valid: {', '.join(POLICIES)}")
+    for name in names:
+        try:
+            check_policy(name)
+        except ValueError as err:
+            raise ValueError(f"--{what}: {err}") from None
     return names
 
 
@@ -105,12 +118,12 @@ def validate(args: argparse.Namespace) -> dict:
         "items": _ints(args.items, "items")[0],
         "first": _ints(args.first, "first", 0)[0],
         "tasks": _names(args.tasks, "tasks", tuple(TASKS)),
-        "plan": methods(_names(args.policies, "policies", POLICIES), [s for s in args.shares.split(",") if s.strip()]),
+        "plan": methods(_policies(args.policies, "policies"), [s for s in args.shares.split(",") if s.strip()]),
         "max_new": _ints(args.max_new, "max-new")[0],
         "seed": _ints(args.seed, "seed", 0)[0],
         "threads": None if args.threads is None else _ints(args.threads, "threads")[0],
         "example": bool(args.example),
-        "redo": _names(args.redo, "redo", POLICIES) if args.redo.strip() else [],
+        "redo": _policies(args.redo, "redo") if args.redo.strip() else [],
         "reuse_prefill": not args.no_reuse_prefill,
         "prefix": bool(args.answer_prefix),
     }

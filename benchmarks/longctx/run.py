@@ -83,6 +83,51 @@ COMPRESSING = ("kvp", "h2o", "snapkv", "streaming")
 POLICIES = (*SPARSE, *COMPRESSING)
 
 
+def sparse_policy(name: str):
+    """The constructor of a sparse method, None for any other name: ``lychee``, or a variant with its
+    knobs after a colon, joined by ``+`` (``lychee:min_chunk_tokens=2+max_chunk_tokens=4``: a change to
+    the index measured beside the default). ValueError names a bad knob or value (nothing is loaded)."""
+    base, _, args = name.partition(":")
+    if base not in SPARSE:
+        return None
+    knobs: dict[str, Any] = {}
+    for part in filter(None, args.split("+")):
+        key, eq, value = part.partition("=")
+        if not eq:
+            raise ValueError(f"policy {name!r}: {part!r} is not knob=value")
+        knobs[key] = _scalar(value)
+    made = partial(SPARSE[base], **knobs)
+    try:
+        made()
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"policy {name!r}: {err}") from None
+    return made
+
+
+def _scalar(text: str) -> Any:
+    """ "4" -> 4, "0.5" -> 0.5, "true" -> True, anything else the text."""
+    if text in ("true", "false"):
+        return text == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            continue
+    return text
+
+
+def check_policy(name: str) -> str:
+    """``name`` when it is a policy of the suite (a sparse variant included), else ValueError."""
+    if name not in POLICIES and sparse_policy(name) is None:
+        valid = ", ".join(POLICIES)
+        raise ValueError(f"unknown {name!r}; valid: {valid} (a sparse one may add ':knob=value+...')")
+    return name
+
+
+def is_oracle(name: str) -> bool:
+    return name.partition(":")[0] in ORACLES
+
+
 @dataclass(frozen=True, slots=True)
 class Method:
     """A policy at one budget: ``share`` of the context's tokens, or ``tokens`` outright; a sparse
@@ -103,7 +148,7 @@ class Method:
     def build(self, context_tokens: int):
         """The sparse policy this method reads through: its defaults, or a fixed ``token_budget`` = the
         budget at every layer (no share, no dense layers: the budget as given)."""
-        cls = SPARSE[self.policy]
+        cls = sparse_policy(self.policy)
         if self.share is None and self.tokens is None:
             return cls()
         return cls(token_budget=self.budget(context_tokens), token_share=0.0, dense_layers=0)
@@ -111,7 +156,9 @@ class Method:
     def budget(self, context_tokens: int) -> int:
         """Tokens read (sparse) or kept (compressing) of a ``context_tokens``-token context."""
         if self.share is None and self.tokens is None:  # a sparse policy's default read rule
-            policy = SPARSE[self.policy]()
+            policy = sparse_policy(self.policy)()
+            if context_tokens < policy.dense_below:  # the policy reads such a context dense
+                return context_tokens
             return read_budget(context_tokens, policy.token_budget, policy.token_share)
         return self.tokens if self.tokens is not None else max(1, int(self.share * context_tokens))
 
@@ -133,12 +180,11 @@ def parse_budget(text: str) -> tuple[float | None, int | None]:
 
 def methods(policies: Sequence[str], budgets: Sequence[str]) -> list[Method]:
     """Dense first, then every policy at every budget ("default" applies to the sparse policies only)."""
-    bad = [p for p in policies if p not in POLICIES]
-    if bad:
-        raise ValueError(f"unknown policy {bad[0]!r}; valid: {', '.join(POLICIES)}")
+    for p in policies:
+        check_policy(p)
     parsed = [parse_budget(b) for b in budgets]
     return [Method("dense")] + [
-        Method(p, s, t) for p in policies for s, t in parsed if p in SPARSE or (s, t) != (None, None)
+        Method(p, s, t) for p in policies for s, t in parsed if sparse_policy(p) or (s, t) != (None, None)
     ]
 
 
@@ -317,10 +363,10 @@ def run_item(
             ans, logp, kept = dense, ref, len(ctx)
         else:
             budget = method.budget(len(ctx))
-            if method.policy in SPARSE:
+            if sparse_policy(method.policy) is not None:
                 rt, root = fork(base, base_root, full())
                 sparse = attach(rt, method.build(len(ctx)))
-                if method.policy not in ORACLES:  # the question's step also measures the oracle's recall
+                if not is_oracle(method.policy):  # the question's step also measures the oracle's recall
                     sparse.step_type, sparse.recall = RecallStep, recall
 
                     def asked(sparse=sparse) -> None:
