@@ -121,7 +121,7 @@ def test_a_block_of_few_chunks_is_scanned_flat_exactly_and_larger_ones_descend(m
     ends = random_ends(2000, 3)
     q = torch.randn(3, H, G, D, generator=torch.Generator().manual_seed(23))
     flat = ChunkTree.build(TreeConfig(top_nodes=8, flat_chunks=10**6), reader(keys), L, torch.arange(2000), ends)
-    assert len(flat.levels) > 1  # the hierarchy is built all the same (a block may grow past the limit)
+    assert len(flat.levels) == 1  # chunks only: a flat scan never reads the levels above
     descents = []
     monkeypatch.setattr(ChunkTree, "_descend", lambda self, *a: descents.append(1) or (None, None))
     ids, scores = flat.retrieve(0, q, 30)
@@ -136,6 +136,20 @@ def test_a_block_of_few_chunks_is_scanned_flat_exactly_and_larger_ones_descend(m
     with pytest.raises(ValueError, match="flat_chunks=-1"):
         TreeConfig(flat_chunks=-1)
     assert LycheePolicy().tree_config().flat_chunks == 2048
+
+
+def test_a_flat_block_that_grows_past_the_flat_scan_gets_its_hierarchy_and_retrieves_exactly():
+    keys = clustered_keys(2000, 4)
+    ends = random_ends(2000, 4)
+    cfg = TreeConfig(top_nodes=8, flat_chunks=100)
+    tree = ChunkTree.build(cfg, reader(keys), L, torch.arange(500), ends[:500])
+    assert tree.n_chunks <= 100 and len(tree.levels) == 1 and not tree.descends
+    assert tree.update(reader(keys), L, torch.arange(2000), ends)
+    assert tree.descends and len(tree.levels) > 2
+    q = torch.randn(3, H, G, D, generator=torch.Generator().manual_seed(5))
+    want = tree.leaf_bounds(0, q).topk(20, dim=-1).values
+    _, got = tree.retrieve(0, q, 20, exact=True)
+    torch.testing.assert_close(got.sort(-1, descending=True).values, want)
 
 
 def recall(found: torch.Tensor, want: torch.Tensor) -> float:

@@ -274,7 +274,8 @@ class ChunkTree:
         covered = torch.zeros(int(ends.numel()), dtype=torch.bool)
         covered[resident] = True
         tree = cls(config, starts, [leaves], covered)
-        tree._build_upper()
+        if tree.descends:
+            tree._build_upper()
         return tree
 
     @staticmethod
@@ -286,6 +287,13 @@ class ChunkTree:
         drift = torch.zeros(int(ends.numel()))
         drift[resident] = key_drift(keys(layer, resident))
         return drift, config.drift_threshold
+
+    @property
+    def descends(self) -> bool:
+        """Whether retrieval descends a hierarchy: more chunks than a flat scan takes and than the top
+        level holds. A block scanned flat holds its chunks only (the upper levels, 85% of an 8K block's
+        build time, would never be read); they are built when it grows past the flat scan."""
+        return self.n_chunks > max(self.config.flat_chunks, self.config.top_nodes)
 
     def _build_upper(self) -> None:
         """(Re)build every level above the chunks."""
@@ -328,7 +336,7 @@ class ChunkTree:
             covered[int(starts[c]) : int(starts[c + 1])] = False
         covered[resident[torch.isin(torch.searchsorted(starts, resident, right=True) - 1, touched)]] = True
         self._set_leaves(touched, _leaf_stats(self.config, keys, layers, resident, starts, touched))
-        if len(self.levels) == 1 and self.n_chunks > self.config.top_nodes:
+        if len(self.levels) == 1 and self.descends:  # grown past the flat scan: the hierarchy now
             self._build_upper()
         elif self.grafted > self.config.rebuild_fraction * self.n_chunks:
             self._build_upper()
