@@ -196,3 +196,15 @@ def test_a_branch_with_every_token_on_the_host_is_ranked_and_comes_back(tiny):
     assert a.id in first[0][0] and first[0][1] > 0  # ranked at the first step
     assert rt.store.counters.rehydrated_tokens - before > 0
     assert len(child.token_ids) == GREEDY.max_new_tokens
+
+
+def test_below_dense_below_a_ranked_step_reads_every_resident_chunk_and_still_ranks_the_host(tiny):
+    """On demand a step is never dense (the host's chunks are ranked), but below ``dense_below`` its
+    budget covers the resident context: every resident chunk is read, and wanted chunks still return."""
+    hosted, _, restored, answer, rt = return_to_a(tiny, "ranked", 530, LycheePolicy, dense_below=10**6)
+    stats = rt.backend.sparse.stats
+    assert stats.steps > 0 and stats.dense_steps == 0 and stats.read_fraction == 1.0
+    assert hosted > 0 and 0 < restored <= hosted
+    assert len(answer.token_ids) == GREEDY.max_new_tokens
+    _, _, _, _, sparse = return_to_a(tiny, "ranked", 530, LycheePolicy)  # the fixed 128-token read
+    assert sparse.backend.sparse.stats.read_fraction < 0.9

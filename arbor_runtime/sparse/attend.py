@@ -33,6 +33,8 @@ own module.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from arbor_runtime.batch import BatchView
@@ -65,15 +67,14 @@ class SparseAttention(BlockIndexes):
     def prepare(self, batch: BatchView, positions: torch.Tensor) -> SparseStep | None:
         """Lay out one decode step: positions (R,) are the rows' current token positions.
 
-        None (the backend attends the step dense) when nothing is ranked on demand and either the read
-        budget covers every row's resident context (the selection would take every chunk, so the dense
-        step reads the same tokens, exactly and without the selection's cost) or the longest row's
-        context is below ``select.dense_below`` (where reading part of it does not pay)."""
+        None (the backend attends the step dense) when the read budget covers every row's resident
+        context and nothing is ranked on demand: the selection would take every chunk, so the dense
+        step reads the same tokens, exactly and without the selection's cost. The budget covers it
+        too when the longest row's context is below ``select.dense_below`` (:meth:`_set_budget`)."""
         contexts = row_contexts(batch)  # (R,) resident context tokens
         longest = int(contexts.max()) if contexts.numel() else 0
         self._set_budget(longest)
-        covered = self.select.token_budget >= longest or longest < self.select.dense_below
-        if self.dense_when_covered and not self.on_demand and covered:
+        if self.dense_when_covered and not self.on_demand and self.select.token_budget >= longest:
             read = int(contexts.sum()) * self.store.shape.kv_heads * self.store.shape.layers
             self.stats.steps += 1
             self.stats.dense_steps += 1
@@ -97,7 +98,18 @@ class SparseAttention(BlockIndexes):
         return step
 
     def _set_budget(self, longest: int) -> None:
-        """Set this step's read budget from the longest row's resident context (fixed here)."""
+        """Set this step's read budget from the longest row's resident context: :meth:`_read_budget`,
+        or all of it when it is shorter than ``select.dense_below`` (dense, or on demand every resident
+        chunk read while the host's are still ranked)."""
+        budget = self._read_budget(longest)
+        if longest < self.select.dense_below:
+            budget = max(budget, longest)
+        if budget != self.select.token_budget:
+            self.select = replace(self.select, token_budget=budget)
+
+    def _read_budget(self, longest: int) -> int:
+        """Tokens a query reads of a ``longest``-token context: the configured budget (fixed here)."""
+        return self.floor
 
     def _away(self, batch: BatchView) -> list[tuple[int, torch.Tensor | None]]:
         """On demand: context blocks with every token on the host (no group in the batch), with the

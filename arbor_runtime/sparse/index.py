@@ -153,6 +153,7 @@ class BlockIndexes:
         on_demand: bool = False,
     ) -> None:
         self.builder, self.select, self.store = builder, select, store
+        self.floor = select.token_budget  # the configured budget (``select``'s changes per step)
         self.token_ids, self.reserve_bytes, self.on_demand = token_ids, reserve_bytes, on_demand
         self.boundaries = BoundaryTable(decode)
         self.entries: dict[int, IndexEntry] = {}

@@ -16,7 +16,6 @@ where a fixed 1,024-token budget changed SmolLM2's answer:
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 
@@ -119,5 +118,5 @@ class BudgetedAttention(SparseAttention):
         self.floor, self.share = self.select.token_budget, float(share)
         read_budget(0, self.floor, self.share)  # validates the share
 
-    def _set_budget(self, longest: int) -> None:
-        self.select = replace(self.select, token_budget=read_budget(longest, self.floor, self.share))
+    def _read_budget(self, longest: int) -> int:
+        return read_budget(longest, self.floor, self.share)
