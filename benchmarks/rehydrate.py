@@ -110,7 +110,9 @@ def run_tree(loaded, ids: dict[str, list[int]], config: str, pool: int | None, a
         budget = None if pool is None else budget_for_pool(pool)
         memory = "full" if config == "lychee" else "arbor"
         rehydrate = "whole" if mode == "whole" or memory == "full" else "ranked"
-        policy = LycheePolicy(memory=memory, budget_tokens=budget, token_budget=args.token_budget, rehydrate=rehydrate)
+        policy = LycheePolicy(
+            memory=memory, budget_tokens=budget, token_budget=args.token_budget, rehydrate=rehydrate, dense_below=0
+        )
     rt = Runtime(loaded, policy=policy)
     if config in ("position", "none"):
         reorder(rt.backend.sparse, config)

@@ -67,6 +67,7 @@ class SparseSettings:
             sink_tokens=self.sink_tokens,
             window_tokens=self.window_tokens,
             token_share=self.token_share,
+            dense_below=0,  # the fixed budget at every context length
         )
 
 

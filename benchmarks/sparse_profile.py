@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         cls = QuestPolicy if kind == "quest" else LycheePolicy
         for share in map(float, args.shares.split(",")):
             for fast in (True,) if args.fast_only else (False, True):
-                cases.append((method, cls(token_budget=1, token_share=share, **knobs), share, fast))
+                cases.append((method, cls(token_budget=1, token_share=share, dense_below=0, **knobs), share, fast))
     with open(args.out, "a") as out:
         for (method, policy, share, fast), rnd in ((c, i) for i in range(args.rounds) for c in cases):
             row = {"label": args.label, "round": rnd, "context": args.context, "method": method, "share": share}

@@ -385,7 +385,7 @@ def test_bad_arguments_are_errors_before_the_model_loads(capsys):
 
 
 def test_a_sparse_variant_runs_beside_its_policy_with_its_knobs(tmp_path, one_torch_thread, monkeypatch):
-    """``lychee:min_chunk_tokens=2+max_chunk_tokens=4``: its own rows and label, the knobs on the policy it
+    """``lychee:min_chunk_tokens=4+max_chunk_tokens=8``: its own rows and label, the knobs on the policy it
     reads through, the shares' read rule as for any sparse method."""
     built = []
     real = Method.build
@@ -396,7 +396,7 @@ def test_a_sparse_variant_runs_beside_its_policy_with_its_knobs(tmp_path, one_to
         return policy
 
     monkeypatch.setattr(Method, "build", spy)
-    variant = "lychee:min_chunk_tokens=2+max_chunk_tokens=4"
+    variant = "lychee:min_chunk_tokens=4+max_chunk_tokens=8"
     argv = [
         "--lengths",
         "256",
@@ -413,7 +413,7 @@ def test_a_sparse_variant_runs_beside_its_policy_with_its_knobs(tmp_path, one_to
     assert code == 0
     assert data["settings"]["methods"] == ["dense", "lychee@25%", f"{variant}@25%"]
     assert [r["policy"] for r in rows] == ["dense", "lychee", variant]
-    assert ("lychee", 4, 8, 0.0) in built and (variant, 2, 4, 0.0) in built
+    assert ("lychee", 2, 4, 0.0) in built and (variant, 4, 8, 0.0) in built
 
 
 def test_variant_names_parse_into_policies_and_bad_ones_are_refused():

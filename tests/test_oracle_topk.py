@@ -81,7 +81,7 @@ def selections(rt: Runtime, monkeypatch) -> list[tuple]:
 def test_a_small_budget_reads_exactly_the_top_keys_by_score(tiny, monkeypatch):
     sinks, window, budget = 4, 8, 40
     policy = OracleTopKPolicy(
-        token_budget=budget, token_share=0.0, sink_tokens=sinks, window_tokens=window, min_block_tokens=4
+        token_budget=budget, token_share=0.0, dense_below=0, sink_tokens=sinks, window_tokens=window, min_block_tokens=4
     )
     rt = Runtime(tiny, policy=policy)
     seen = selections(rt, monkeypatch)
@@ -122,7 +122,7 @@ def test_the_oracle_is_no_further_from_dense_than_lychee_at_the_same_budget(tiny
         " ".join(f"Item {i} of list {k} weighs {i * (k + 3) % 17} kg." for i in range(36)) + "\nTotal:" for k in (1, 2)
     ]
     for budget in (16, 48):
-        rule = {"token_budget": budget, "token_share": 0.0, "sink_tokens": 4, "window_tokens": 8}
+        rule = {"token_budget": budget, "token_share": 0.0, "dense_below": 0, "sink_tokens": 4, "window_tokens": 8}
         for prompt in prompts:
             oracle = first_step_kl(tiny, OracleTopKPolicy(**rule, min_block_tokens=16), prompt)
             lychee = first_step_kl(tiny, LycheePolicy(**rule, min_block_tokens=16), prompt)
@@ -156,7 +156,13 @@ def test_over_lychee_chunks_a_small_budget_reads_the_chunks_with_the_best_keys(t
     every chunk read beyond the forced ones has a best key (max over the group's query heads of q.k,
     brute force over the pool) at least as high as any readable chunk left out."""
     policy = OracleTopKPolicy(
-        chunks="lychee", token_budget=40, token_share=0.0, sink_tokens=4, window_tokens=8, min_block_tokens=4
+        chunks="lychee",
+        token_budget=40,
+        token_share=0.0,
+        dense_below=0,
+        sink_tokens=4,
+        window_tokens=8,
+        min_block_tokens=4,
     )
     rt = Runtime(tiny, policy=policy)
     seen = selections(rt, monkeypatch)
@@ -223,8 +229,8 @@ def test_recall_step_measures_the_share_of_the_oracles_keys_the_index_read(tiny,
     from arbor_runtime.sparse.oracle import RecallStep
 
     def measured(budget: int):
-        rt = Runtime(tiny, policy=LycheePolicy(token_budget=budget, token_share=0.0, sink_tokens=4, window_tokens=8,
-                                               min_block_tokens=4))  # fmt: skip
+        rt = Runtime(tiny, policy=LycheePolicy(token_budget=budget, token_share=0.0, dense_below=0, sink_tokens=4,
+                                               window_tokens=8, min_block_tokens=4))  # fmt: skip
         sparse = rt.backend.sparse
         sparse.dense_when_covered, sparse.step_type, sparse.recall = False, RecallStep, []
         calls = []

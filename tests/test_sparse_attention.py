@@ -77,7 +77,13 @@ def read_positions(step: SparseStep, chosen: torch.Tensor, take: torch.Tensor) -
 @pytest.mark.parametrize("name", sorted(SPARSE))
 def test_sinks_and_window_are_always_read_and_the_budget_holds(tiny, name, monkeypatch):
     policy = SPARSE[name](
-        token_budget=48, sink_tokens=16, window_tokens=16, min_block_tokens=4, token_share=0.0, dense_layers=0
+        token_budget=48,
+        sink_tokens=16,
+        window_tokens=16,
+        min_block_tokens=4,
+        token_share=0.0,
+        dense_below=0,
+        dense_layers=0,
     )
     rt = Runtime(tiny, policy=policy)
     seen = []
@@ -120,14 +126,20 @@ def test_lychee_composes_with_a_memory_policy_under_a_budget(tiny):
 
 def test_index_memory_is_counted_in_the_budget_and_reported(tiny):
     policy = build_policy(
-        "lychee", budget_tokens=2000, min_block_tokens=8, token_budget=64, token_share=0.0, dense_layers=0
+        "lychee",
+        budget_tokens=2000,
+        min_block_tokens=8,
+        token_budget=64,
+        token_share=0.0,
+        dense_below=0,
+        dense_layers=0,
     )
     rt = Runtime(tiny, policy=policy)
     grow(rt)
     m = rt.metrics.to_dict()
-    assert rt.store.pool.capacity == 2000 - 60  # 3% reserved for the index
-    assert 0 < m["peak_index_bytes"] <= 60 * rt.backend.shape.bytes_per_token
-    assert 0 < m["index_kv_ratio"] < 0.03
+    assert rt.store.pool.capacity == 2000 - 100  # lychee's 5% reserved for the index
+    assert 0 < m["peak_index_bytes"] <= 100 * rt.backend.shape.bytes_per_token
+    assert 0 < m["index_kv_ratio"] < 0.05
     assert m["index_seconds"] > 0 and m["sparse_attention_seconds"] > 0 and m["sparse_read_fraction"] < 1
 
 

@@ -140,7 +140,9 @@ def test_with_everything_in_budget_the_axis_score_decodes_as_dense_and_a_small_b
     dense = grow(Runtime(tiny, policy="full"))
     runs = []
     for budget in (10**6, 24, 24):
-        policy = LycheePolicy(token_budget=budget, token_share=0.0, min_block_tokens=4, chunk_score="axis")
+        policy = LycheePolicy(
+            token_budget=budget, token_share=0.0, dense_below=0, min_block_tokens=4, chunk_score="axis"
+        )
         rt = Runtime(tiny, policy=policy)
         runs.append([(n.token_ids, n.logprobs) for n in grow(rt)])
         if budget == 24:

@@ -3,6 +3,7 @@ of the context with a floor, and the leading layers read whole; on the tiny rand
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
 SPARSE = {"lychee": LycheePolicy, "quest": QuestPolicy}
 # a fixed 16-token budget (no share, no dense layers: the defaults have both)
 SMALL = {"token_budget": 16, "sink_tokens": 4, "window_tokens": 4, "min_block_tokens": 8, "token_share": 0.0,
-         "dense_layers": 0}  # fmt: skip
+         "dense_below": 0, "dense_layers": 0}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -130,14 +131,15 @@ def test_a_context_below_dense_below_is_attended_dense_and_above_it_the_budget_h
 
 
 @pytest.mark.parametrize("name", sorted(SPARSE))
-def test_defaults_read_a_share_of_the_context_above_8192_tokens(name):
-    """The measured defaults (issue 24, docs/data/longctx/README.md), the same in conf/policy/*.yaml:
-    dense up to 8K tokens of context, then lychee reads a quarter (centroid score, 4-8-token chunks),
-    quest half."""
-    share = {"lychee": 0.25, "quest": 0.5}[name]
+def test_defaults_are_dense_below_6144_tokens_and_read_a_share_above(name):
+    """The measured defaults (issue 49, docs/data/longctx/README.md), the same in conf/policy/*.yaml:
+    dense under 6,144 tokens of context (no read share paid at 2K or 4K), then lychee reads 15%
+    (2-4-token chunks), quest a quarter; the floor is 512 tokens."""
+    share = {"lychee": 0.15, "quest": 0.25}[name]
     policy = SPARSE[name]()
-    assert (policy.token_budget, policy.token_share, policy.dense_layers) == (8192, share, 0)
+    knobs = ("token_budget", "token_share", "dense_below", "dense_layers")
+    assert tuple(getattr(policy, k) for k in knobs) == (512, share, 6144, 0)
     conf = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "policy" / f"{name}.yaml").read_text())
-    assert (conf["token_budget"], conf["token_share"], conf["dense_layers"]) == (8192, share, 0)
-    assert read_budget(8000, policy.token_budget, policy.token_share) >= 8000  # dense steps
-    assert read_budget(40000, policy.token_budget, policy.token_share) == int(share * 40000)
+    assert tuple(conf[k] for k in knobs) == (512, share, 6144, 0)
+    assert read_budget(8160, policy.token_budget, policy.token_share) == math.ceil(share * 8160) < 8160 / 2
+    assert read_budget(1000, policy.token_budget, policy.token_share) == 512

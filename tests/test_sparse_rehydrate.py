@@ -35,8 +35,12 @@ def policy(rehydrate: str, budget: int | None, cls=LycheePolicy, **knobs) -> Lyc
         min_block_tokens=8,
         threshold=1.0,
         token_share=0.0,
+        dense_below=0,
         dense_layers=0,
-    )  # a fixed read budget (the defaults grow it with the context)
+        index_reserve=0.03,
+    )  # a fixed read budget (the defaults grow it with the context); the budgets below fit a 3% reserve
+    if cls is LycheePolicy:  # the chunks these budgets were sized on (4-8 tokens, the defaults before issue 49)
+        args |= {"min_chunk_tokens": 4, "max_chunk_tokens": 8}
     return cls(**(args | knobs), rehydrate=rehydrate)
 
 

@@ -125,7 +125,7 @@ def grow(rt: Runtime):
 
 @pytest.mark.parametrize("name", sorted(SPARSE))
 def test_flat_selection_is_the_greedy_budget_cut_by_score(tiny, name, monkeypatch):
-    policy = SPARSE[name](token_budget=40, token_share=0.0, min_block_tokens=4, bound_scale=0.5)
+    policy = SPARSE[name](token_budget=40, token_share=0.0, dense_below=0, min_block_tokens=4, bound_scale=0.5)
     rt = Runtime(tiny, policy=policy)
     checked = []
     flat = SparseStep._select_flat
@@ -167,7 +167,7 @@ def test_both_steps_read_everything_as_dense_and_repeat_exactly(tiny, name, fast
     dense = grow(Runtime(tiny, policy="full"))
     runs = []
     for budget in (10**6, 24, 24):
-        rt = Runtime(tiny, policy=SPARSE[name](token_budget=budget, token_share=0.0, min_block_tokens=4))
+        rt = Runtime(tiny, policy=SPARSE[name](token_budget=budget, token_share=0.0, dense_below=0, min_block_tokens=4))
         rt.backend.sparse.fast = fast
         runs.append([(n.token_ids, n.logprobs) for n in grow(rt)])
     for (ids, logp), d in zip(runs[0], dense, strict=True):
@@ -188,7 +188,8 @@ def test_retrieval_defaults_match_their_config_files(name):
     assert policy.bound_scale == conf["bound_scale"] == 0.0
     if name == "lychee":
         sizes = (policy.min_chunk_tokens, policy.max_chunk_tokens)
-        assert sizes == (conf["min_chunk_tokens"], conf["max_chunk_tokens"]) == (4, 8)
+        assert sizes == (conf["min_chunk_tokens"], conf["max_chunk_tokens"]) == (2, 4)
+        assert policy.flat_chunks == conf["flat_chunks"] == 4096 and policy.index_reserve == conf["index_reserve"]
     else:
         assert policy.page_tokens == conf["page_tokens"] == 16
 
@@ -198,7 +199,7 @@ def test_ranking_only_the_chunks_the_cut_can_take_chooses_as_the_full_sort(tiny,
     """``_select_flat`` ranks the top ``_most_taken`` chunks (topk), not all of them: the same chunks
     as ranking every chunk, at every layer and step, and so the same tokens and log-probs (to float
     rounding: the forced chunks, all +inf, may be gathered in another order)."""
-    knobs = dict(token_budget=30, token_share=0.0, min_block_tokens=4, sink_tokens=2, window_tokens=4)
+    knobs = dict(token_budget=30, token_share=0.0, dense_below=0, min_block_tokens=4, sink_tokens=2, window_tokens=4)
     flat, picks = SparseStep._select_flat, {"topk": [], "all": []}
 
     def recording(label):

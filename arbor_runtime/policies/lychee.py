@@ -19,11 +19,15 @@ class LycheePolicy(SparsePolicy):
     """LycheeCluster sparse decode attention.
 
     Attributes:
-        token_share: as :class:`SparsePolicy`; 0.25 here (above the 8,192-token floor): with the
-            centroid score and 4-8-token chunks a quarter of the context kept the answers half of it
-            kept under the old bound on the first measured slice (rows in docs/data/longctx/).
-        min_chunk_tokens / max_chunk_tokens: chunk length bounds inside long blocks (4-8: with the
-            centroid score, half the KL to dense of 8-16 at a 25% read; issue 24, docs/data/longctx/).
+        token_share: as :class:`SparsePolicy`; 0.15 here (past ``dense_below``): of the read shares
+            and chunk sizes measured at 8K on SmolLM2 (docs/data/longctx-pilot49/), 2-4-token chunks
+            at 15% had the best agreement with dense x speed (0.76 x 1.21, 17 items; 4-8-token chunks
+            at 25%: 0.65 x 1.16, at 10%: 0.41 x 1.39). The full suite at this setting is in
+            docs/data/longctx/ (issue 49).
+        min_chunk_tokens / max_chunk_tokens: chunk length bounds inside long blocks (2-4: at a 10%
+            read the first answer token's KL to dense is 1.5x lower than with 4-8, at 8K; issue 49).
+        index_reserve: as :class:`SparsePolicy`; 5% here (2-4-token chunks: an index of about 3.5%
+            of fp32 K/V at 8K).
         drift_threshold: key drift (1 - cosine to the preceding keys) that starts a chunk; inf = off.
         fanout: children per index node; top_nodes: most nodes at the top of a block's hierarchy.
         oversample: subtrees kept per level, as a multiple of the chunks asked for.
@@ -31,20 +35,22 @@ class LycheePolicy(SparsePolicy):
             axis of key deviations and their spread along it, so a lone key that matches the query is
             not averaged away; about 2x the index memory). See :class:`~arbor_runtime.sparse.TreeConfig`.
         flat_chunks: blocks of at most this many chunks are scanned flat (exact top-k by bound, one
-            matmul); the hierarchy is descended above. 2,048 (~12-16K tokens): on this CPU the
-            flat scan costs less up to about 4,096 chunks (docs/notes/sparse.md).
+            matmul); the hierarchy is descended above (and only then built). 4,096 (~12-16K tokens
+            of 2-4-token chunks): on this CPU the flat scan costs less up to about 4,096 chunks
+            (docs/notes/sparse.md).
     """
 
     name = "lychee"
 
-    token_share: float = 0.25  # with the centroid score and 4-8-token chunks (quest keeps 0.5): issue 24
-    min_chunk_tokens: int = 4
-    max_chunk_tokens: int = 8
+    token_share: float = 0.15  # with 2-4-token chunks, past dense_below (issue 49)
+    index_reserve: float = 0.05
+    min_chunk_tokens: int = 2
+    max_chunk_tokens: int = 4
     drift_threshold: float = float("inf")
     fanout: int = 8
     top_nodes: int = 64
     oversample: float = 2.0
-    flat_chunks: int = 2048
+    flat_chunks: int = 4096
     chunk_score: str = "centroid"
 
     def __post_init__(self) -> None:

@@ -24,7 +24,7 @@ class OracleTopKPolicy(SparsePolicy):
     """Exact top-k sparse decode attention (a bound, not a method: see the module docstring).
 
     Every knob is :class:`SparsePolicy`'s, read the same way; ``token_share`` defaults to lychee's
-    0.25, so at default settings it reads as many tokens as lychee (one-token chunks fill the budget
+    (0.15), so at default settings it reads as many tokens as lychee (one-token chunks fill the budget
     exactly, lychee's last chunk may cross it by up to a chunk). ``exact`` and ``bound_scale`` have
     no effect (the scores are exact). ``rehydrate=ranked`` is refused: the oracle ranks nothing for
     the host tier. ``chunks``: ``token`` (the exact top-k keys) or ``lychee`` (lychee's chunks at its
@@ -33,7 +33,7 @@ class OracleTopKPolicy(SparsePolicy):
 
     name = "oracle_topk"
 
-    token_share: float = 0.25  # lychee's
+    token_share: float = 0.15  # lychee's
     chunks: str = "token"
 
     def __post_init__(self) -> None:

@@ -45,17 +45,15 @@ class SparsePolicy(Policy):
         memory: the memory policy, a name (``full``, ``h2o``, ``streaming``, ``snapkv``, ``thinkv``, ``arbor``, ``kvp``)
             or a built policy (its budget is replaced by ``kv_budget_tokens``).
         memory_args: the named memory policy's own knobs (e.g. ``{"distance_decay": 0.5}``).
-        token_budget: resident context tokens each decode query reads per KV head (sinks and
-            window included; the row's own tokens come on top); with ``token_share`` the floor.
-            8,192 by default: a step whose budget covers the resident context is attended dense,
-            so decode stays dense up to 8K tokens of context. Below that on SmolLM2 every read
-            share that saves time changed answers (25% of a 4K context: 6 of 9 RULER-style answers
-            as dense's) and reads of half the context are slower than dense on this CPU (issue 24,
-            rows in docs/data/longctx/).
+        token_budget: resident context tokens each decode query reads per KV head (sinks and window
+            included; the row's own tokens come on top); with ``token_share`` the floor (512).
         token_share: read max(token_budget, token_share x the row's resident context) tokens
             (at most the context; 0 = ``token_budget`` alone). See ``arbor_runtime/sparse/reads.py``.
         dense_below: decode steps whose longest row holds fewer resident context tokens than this are
-            attended dense (no index is built or read): where a partial read does not pay. 0 = none.
+            attended dense (no index is built or read). 6,144 by default: on SmolLM2 on one CPU
+            thread no read share paid at 2K or 4K (the RULER-style suite: every share that decoded
+            faster than dense kept fewer of dense's answers, 25% of 4K: 1.08x, 89% kept), and the
+            defaults are sparse at 8K (issue 49, docs/data/longctx/).
         dense_layers: the first this many layers read every resident token (0 = none).
         sink_tokens / window_tokens: first and last positions always read.
         min_block_tokens: blocks shorter than this are read whole (not indexed).
@@ -76,9 +74,9 @@ class SparsePolicy(Policy):
 
     memory: Any = "full"
     memory_args: dict[str, Any] = field(default_factory=dict)
-    token_budget: int = 8192
+    token_budget: int = 512
     token_share: float = 0.5
-    dense_below: int = 0
+    dense_below: int = 6144
     dense_layers: int = 0
     sink_tokens: int = 16
     window_tokens: int = 64

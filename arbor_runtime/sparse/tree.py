@@ -475,7 +475,9 @@ def bound(level: Level, layer: int, q: torch.Tensor, ids: torch.Tensor | None, s
     norm = q.norm(dim=-1, keepdim=True) * scale  # (r, H, g, 1)
     if ids is None:
         scales = None if level.scales is None else level.scales[layer]
-        dots = _dots(level.centroids[layer], scales, q) + norm * rad.float().unsqueeze(1)  # (r, H, g, N)
+        dots = _dots(level.centroids[layer], scales, q)  # (r, H, g, N)
+        if scale:  # the centroid score (0, the default) has no radius term
+            dots = dots + norm * rad.float().unsqueeze(1)
         return (dots if level.axes is None else dots + _along_axis(level.axes, layer, q, None)).amax(2)
     h, n = rad.shape
     flat = (ids + torch.arange(h).view(1, h, 1) * n).reshape(-1)

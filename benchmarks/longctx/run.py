@@ -151,7 +151,7 @@ class Method:
         cls = sparse_policy(self.policy)
         if self.share is None and self.tokens is None:
             return cls()
-        return cls(token_budget=self.budget(context_tokens), token_share=0.0, dense_layers=0)
+        return cls(token_budget=self.budget(context_tokens), token_share=0.0, dense_layers=0, dense_below=0)
 
     def budget(self, context_tokens: int) -> int:
         """Tokens read (sparse) or kept (compressing) of a ``context_tokens``-token context."""

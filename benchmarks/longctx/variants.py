@@ -65,7 +65,7 @@ def variant_policy(name: str):
         settings |= {"max_chunk_tokens": size, "min_chunk_tokens": max(1, size // 2)}
     if kind == "oracle_topk" and "page_tokens" in settings:  # one key per chunk: nothing to size
         raise ValueError(f"variant {name!r}: oracle_topk reads single keys, it has no knob p; valid: b, s, d, w, k")
-    return SPARSE_POLICIES[kind](**settings)
+    return SPARSE_POLICIES[kind](**({"dense_below": 0} | settings))  # the read as given, at any length
 
 
 def run_item(loaded, item: Item, variants: list[str], out) -> None:
