@@ -20,10 +20,9 @@ class LycheePolicy(SparsePolicy):
 
     Attributes:
         token_share: as :class:`SparsePolicy`; 0.15 here (past ``dense_below``): of the read shares
-            and chunk sizes measured at 8K on SmolLM2 (docs/data/longctx-pilot49/), 2-4-token chunks
-            at 15% had the best agreement with dense x speed (0.76 x 1.21, 17 items; 4-8-token chunks
-            at 25%: 0.65 x 1.16, at 10%: 0.41 x 1.39). The full suite at this setting is in
-            docs/data/longctx/ (issue 49).
+            (10, 15, 25%) and chunkings measured at 8K on SmolLM2, 2-4-token chunks at 15% had the
+            best agreement with dense x speed (docs/data/longctx-pilot49/; the default measured on
+            the suite's 180 items at 8K: docs/data/longctx-default/, issue 49).
         min_chunk_tokens / max_chunk_tokens: chunk length bounds inside long blocks (2-4: at a 10%
             read the first answer token's KL to dense is 1.5x lower than with 4-8, at 8K; issue 49).
         index_reserve: as :class:`SparsePolicy`; 5% here (2-4-token chunks: an index of about 3.5%

@@ -18,9 +18,9 @@ class QuestPolicy(SparsePolicy):
 
     Attributes:
         page_tokens: tokens per page (pages never cross a block).
-        token_share: as :class:`SparsePolicy`; 0.25 here (past ``dense_below``): at 8K on the
-            RULER-style suite a quarter had quest's best agreement with dense x speed (0.70 x 1.24;
-            half: 0.84 x 1.03, a tenth: 0.53 x 1.44; docs/data/longctx/, issue 49).
+        token_share: as :class:`SparsePolicy`; 0.25 here (past ``dense_below``): of the shares the
+            RULER-style suite measured at 8K (10, 25, 50%), a quarter and a half tie on agreement with
+            dense x speed, and half decodes at about dense's speed (docs/data/longctx/, issue 49).
     """
 
     name = "quest"

@@ -51,9 +51,9 @@ class SparsePolicy(Policy):
             (at most the context; 0 = ``token_budget`` alone). See ``arbor_runtime/sparse/reads.py``.
         dense_below: decode steps whose longest row holds fewer resident context tokens than this are
             attended dense (no index is built or read). 6,144 by default: on SmolLM2 on one CPU
-            thread no read share paid at 2K or 4K (the RULER-style suite: every share that decoded
-            faster than dense kept fewer of dense's answers, 25% of 4K: 1.08x, 89% kept), and the
-            defaults are sparse at 8K (issue 49, docs/data/longctx/).
+            thread, at 2K and 4K no read share of the RULER-style suite kept 95% of dense's correct
+            answers while decoding over 1.05x dense's speed; at 8K the defaults are sparse (issue 49,
+            docs/data/longctx/).
         dense_layers: the first this many layers read every resident token (0 = none).
         sink_tokens / window_tokens: first and last positions always read.
         min_block_tokens: blocks shorter than this are read whole (not indexed).
