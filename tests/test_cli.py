@@ -364,10 +364,11 @@ def test_arbor_below_its_floor_runs_lossy_and_says_so_first(data_dir, tmp_path):
 
 def test_sparse_policy_over_arbor_runs_and_reports_its_index(data_dir, tmp_path):
     over = ["policy=lychee", "policy.memory=arbor", "policy.budget_tokens=900", "policy.min_block_tokens=8"]
-    over += ["policy.token_budget=24", "task.start=901", "task.end=902", "task.propose=sample"]
+    over += ["policy.token_budget=24", "policy.dense_below=0", "task.start=901", "task.end=902"]
+    over += ["task.propose=sample"]  # dense_below=0: sparse at the tiny model's short contexts too
     cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, *over))
     assert run(cfg, console=Console(width=200)) == 0
     row = read_rows(tmp_path)[0]
     assert row["policy"] == "lychee" and not row["oom"]
-    assert row["peak_index_bytes"] > 0 and 0 < row["index_kv_ratio"] < 0.03 and row["sparse_read_fraction"] < 1
-    assert row["peak_device_tokens"] <= 900 - 27  # the pool is the budget less the index reserve
+    assert row["peak_index_bytes"] > 0 and 0 < row["index_kv_ratio"] < 0.05 and row["sparse_read_fraction"] < 1
+    assert row["peak_device_tokens"] <= 900 - 45  # the pool is the budget less lychee's 5% index reserve
