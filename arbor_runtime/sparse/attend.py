@@ -104,8 +104,7 @@ class SparseAttention(BlockIndexes):
         budget = self._read_budget(longest)
         if longest < self.select.dense_below:
             budget = max(budget, longest)
-        if budget != self.select.token_budget:
-            self.select = replace(self.select, token_budget=budget)
+        self.select = replace(self.select, token_budget=budget)
 
     def _read_budget(self, longest: int) -> int:
         """Tokens a query reads of a ``longest``-token context: the configured budget (fixed here)."""
