@@ -63,6 +63,10 @@ class SparsePolicy(Policy):
             q.c + a |q| r, quest q.m + a sum |q_d| h_d); 0 (the default) the centroid (range middle)
             alone. The bound over-ranks wide chunks: at 10-50% reads the first answer token's KL to
             dense is 1.1-2x lower with 0 (issue 24, rows in docs/data/longctx/).
+        rerank: 0 (off) or a factor >= 1: the chunks are selected up to ``rerank`` times the read
+            budget (the candidates), every candidate key is scored exactly (max over the KV head's
+            query heads of q.k, the attention's own scores) and the budget's best keys are read: a
+            token-exact cut over a chunk-sized search, for a second key gather and a top-k per layer.
         index_reserve: share of ``budget_tokens`` reserved for the index (with a budget).
         rehydrate: ``whole`` (the memory policy makes the active path whole before expanding it) or
             ``ranked`` (evicted spans of the active path come back on demand, in index order;
@@ -83,6 +87,7 @@ class SparsePolicy(Policy):
     min_block_tokens: int = 64
     exact: bool = False
     bound_scale: float = 0.0
+    rerank: float = 0.0
     index_reserve: float = 0.03
     rehydrate: str = "whole"
     inner: Policy = field(init=False, repr=False)
@@ -108,6 +113,10 @@ class SparsePolicy(Policy):
             or not (0.0 <= self.bound_scale <= 1.0)
         ):
             raise ValueError(f"bound_scale={self.bound_scale!r} must be a number in [0, 1]")
+        if isinstance(self.rerank, bool) or not isinstance(self.rerank, int | float) or not (
+            self.rerank == 0 or 1.0 <= self.rerank <= 64.0
+        ):
+            raise ValueError(f"rerank={self.rerank!r} must be 0 (off) or a number in [1, 64]")
         if not 0.0 <= self.index_reserve < 0.5:
             raise ValueError(f"index_reserve={self.index_reserve} must be in [0, 0.5)")
         if self.budget_tokens is not None and self.kv_budget_tokens < 1:
@@ -203,6 +212,7 @@ class SparsePolicy(Policy):
             exact=self.exact,
             width=width,
             dense_below=self.dense_below,
+            rerank=float(self.rerank),
         )
         reserve = None if self.budget_tokens is None else self.reserve_tokens * store.shape.bytes_per_token
         on_demand = self.rehydrate == "ranked"

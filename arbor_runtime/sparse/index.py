@@ -14,6 +14,7 @@ offers (:class:`BlockIndex`), what a query reads (:class:`SelectConfig`), the ru
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,9 @@ class SelectConfig:
         exact: exact top-k retrieval by bound (lychee's second pass) instead of the beam descent.
         width: most tokens in one chunk (the gather width).
         dense_below: a step whose longest row holds fewer resident context tokens is attended dense.
+        rerank: 0 (off) or a factor >= 1: the chunks are cut at ``rerank x token_budget`` tokens (the
+            candidates), then every candidate key is scored exactly (max over the group's query heads
+            of q.k, the attention's own scores) and the best ``token_budget`` of them are read.
     """
 
     token_budget: int = 1024
@@ -72,6 +76,13 @@ class SelectConfig:
     exact: bool = False
     width: int = 16
     dense_below: int = 0
+    rerank: float = 0.0
+
+    @property
+    def candidate_budget(self) -> int:
+        """Tokens the chunk selection takes per row and KV head: the read budget, or with ``rerank``
+        that many times it (the candidates whose keys are scored exactly)."""
+        return math.ceil(self.rerank * self.token_budget) if self.rerank else self.token_budget
 
 
 @dataclass(slots=True)
@@ -86,6 +97,7 @@ class SparseStats:
     build_seconds: float = 0.0
     read_tokens: int = 0  # context tokens attended, summed over rows, KV heads and layers
     context_tokens: int = 0  # resident context tokens a dense step would attend, same sums
+    scored_tokens: int = 0  # with rerank: candidate context keys scored exactly, same sums
     index_bytes: int = 0
     peak_index_bytes: int = 0
     indexed_tokens: int = 0  # tokens of the blocks the indexes cover now

@@ -175,6 +175,6 @@ def key_scores(step: SparseStep, layer: int, q: torch.Tensor) -> torch.Tensor:
     c, w = step.slots.shape
     h = q.shape[1]
     slots = step.slots.reshape(1, 1, c * w).expand(1, h, c * w)
-    keys, _ = gather_heads(step.batch.pool, layer, slots.clamp(min=0), step.batch.groups)  # (1, H, S, D)
+    (keys,) = gather_heads(step.batch.pool, layer, slots.clamp(min=0), step.batch.groups, ("keys",))  # (1, H, S, D)
     dots = torch.matmul(q, keys.float().transpose(-1, -2)).amax(2)  # (R, H, S)
     return dots.masked_fill(slots < 0, float("-inf"))

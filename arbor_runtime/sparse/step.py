@@ -85,7 +85,7 @@ class SparseStep:
         if not whole:
             sel = self.owner.select
             mean = max(entry.length / max(entry.index.n_chunks, 1), 1.0)
-            n = min(entry.index.n_chunks, math.ceil(sel.token_budget / mean) + 1)
+            n = min(entry.index.n_chunks, math.ceil(sel.candidate_budget / mean) + 1)
             self.plans.append(GroupPlan(entry.index, grp.rows, self.n_chunks, n, grp.block_id))
         self.n_chunks += int(slots.shape[0])
         self.n_tokens = off
@@ -102,7 +102,7 @@ class SparseStep:
         lo, hi = torch.full((c,), 1 << 40), torch.full((c,), -(1 << 40))  # never a sink nor in the window
         self.parts.append((rows, empty, empty, lo, hi, False))
         mean = max(entry.length / max(c, 1), 1.0)
-        n = min(c, math.ceil(self.owner.select.token_budget / mean) + 1)
+        n = min(c, math.ceil(self.owner.select.candidate_budget / mean) + 1)
         self.plans.append(GroupPlan(entry.index, rows, self.n_chunks, n, block_id))
         self.n_chunks += c
 
@@ -169,30 +169,34 @@ class SparseStep:
             qg: (R, H, g, D) queries grouped by KV head (q = 1).
             own_out / own_lse: (R, H, g, D) / (R, H, g) partials of the rows' own tokens.
         Returns:
-            out (R, H, g, D) float32 and lse (R, H, g) over the chosen chunks and the own tokens;
-            with statistics on, the chosen keys' attention mass is added to their pieces.
+            out (R, H, g, D) float32 and lse (R, H, g) over the chosen chunks (with ``rerank``, the
+            best of their keys) and the own tokens; with statistics on, the read keys' attention mass
+            is added to their pieces.
         """
         owner = self.owner
         start = owner.clock()
         chosen, take = self._select(layer, qg)  # (R, H, K) step chunk ids, bool
         mid = owner.clock()
-        slots = self.slots[chosen]  # (R, H, K, W)
-        valid = (slots >= 0) & take.unsqueeze(-1)
-        r, h, k, w = slots.shape
-        slots, valid = slots.view(r, h, k * w), valid.view(r, h, k * w)
-        keys, values = gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)
+        slots, valid = self._candidates(chosen, take)  # (R, H, S)
         q = qg.float()
-        scores = torch.matmul(q, keys.float().transpose(-1, -2)) * scale  # (R, H, g, S)
+        target = self.target[chosen].view(*slots.shape) if self.batch.stats else None
+        if owner.select.rerank:
+            forced = self._forced_tokens(chosen, slots.shape[-1])
+            scores, values, pick, valid = self._rerank(layer, q, slots, valid, forced, scale, 0)
+            target = None if target is None else target.gather(-1, pick)
+        else:
+            keys, values = gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)
+            scores = torch.matmul(q, keys.float().transpose(-1, -2)) * scale  # (R, H, g, S)
         scores = scores.masked_fill(~valid.unsqueeze(2), float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)
         out = torch.matmul(torch.softmax(scores, dim=-1).nan_to_num_(0.0), values.float())
         out, lse = merge_partials(own_out, own_lse, out, lse)
-        if self.batch.stats:
-            self._collect(scores, lse, chosen, valid)
+        if target is not None:
+            self._collect(scores, lse, target, valid)
         owner.stats.index_seconds += mid - start
         owner.stats.attention_seconds += owner.clock() - mid
         owner.stats.read_tokens += int(valid.sum())
-        owner.stats.context_tokens += self.context_total * h
+        owner.stats.context_tokens += self.context_total * slots.shape[1]
         return out, lse
 
     def attend_all(
@@ -212,22 +216,81 @@ class SparseStep:
         start = owner.clock()
         chosen, take = self._select(layer, qg)  # (R, H, K)
         mid = owner.clock()
-        slots = self.slots[chosen]  # (R, H, K, W)
-        valid = (slots >= 0) & take.unsqueeze(-1)
-        r, h, k, w = slots.shape
+        slots, valid = self._candidates(chosen, take)  # (R, H, S)
+        r, h, s = slots.shape
         n = own_slots.shape[1]
-        read = int(valid.sum())
-        slots = torch.cat([slots.view(r, h, k * w), own_slots.view(r, 1, n).expand(r, h, n)], -1)
-        valid = torch.cat([valid.view(r, h, k * w), own_valid.view(r, 1, n).expand(r, h, n)], -1)
-        keys, values = gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)
         q = qg.float()
-        mask = valid.unsqueeze(2)  # (R, H, 1, S): every row reads at least its current token
-        out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale)
+        read = int(valid.sum())
+        all_slots = torch.cat([slots, own_slots.view(r, 1, n).expand(r, h, n)], -1)
+        all_valid = torch.cat([valid, own_valid.view(r, 1, n).expand(r, h, n)], -1)
+        if owner.select.rerank:  # the own tokens are forced, on top of the budget
+            forced = torch.cat([self._forced_tokens(chosen, s), all_valid[..., s:]], -1)
+            own = own_valid.sum(1).view(r, 1, 1)
+            scores, values, pick, keep = self._rerank(layer, q, all_slots, all_valid, forced, scale, own)
+            scores = scores.masked_fill(~keep.unsqueeze(2), float("-inf"))  # every row keeps its current token
+            out = torch.matmul(torch.softmax(scores, dim=-1), values.float())
+            read = int((keep & (pick < s)).sum())
+        else:
+            keys, values = gather_heads(self.batch.pool, layer, all_slots.clamp(min=0), self.batch.groups)
+            mask = all_valid.unsqueeze(2)  # (R, H, 1, S): every row reads at least its current token
+            out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale)
         owner.stats.index_seconds += mid - start
         owner.stats.attention_seconds += owner.clock() - mid
         owner.stats.read_tokens += read
         owner.stats.context_tokens += self.context_total * h
         return out
+
+    def _candidates(self, chosen: torch.Tensor, take: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pool slots (R, H, K x W) of the chosen chunks' tokens (-1 padded) and which are read."""
+        slots = self.slots[chosen]  # (R, H, K, W)
+        valid = (slots >= 0) & take.unsqueeze(-1)
+        r, h, k, w = slots.shape
+        return slots.view(r, h, k * w), valid.view(r, h, k * w)
+
+    def _forced_tokens(self, chosen: torch.Tensor, width: int) -> torch.Tensor:
+        """(R, H, width) bool: the candidates' tokens whose chunk the row must read (sinks, window,
+        blocks read whole), laid out as :meth:`_candidates` lays out the tokens."""
+        r, h, k = chosen.shape
+        forced = self.forced.gather(1, chosen.reshape(r, -1)).view(r, h, k, 1)
+        return forced.expand(r, h, k, width // max(k, 1)).reshape(r, h, width)
+
+    def _rerank(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        slots: torch.Tensor,
+        valid: torch.Tensor,
+        forced: torch.Tensor,
+        scale: float,
+        extra: torch.Tensor | int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The token cut of ``select.rerank``: every candidate key is scored exactly and each row and
+        KV head keeps its forced keys and the best others up to ``token_budget`` (plus ``extra``).
+
+        The rank is the max over the group's query heads of q.k (as the oracle's), and the scores are
+        the attention's own: the kept keys' scores are not computed again, only their values are gathered.
+
+        Args:
+            q: (R, H, g, D) float32; slots / valid / forced: (R, H, S) candidate pool slots (-1 padded),
+                which are real, which must be read; extra: tokens on top of the budget ((R, 1, 1) or int:
+                the rows' own tokens, forced).
+        Returns:
+            scores (R, H, g, k) scaled q.k of the picked keys, values (R, H, k, D), pick (R, H, k) their
+            places in S and keep (R, H, k) bool: which are read (k = the most any row and head keeps).
+        """
+        pool, groups = self.batch.pool, self.batch.groups
+        (keys,) = gather_heads(pool, layer, slots.clamp(min=0), groups, ("keys",))
+        scores = torch.matmul(q, keys.float().transpose(-1, -2)) * scale  # (R, H, g, S)
+        rank = scores.amax(2).masked_fill_(~valid, float("-inf")).masked_fill_(forced & valid, float("inf"))
+        budget = self.owner.select.token_budget + extra
+        most = int((rank == float("inf")).sum(-1).max()) if rank.numel() else 0
+        top, pick = rank.topk(min(rank.shape[-1], max(int(torch.as_tensor(budget).max()), most)), dim=-1)
+        place = torch.arange(top.shape[-1], device=top.device)
+        keep = (top == float("inf")) | (torch.isfinite(top) & (place < budget))
+        self.owner.stats.scored_tokens += int((valid & ~forced).sum())
+        scores = scores.gather(-1, pick.unsqueeze(2).expand(-1, -1, scores.shape[2], -1))
+        (values,) = gather_heads(pool, layer, slots.gather(-1, pick).clamp(min=0), groups, ("values",))
+        return scores, values, pick, keep
 
     def _select(self, layer: int, qg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row and KV head, the chunks to read: (R, H, K) step chunk ids and which are taken."""
@@ -258,7 +321,7 @@ class SparseStep:
         ids = ids.gather(-1, order)
         size = self.length[ids]
         before = size.cumsum(-1) - size
-        take = torch.isfinite(scores) & (before < sel.token_budget) | (scores == float("inf"))
+        take = torch.isfinite(scores) & (before < sel.candidate_budget) | (scores == float("inf"))
         if self.demand is not None and retrieved:
             self._count_demand(retrieved, scores, take, size)
         k = max(int(take.sum(-1).max()), 1)
@@ -276,7 +339,7 @@ class SparseStep:
         scores, ids = scores.topk(self._most_taken(scores), dim=-1)  # sorted: the full sort's cut, cheaper
         size = self.length[ids]
         before = size.cumsum(-1) - size
-        take = torch.isfinite(scores) & (before < self.owner.select.token_budget) | (scores == float("inf"))
+        take = torch.isfinite(scores) & (before < self.owner.select.candidate_budget) | (scores == float("inf"))
         k = max(int(take.sum(-1).max()), 1)
         return ids[..., :k], take[..., :k]
 
@@ -286,7 +349,7 @@ class SparseStep:
         the most chunks whose lengths stay below the budget (the m smallest). Each taken chunk starts
         below the budget, so the ones before it weigh less than the budget: no more than m of them.
         Ranking only this many (``topk``) gives the full sort's cut: a sixth of the time over 2K chunks."""
-        budget = self.owner.select.token_budget
+        budget = self.owner.select.candidate_budget
         fitting = int(torch.searchsorted(self.smallest, budget))  # prefix sums below the budget
         forced = int((scores == float("inf")).sum(-1).max()) if scores.numel() else 0
         return min(self.n_chunks, forced + fitting + 1)
@@ -310,13 +373,12 @@ class SparseStep:
 
     def _count_demand(self, retrieved, scores: torch.Tensor, take: torch.Tensor, size: torch.Tensor) -> None:
         """This layer's rehydration demand into ``self.demand`` (:func:`~arbor_runtime.sparse.demand.count_demand`)."""
-        count_demand(self.demand, self.hosted, self.owner.select.token_budget, retrieved, scores, take, size)
+        count_demand(self.demand, self.hosted, self.owner.select.candidate_budget, retrieved, scores, take, size)
 
-    def _collect(self, scores: torch.Tensor, lse: torch.Tensor, chosen: torch.Tensor, valid: torch.Tensor) -> None:
-        """Attention mass of the gathered keys into their blocks' pieces (``Group.mass``)."""
-        r, h, k = chosen.shape
+    def _collect(self, scores: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> None:
+        """Attention mass of the read keys (scores (R, H, g, S), their pieces' places ``target`` (R, H, S))
+        into their blocks' pieces (``Group.mass``)."""
         mass = torch.exp(scores - lse.unsqueeze(-1)).sum(2)  # (R, H, S): zero where masked
-        target = self.target[chosen].view(r, h, -1)
         flat = torch.zeros(self.n_tokens, dtype=torch.float32, device=mass.device)
         flat.index_add_(0, target[valid], mass[valid])
         for grp, offsets in zip(self.batch.groups, self.piece_offsets, strict=True):
@@ -352,8 +414,9 @@ def _layout(grp: Group, index: BlockIndex | None, width: int):
     return slots, target, lo, hi
 
 
-def gather_heads(pool, layer: int, slots: torch.Tensor, groups) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V at per-head slots (R, H, S) of one layer: (R, H, S, D) each (a copy).
+def gather_heads(pool, layer: int, slots: torch.Tensor, groups, parts=("keys", "values")) -> tuple[torch.Tensor, ...]:
+    """K and V (``parts``: which of them, in order) at per-head slots (R, H, S) of one layer:
+    (R, H, S, D) each (a copy).
 
     Restores in flight into the context's segments are waited for first (on CUDA, per layer).
     """
@@ -365,18 +428,17 @@ def gather_heads(pool, layer: int, slots: torch.Tensor, groups) -> tuple[torch.T
     r, h, s = slots.shape
     heads = torch.arange(h, device=slots.device).view(1, h, 1)
     d = pool.shape.head_dim
-    keys = values = None
+    out = None
     for arena in pool.arenas:  # the first arena gathers every slot; the others fix up their own few
         cap = arena.capacity
-        keys_l = arena.keys[layer].reshape(h * cap, d)  # (H * cap, D)
-        values_l = arena.values[layer].reshape(h * cap, d)
+        tables = [getattr(arena, part)[layer].reshape(h * cap, d) for part in parts]  # (H * cap, D) each
         flat = ((slots - arena.base).clamp(0, cap - 1) + heads * cap).reshape(-1)
-        if keys is None:
-            keys, values = keys_l.index_select(0, flat), values_l.index_select(0, flat)
+        if out is None:
+            out = [t.index_select(0, flat) for t in tables]
             continue
         pick = torch.nonzero(((slots >= arena.base) & (slots < arena.end)).reshape(-1)).squeeze(1)
         if pick.numel():
             rows = flat.index_select(0, pick)
-            keys.index_copy_(0, pick, keys_l.index_select(0, rows))
-            values.index_copy_(0, pick, values_l.index_select(0, rows))
-    return keys.view(r, h, s, d), values.view(r, h, s, d)
+            for got, t in zip(out, tables, strict=True):
+                got.index_copy_(0, pick, t.index_select(0, rows))
+    return tuple(t.view(r, h, s, d) for t in out)
