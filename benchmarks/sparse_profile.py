@@ -25,9 +25,9 @@ import torch
 
 from arbor_runtime import Runtime
 from arbor_runtime.attention.tree import TreeBatch
-from arbor_runtime.policies import LycheePolicy, QuestPolicy
 from arbor_runtime.sparse import attend as attend_mod
 from arbor_runtime.sparse import pages, step, tree
+from benchmarks.longctx.run import sparse_policy
 from benchmarks.random_model import random_model, smollm2_shape_config
 from benchmarks.sparse import attach, greedy, synthetic_prefill
 
@@ -94,21 +94,14 @@ def profile(rt: Runtime, root, policy, tokens: int, fast: bool = True) -> dict[s
     return out
 
 
-def method_knobs(method: str) -> tuple[str, dict]:
-    """``lychee:chunk_score=axis+max_chunk_tokens=4`` -> ("lychee", {"chunk_score": "axis", "max_chunk_tokens": 4})."""
-    kind, _, args = method.partition(":")
-    if kind not in ("lychee", "quest"):
-        raise SystemExit(f"--methods: {method!r}; valid: lychee or quest, optionally with ':knob=value+...'")
-    knobs = {}
-    for part in filter(None, args.split("+")):
-        key, _, value = part.partition("=")
-        for cast in (int, float, str):
-            try:
-                knobs[key] = cast(value)
-                break
-            except ValueError:
-                continue
-    return kind, knobs
+def method_policy(method: str):
+    """``lychee:chunk_score=axis+max_chunk_tokens=4`` -> the policy's constructor with those knobs (the
+    long-context suite's parser, :func:`benchmarks.longctx.run.sparse_policy`); ValueError naming a bad
+    method or knob."""
+    made = sparse_policy(method)
+    if made is None or method.partition(":")[0] not in ("lychee", "quest"):
+        raise ValueError(f"{method!r}; valid: lychee or quest, optionally with ':knob=value+...'")
+    return made
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,18 +117,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label", default="", help="a label for the rows (e.g. the code version)")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds (a shared CPU: compare within one)")
     args = ap.parse_args(argv)
+    try:  # before the model is built
+        made = {method: method_policy(method) for method in args.methods.split(",")}
+    except ValueError as err:
+        ap.error(f"--methods: {err}")
     torch.set_num_threads(1)
     loaded = random_model(smollm2_shape_config(args.context + args.decode + 16), "cpu", torch.float32)
     rt = Runtime(loaded, policy="full")
     with synthetic_prefill(rt):
         root = rt.new_tree_ids(list(range(args.context)))
     cases = [("dense", None, 1.0, True)]
-    for method in args.methods.split(","):
-        kind, knobs = method_knobs(method)
-        cls = QuestPolicy if kind == "quest" else LycheePolicy
+    for method, policy in made.items():
         for share in map(float, args.shares.split(",")):
             for fast in (True,) if args.fast_only else (False, True):
-                cases.append((method, cls(token_budget=1, token_share=share, dense_below=0, **knobs), share, fast))
+                cases.append((method, policy(token_budget=1, token_share=share, dense_below=0), share, fast))
     with open(args.out, "a") as out:
         for (method, policy, share, fast), rnd in ((c, i) for i in range(args.rounds) for c in cases):
             row = {"label": args.label, "round": rnd, "context": args.context, "method": method, "share": share}

@@ -124,3 +124,20 @@ def test_bench_sparse_output_becomes_the_sparse_section(tmp_path, long_data):
     assert "decodes at **1.50x dense** (attention 2.00x" in text  # the prose follows the new row
     lychee = next(r for r in tiny if r["method"] == "lychee")
     assert f"| {lychee['model']} | 256 | lychee |" in text and f"| {lychee['read_fraction'] * 100:.1f}% |" in text
+
+
+@pytest.mark.parametrize(
+    ("methods", "message"),
+    [
+        ("lychee:rerank=0.5", "rerank=0.5 must be 0 (off) or a number in [1, 64]"),
+        ("lychee:max_chunks=4", "max_chunks"),
+        ("dense", "'dense'; valid: lychee or quest"),
+    ],
+)
+def test_the_step_profile_refuses_a_bad_method_before_building_the_model(tmp_path, capsys, methods, message):
+    from benchmarks.sparse_profile import main as profile
+
+    with pytest.raises(SystemExit) as exited:
+        profile(["--methods", methods, "--out", str(tmp_path / "rows.jsonl")])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "rows.jsonl").exists()
