@@ -141,12 +141,7 @@ class Axes:
 
     def units(self, layer: int, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Layer ``layer``'s axes dequantized to float32: (H, N, D), or (len(rows), D) for flat ids."""
-        codes, scales = self.codes[layer], None if self.scales is None else self.scales[layer]
-        if rows is not None:
-            codes = codes.reshape(-1, codes.shape[-1]).index_select(0, rows)
-            scales = None if scales is None else scales.reshape(-1).index_select(0, rows)
-        out = codes.float()
-        return out if scales is None else out * scales.float().unsqueeze(-1)
+        return dequantize(self.codes[layer], None if self.scales is None else self.scales[layer], rows)
 
     def grow(self, n: int) -> None:
         self.codes, self.spans = _grow(self.codes, n, 0), _grow(self.spans, n, 0.0)
@@ -202,7 +197,7 @@ class Level:
         return int(self.radii.shape[-1])
 
     def centers(self, layer: int | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """The stored centroids dequantized to float32 (the one place that does it).
+        """The stored centroids dequantized to float32 (:func:`dequantize`).
 
         Args:
             layer: one layer (H, N, D), or None for every layer (L, H, N, D).
@@ -211,11 +206,7 @@ class Level:
         codes, scales = self.centroids, self.scales
         if layer is not None:
             codes, scales = codes[layer], None if scales is None else scales[layer]
-        if rows is not None:
-            codes = codes.reshape(-1, codes.shape[-1]).index_select(0, rows)
-            scales = None if scales is None else scales.reshape(-1).index_select(0, rows)
-        out = codes.float()
-        return out if scales is None else out * scales.float().unsqueeze(-1)  # exact: 8 x 11 bits < 24
+        return dequantize(codes, scales, rows)
 
     def grow(self, n: int) -> None:
         """Append n zero nodes (zero centroid, scale and radius) along the node dimension."""
@@ -570,17 +561,11 @@ def _chunk_axes(dev: torch.Tensor, local: torch.Tensor, n: int, config: TreeConf
         u = torch.zeros_like(u).index_add_(1, local, dev * proj)
     codes, scales = quantize(torch.nn.functional.normalize(u, dim=-1), config.dtype)
     axes = Axes(codes, scales, torch.zeros(h, n, 2, dtype=config.radius_dtype))
-    proj = (dev * _units(axes)[:, local]).sum(-1)  # (H, t) on the stored axis
+    proj = (dev * dequantize(axes.codes, axes.scales)[:, local]).sum(-1)  # (H, t) on the stored axis
     hi = torch.zeros(h, n).scatter_reduce_(1, at, proj, "amax")
     lo = torch.zeros(h, n).scatter_reduce_(1, at, proj, "amin")
     axes.spans = torch.stack([hi, lo], dim=-1).to(config.radius_dtype)
     return axes
-
-
-def _units(axes: Axes) -> torch.Tensor:
-    """One layer's (unstacked) axes (H, N, D) dequantized to float32."""
-    out = axes.codes.float()
-    return out if axes.scales is None else out * axes.scales.float().unsqueeze(-1)
 
 
 def _parent_level(below: Level, children: torch.Tensor, config: TreeConfig) -> Level:
@@ -611,6 +596,18 @@ def _cover_radius(lvl: Level, below: Level, nodes: torch.Tensor, kids: torch.Ten
     reach = ((child_c - center).norm(dim=-1) + child_r).masked_fill(~valid, 0.0)
     r = reach.amax(-1)
     return r * (1 + SLACK) + 1e-6
+
+
+def dequantize(codes: torch.Tensor, scales: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Stored vectors to float32: ``codes`` (..., N, D) times ``scales`` (..., N) (None: float codes), or with
+    ``rows`` the flat ids ``head * N + node`` of one layer's (H, N, D) codes, giving (len(rows), D). Exact
+    for int8 codes and float16 scales (8 x 11 bits < 24). The flat scan's :func:`_dots` scales after the
+    matmul instead, never building the table."""
+    if rows is not None:
+        codes = codes.reshape(-1, codes.shape[-1]).index_select(0, rows)
+        scales = None if scales is None else scales.reshape(-1).index_select(0, rows)
+    out = codes.float()
+    return out if scales is None else out * scales.float().unsqueeze(-1)
 
 
 def quantize(centers: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
