@@ -15,7 +15,7 @@ from test_sparse_attention import grow  # the same tree the sparse policies are 
 
 from arbor_runtime import Runtime
 from arbor_runtime.policies import LycheePolicy, OracleTopKPolicy, QuestPolicy
-from arbor_runtime.sparse.step import SparseStep, gather_heads
+from arbor_runtime.sparse.step import SparseStep, gather_heads, pack, top_keys
 
 SPARSE = {"lychee": LycheePolicy, "quest": QuestPolicy}
 
@@ -58,13 +58,13 @@ def test_reading_every_candidate_equals_dense_attention(tiny, name):
 
 
 def cuts(rt: Runtime, monkeypatch) -> list[tuple]:
-    """Every token cut while :func:`grow` runs: (step, layer, q, slots, valid, forced, extra, pick, keep)."""
+    """Every token cut while :func:`grow` runs: (step, layer, q, slots, valid, forced, own, pick, keep)."""
     seen = []
     rerank = SparseStep._rerank
 
-    def spy(self, layer, q, slots, valid, forced, scale, extra):
-        got = rerank(self, layer, q, slots, valid, forced, scale, extra)
-        seen.append((self, layer, q.clone(), slots, valid, forced, extra, got[2], got[3]))
+    def spy(self, layer, q, slots, valid, forced, scale, own=0):
+        got = rerank(self, layer, q, slots, valid, forced, scale, own)
+        seen.append((self, layer, q.clone(), slots, valid, forced, own, got[2], got[3]))
         return got
 
     monkeypatch.setattr(SparseStep, "_rerank", spy)
@@ -80,21 +80,22 @@ def test_the_cut_keeps_the_forced_keys_and_the_budgets_best_candidates(tiny, mon
     seen = cuts(rt, monkeypatch)
     assert seen
     wider = 0
-    for step, layer, q, slots, valid, forced, extra, pick, keep in seen:
+    for step, layer, q, slots, valid, forced, own, pick, keep in seen:
         (keys,) = gather_heads(step.batch.pool, layer, slots.clamp(min=0), step.batch.groups, ("keys",))
-        rank = torch.einsum("rhgd,rhsd->rhgs", q, keys.float()).amax(2)  # (R, H, S)
-        extra = torch.as_tensor(extra).expand(slots.shape[0], 1, 1)
+        rank = torch.einsum("rhgd,rhsd->rhgs", q, keys.float()).amax(2)  # (R, H, S + own)
+        s = slots.shape[-1] - own
         for r in range(slots.shape[0]):
             for h in range(slots.shape[1]):
-                real, must = valid[r, h], valid[r, h] & forced[r, h]
+                real = valid[r, h, :s]
+                must = set(torch.nonzero(real & forced[r, h]).flatten().tolist())
+                mine = set(torch.nonzero(valid[r, h, s:]).flatten().add(s).tolist())  # the row's own tokens
                 read = set(pick[r, h][keep[r, h]].tolist())
-                assert set(torch.nonzero(must).flatten().tolist()) <= read
-                free = [i for i in torch.nonzero(real & ~must).flatten().tolist()]
+                assert must | mine <= read  # forced and own keys are always read
+                free = torch.nonzero(real & ~forced[r, h]).flatten().tolist()
                 wider += len(free) > budget
-                room = max(budget + int(extra[r, 0, 0]) - int(must.sum()), 0)
-                best = sorted(free, key=lambda i: -float(rank[r, h, i]))[:room]
-                others = read - set(torch.nonzero(must).flatten().tolist())
-                assert len(others) == len(best)
+                best = sorted(free, key=lambda i: -float(rank[r, h, i]))[: max(budget - len(must), 0)]
+                others = read - must - mine
+                assert len(others) == len(best)  # the budget, in all (forced ones included)
                 if best:  # the same keys up to ties at the cut
                     floor = float(rank[r, h, best[-1]])
                     assert all(float(rank[r, h, i]) >= floor - 1e-5 for i in others)
@@ -120,3 +121,24 @@ def test_the_read_is_the_budgets_whether_or_not_it_reranks(tiny, name):
 def test_a_bad_factor_is_refused_by_name(name, bad):
     with pytest.raises(ValueError, match=f"rerank={bad!r} must be 0 \\(off\\) or a number in \\[1, 64\\]"):
         SPARSE[name](rerank=bad)
+
+
+def test_pack_puts_the_kept_places_first_in_order():
+    keep = torch.rand(2, 3, 50, generator=torch.Generator().manual_seed(0)) > 0.4
+    keep[1, 2] = False  # a row and head with nothing kept
+    at, real = pack(keep)
+    assert at.shape[-1] == int(keep.sum(-1).max()) and real.sum() == keep.sum()
+    for r in range(2):
+        for h in range(3):
+            assert at[r, h][real[r, h]].tolist() == torch.nonzero(keep[r, h]).flatten().tolist()
+
+
+def test_the_cut_keeps_every_forced_key_even_past_the_budget():
+    inf = float("inf")
+    rank = torch.tensor([[[inf, 0.5, inf, 0.9, inf, -inf, 0.1]], [[0.3, inf, 0.2, 0.7, -inf, 0.8, 0.0]]])
+    top, pick = top_keys(rank, budget=2)  # row 0 has 3 forced keys: all read, nothing else
+    read = [sorted(p[t > float("-inf")].tolist()) for t, p in zip(top[:, 0], pick[:, 0], strict=True)]
+    assert read == [[0, 2, 4], [1, 5]]  # row 1: its forced key and its best other
+    top, pick = top_keys(rank, budget=4)
+    read = [sorted(p[t > float("-inf")].tolist()) for t, p in zip(top[:, 0], pick[:, 0], strict=True)]
+    assert read == [[0, 2, 3, 4], [0, 1, 3, 5]]

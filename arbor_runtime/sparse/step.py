@@ -177,12 +177,12 @@ class SparseStep:
         start = owner.clock()
         chosen, take = self._select(layer, qg)  # (R, H, K) step chunk ids, bool
         mid = owner.clock()
-        slots, valid = self._candidates(chosen, take)  # (R, H, S)
+        slots, valid, at = self._candidates(chosen, take)  # (R, H, S)
         q = qg.float()
-        target = self.target[chosen].view(*slots.shape) if self.batch.stats else None
+        target = self.target[chosen].view(*chosen.shape[:2], -1).gather(-1, at) if self.batch.stats else None
         if owner.select.rerank:
-            forced = self._forced_tokens(chosen, slots.shape[-1])
-            scores, values, pick, valid = self._rerank(layer, q, slots, valid, forced, scale, 0)
+            forced = self._forced_tokens(chosen, at)
+            scores, values, pick, valid = self._rerank(layer, q, slots, valid, forced, scale)
             target = None if target is None else target.gather(-1, pick)
         else:
             keys, values = gather_heads(self.batch.pool, layer, slots.clamp(min=0), self.batch.groups)
@@ -216,20 +216,19 @@ class SparseStep:
         start = owner.clock()
         chosen, take = self._select(layer, qg)  # (R, H, K)
         mid = owner.clock()
-        slots, valid = self._candidates(chosen, take)  # (R, H, S)
+        slots, valid, at = self._candidates(chosen, take)  # (R, H, S)
         r, h, s = slots.shape
         n = own_slots.shape[1]
         q = qg.float()
         read = int(valid.sum())
         all_slots = torch.cat([slots, own_slots.view(r, 1, n).expand(r, h, n)], -1)
         all_valid = torch.cat([valid, own_valid.view(r, 1, n).expand(r, h, n)], -1)
-        if owner.select.rerank:  # the own tokens are forced, on top of the budget
-            forced = torch.cat([self._forced_tokens(chosen, s), all_valid[..., s:]], -1)
-            own = own_valid.sum(1).view(r, 1, 1)
-            scores, values, pick, keep = self._rerank(layer, q, all_slots, all_valid, forced, scale, own)
+        if owner.select.rerank:  # the own tokens are read on top of the budget, past the cut
+            forced = self._forced_tokens(chosen, at)
+            scores, values, pick, keep = self._rerank(layer, q, all_slots, all_valid, forced, scale, n)
             scores = scores.masked_fill(~keep.unsqueeze(2), float("-inf"))  # every row keeps its current token
             out = torch.matmul(torch.softmax(scores, dim=-1), values.float())
-            read = int((keep & (pick < s)).sum())
+            read = int(keep[..., : keep.shape[-1] - n].sum())
         else:
             keys, values = gather_heads(self.batch.pool, layer, all_slots.clamp(min=0), self.batch.groups)
             mask = all_valid.unsqueeze(2)  # (R, H, 1, S): every row reads at least its current token
@@ -240,19 +239,24 @@ class SparseStep:
         owner.stats.context_tokens += self.context_total * h
         return out
 
-    def _candidates(self, chosen: torch.Tensor, take: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pool slots (R, H, K x W) of the chosen chunks' tokens (-1 padded) and which are read."""
+    def _candidates(self, chosen: torch.Tensor, take: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The chosen chunks' resident tokens, packed to the front (a chunk's table is W wide, its
+        tokens fewer: the padding is never gathered): pool slots (R, H, S), which are real (R, H, S)
+        and each one's place ``at`` (R, H, S) in the chunks' (R, H, K x W) tables; S = the most any row
+        and head reads."""
         slots = self.slots[chosen]  # (R, H, K, W)
-        valid = (slots >= 0) & take.unsqueeze(-1)
         r, h, k, w = slots.shape
-        return slots.view(r, h, k * w), valid.view(r, h, k * w)
+        slots = slots.view(r, h, k * w)
+        at, real = pack((slots >= 0) & take.unsqueeze(-1).expand(r, h, k, w).reshape(r, h, k * w))
+        return slots.gather(-1, at), real, at
 
-    def _forced_tokens(self, chosen: torch.Tensor, width: int) -> torch.Tensor:
-        """(R, H, width) bool: the candidates' tokens whose chunk the row must read (sinks, window,
-        blocks read whole), laid out as :meth:`_candidates` lays out the tokens."""
+    def _forced_tokens(self, chosen: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """(R, H, S) bool: which of the :meth:`_candidates` tokens (places ``at``) are in a chunk the row
+        must read (sinks, window, blocks read whole)."""
         r, h, k = chosen.shape
         forced = self.forced.gather(1, chosen.reshape(r, -1)).view(r, h, k, 1)
-        return forced.expand(r, h, k, width // max(k, 1)).reshape(r, h, width)
+        w = self.slots.shape[1]
+        return forced.expand(r, h, k, w).reshape(r, h, k * w).gather(-1, at)
 
     def _rerank(
         self,
@@ -262,35 +266,37 @@ class SparseStep:
         valid: torch.Tensor,
         forced: torch.Tensor,
         scale: float,
-        extra: torch.Tensor | int,
+        own: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The token cut of ``select.rerank``: every candidate key is scored exactly and each row and
-        KV head keeps its forced keys and the best others up to ``token_budget`` (plus ``extra``).
+        KV head keeps its forced keys and the best others, up to ``token_budget`` keys in all.
 
         The rank is the max over the group's query heads of q.k (as the oracle's), and the scores are
         the attention's own: the kept keys' scores are not computed again, only their values are gathered.
 
         Args:
-            q: (R, H, g, D) float32; slots / valid / forced: (R, H, S) candidate pool slots (-1 padded),
-                which are real, which must be read; extra: tokens on top of the budget ((R, 1, 1) or int:
-                the rows' own tokens, forced).
+            q: (R, H, g, D) float32; slots / valid: (R, H, S + own) candidate pool slots and which are
+                real, the last ``own`` the rows' own tokens (read past the cut); forced: (R, H, S)
+                which context candidates must be read.
         Returns:
             scores (R, H, g, k) scaled q.k of the picked keys, values (R, H, k, D), pick (R, H, k) their
-            places in S and keep (R, H, k) bool: which are read (k = the most any row and head keeps).
+            places in S + own (the own tokens last) and keep (R, H, k) bool: which are read.
         """
         pool, groups = self.batch.pool, self.batch.groups
         (keys,) = gather_heads(pool, layer, slots.clamp(min=0), groups, ("keys",))
-        scores = torch.matmul(q, keys.float().transpose(-1, -2)) * scale  # (R, H, g, S)
-        rank = scores.amax(2).masked_fill_(~valid, float("-inf")).masked_fill_(forced & valid, float("inf"))
-        budget = self.owner.select.token_budget + extra
-        most = int((rank == float("inf")).sum(-1).max()) if rank.numel() else 0
-        top, pick = rank.topk(min(rank.shape[-1], max(int(torch.as_tensor(budget).max()), most)), dim=-1)
-        place = torch.arange(top.shape[-1], device=top.device)
-        keep = (top == float("inf")) | (torch.isfinite(top) & (place < budget))
-        self.owner.stats.scored_tokens += int((valid & ~forced).sum())
+        scores = torch.matmul(q, keys.float().transpose(-1, -2)) * scale  # (R, H, g, S + own)
+        s = slots.shape[-1] - own
+        real = valid[..., :s]
+        rank = scores[..., :s].amax(2).masked_fill_(~real, float("-inf")).masked_fill_(forced & real, float("inf"))
+        top, pick = top_keys(rank, self.owner.select.token_budget)
+        if own:
+            r, h = pick.shape[:2]
+            pick = torch.cat([pick, torch.arange(s, s + own, device=pick.device).expand(r, h, own)], -1)
+            top = torch.cat([top, torch.where(valid[..., s:], float("inf"), float("-inf"))], -1)
+        self.owner.stats.scored_tokens += int((real & ~forced).sum())
         scores = scores.gather(-1, pick.unsqueeze(2).expand(-1, -1, scores.shape[2], -1))
         (values,) = gather_heads(pool, layer, slots.gather(-1, pick).clamp(min=0), groups, ("values",))
-        return scores, values, pick, keep
+        return scores, values, pick, top > float("-inf")
 
     def _select(self, layer: int, qg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row and KV head, the chunks to read: (R, H, K) step chunk ids and which are taken."""
@@ -412,6 +418,33 @@ def _layout(grp: Group, index: BlockIndex | None, width: int):
     slots[chunk, rank] = slot[order]
     target[chunk, rank] = order
     return slots, target, lo, hi
+
+
+def pack(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Places of the True entries of ``keep`` (R, H, S), in order, packed to the front: ``at`` (R, H, S')
+    and which of them are real (R, H, S'), S' the most True of any row and head (a cumsum and a scatter,
+    no sort)."""
+    r, h, s = keep.shape
+    count = keep.sum(-1, keepdim=True)  # (R, H, 1)
+    width = max(int(count.max()) if keep.numel() else 0, 1)
+    dest = torch.where(keep, keep.cumsum(-1) - 1, width)  # the False ones to a spare last column
+    places = torch.arange(s, device=keep.device).expand(r, h, s)
+    at = torch.zeros(r, h, width + 1, dtype=torch.long, device=keep.device).scatter_(-1, dest, places)
+    return at[..., :width], torch.arange(width, device=keep.device) < count
+
+
+def top_keys(rank: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The budget cut over exact ranks (R, H, S) (+inf: forced, -inf: not readable): the forced keys and
+    the best others, ``budget`` in all (more when a row has more forced). Returns (R, H, k) ranks and
+    places; -inf ranks are padding. Unsorted unless some row's forced keys pass the budget (a top-k
+    that need not order its picks costs a third of one that does)."""
+    forced = int((rank == float("inf")).sum(-1).max()) if rank.numel() else 0
+    k = min(rank.shape[-1], max(budget, forced))
+    if forced <= budget:
+        return rank.topk(k, dim=-1, sorted=False)
+    top, pick = rank.topk(k, dim=-1)  # sorted: the forced first, then the others until the budget
+    late = torch.isfinite(top) & (torch.arange(k, device=top.device) >= budget)
+    return top.masked_fill(late, float("-inf")), pick
 
 
 def gather_heads(pool, layer: int, slots: torch.Tensor, groups, parts=("keys", "values")) -> tuple[torch.Tensor, ...]:
