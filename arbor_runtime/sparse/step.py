@@ -8,9 +8,14 @@ then at every layer :meth:`SparseStep.attend`:
 1. retrieval: each indexed block ranks its chunks for the rows that hold it, per KV head
    (batched over rows and heads); with the forced chunks (sinks, window, blocks read whole)
    they are sorted and taken until ``token_budget`` resident tokens per row and head;
-2. attention: the chosen chunks' K/V are gathered from the pool (rows x heads x budget: bounded
-   scratch, never rows x context), attended with the row's own tokens, and merged by
-   log-sum-exp exactly as the dense path merges its pieces.
+2. attention: the chosen chunks' resident tokens are packed (no padding) and their K/V gathered
+   from the pool (rows x heads x budget: bounded scratch, never rows x context), attended with the
+   row's own tokens, and merged by log-sum-exp exactly as the dense path merges its pieces.
+
+With ``rerank`` (``SelectConfig.rerank``) step 1 takes ``rerank x token_budget`` tokens of chunks, the
+candidates; their keys alone are gathered and scored (the attention's own scaled q.k), the forced keys
+and the best others up to ``token_budget`` kept (max over the KV head's query heads, as the oracle
+ranks: an oracle key among the candidates is always kept), and only the kept keys' values gathered.
 
 Retrieval is over what is resident: chunks whose tokens a memory policy evicted are skipped, a
 partly evicted chunk is read for the tokens it still has (its bound still holds for them). On

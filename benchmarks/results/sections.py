@@ -230,6 +230,13 @@ SECTIONS: tuple[Section, ...] = (
         file="suite_summary.json",
         title="Long context: the sparse defaults at 8K, against dense and the exact top-k oracle at the same read",
     ),
+    Section(  # issue 49: lychee's candidates reranked by exact key scores (rerank), 18 items
+        "longctx-rerank-pilot",
+        render="benchmarks.longctx.report:render",
+        optional=True,
+        file="suite_summary.json",
+        title="Long context: exact rerank of lychee's candidates (pilot)",
+    ),
     Section("sparse", claims=(SPARSE,)),
     Section("rehydrate"),
     Section("linear"),
