@@ -147,6 +147,50 @@ WIDENINGS = {
 }
 
 
+#: the longctx methods the oracle plot draws: suite policy -> (label, colour, marker)
+CURVES = {
+    "oracle_topk": ("oracle_topk (exact top-k keys)", "#444444", "s-"),
+    "lychee": ("lychee", "#1b9e77", "o-"),
+    "quest": ("quest", "#7570b3", "^-"),
+}
+
+
+def oracle_curves(data: dict, path: Path) -> None:
+    """Against the read share, per context length (columns): answer agreement with dense (95% interval; on
+    a few items it has more answers to count than accuracy retained, which counts dense's correct ones only)
+    and decode tok/s over dense's, for the exact top-k oracle and each index at the same
+    read, over all tasks of the long-context suite (docs/data/longctx-oracle). The gap oracle -> index is
+    what the index loses, dense -> oracle what reading that share loses."""
+    rows = [r for r in data["summary"] if r["task"] == "all" and r["policy"] in CURVES and r.get("share")]
+    lengths = sorted({r["length"] for r in rows})
+    fig = _figure(3.4 * len(lengths), 5.2)
+    axes = fig.subplots(2, len(lengths), squeeze=False, sharex=True)
+    for col, length in enumerate(lengths):
+        top, bottom = axes[0][col], axes[1][col]
+        for policy, (label, color, fmt) in CURVES.items():
+            mine = [r for r in rows if r["policy"] == policy and r["length"] == length]
+            mine.sort(key=lambda r: r["share"])
+            if not mine:
+                continue
+            x = [100 * r["share"] for r in mine]
+            y = [r["agree"] for r in mine]
+            below = [r["agree"] - r["agree_ci"][0] for r in mine]
+            above = [r["agree_ci"][1] - r["agree"] for r in mine]
+            top.errorbar(x, y, yerr=[below, above], fmt=fmt, color=color, capsize=3, label=label)
+            bottom.plot(x, [r["x_dense"] for r in mine], fmt, color=color, label=label)
+        n = max((r["items"] for r in rows if r["length"] == length), default=0)
+        top.set_title(f"{length:,} tokens, {n} items", fontsize=9)
+        top.set_ylim(0, 1.05)
+        for ax in (top, bottom):
+            ax.axhline(1.0, color="#999999", lw=0.8, ls=":")
+        bottom.set_xlabel("read share of the context (%)")
+    axes[0][0].set_ylabel("agreement with dense (95% CI)")
+    axes[1][0].set_ylabel("decode tok/s / dense")
+    axes[0][0].legend(frameon=False, fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+
+
 def widening_of(shape: tuple, ref: tuple) -> str | None:
     """Which of :data:`WIDENINGS` a search of ``shape`` is against the reference's ``ref``: the one key it
     raises with the others alike (lookahead: at either trial values); None for anything else."""
@@ -215,6 +259,7 @@ def fixed_memory_scaling(data: dict, path: Path) -> None:
 #: file next to the page -> (section whose data it draws, drawing function)
 PLOTS: dict[str, tuple[str, Callable[[dict, Path], None]]] = {
     "sparse-speedup.png": ("sparse", sparse_speedup),
+    "longctx-oracle-curves.png": ("longctx-oracle", oracle_curves),
     "accuracy-intervals.png": ("accuracy", accuracy_intervals),
     "memory-steps.png": ("memory-steps", memory_steps),
     "kvp-train.png": ("kvp", kvp_train),

@@ -40,6 +40,7 @@ class Section:
     file: str = "results.json"  # the data file under docs/data/<name>/
     title: str | None = None  # for a section whose data file has no title of its own
     claims: tuple[Claim, ...] = ()  # what the page's summary says of it (:mod:`.summary`)
+    image: str | None = None  # a PNG next to the page (benchmarks/results/plots.py) shown after a rendered body
 
 
 def with_intervals(data: dict) -> dict:
@@ -215,6 +216,7 @@ SECTIONS: tuple[Section, ...] = (
         optional=True,
         file="suite_summary.json",
         title="Long context: lychee and quest against the exact top-k oracle at the same read (pilot)",
+        image="longctx-oracle-curves.png",
     ),
     Section(  # issue 49: the chunkings, chunk scores and read shares the defaults were chosen from (18 items)
         "longctx-pilot49",
@@ -373,6 +375,8 @@ def render_section(section: Section, data: dict, notes: Path = NOTES) -> str:
     if section.render:
         module, func = section.render.split(":")
         body = getattr(importlib.import_module(module), func)(data)
+        if section.image:
+            body = f"{body.rstrip()}\n\n![{data['title']}]({section.image})\n"
     else:
         body = render_template((notes / f"{section.name}.md").read_text(), data)
     return f"## {data['title']}\n\n{provenance(data)}\n\n{body.strip()}\n"
