@@ -15,7 +15,8 @@ then at every layer :meth:`SparseStep.attend`:
 With ``rerank`` (``SelectConfig.rerank``) step 1 takes ``rerank x token_budget`` tokens of chunks, the
 candidates; their keys alone are gathered and scored (the attention's own scaled q.k), the forced keys
 and the best others up to ``token_budget`` kept (max over the KV head's query heads, as the oracle
-ranks: an oracle key among the candidates is always kept), and only the kept keys' values gathered.
+ranks: an oracle key among the candidates is kept, but at the budget's edge when the forced chunks hold
+more keys than the forced tokens), and only the kept keys' values gathered.
 
 Retrieval is over what is resident: chunks whose tokens a memory policy evicted are skipped, a
 partly evicted chunk is read for the tokens it still has (its bound still holds for them). On
