@@ -142,3 +142,15 @@ def test_the_cut_keeps_every_forced_key_even_past_the_budget():
     top, pick = top_keys(rank, budget=4)
     read = [sorted(p[t > float("-inf")].tolist()) for t, p in zip(top[:, 0], pick[:, 0], strict=True)]
     assert read == [[0, 2, 3, 4], [0, 1, 3, 5]]
+
+
+@pytest.mark.parametrize("name", sorted(SPARSE))
+def test_dense_layers_stay_dense_under_the_token_cut(tiny, name):
+    """Every chunk of a dense layer is scored +inf: the cut reads all of it (the tiny model has 2 layers)."""
+    dense = grow(Runtime(tiny, policy="full"))
+    rt = Runtime(tiny, policy=small(SPARSE[name], dense_layers=2, rerank=2.0))
+    sparse = grow(rt)
+    assert rt.backend.sparse.stats.dense_steps == 0 and rt.backend.sparse.stats.read_fraction == 1.0
+    for a, b in zip(dense, sparse, strict=True):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4

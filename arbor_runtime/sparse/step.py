@@ -68,6 +68,7 @@ class SparseStep:
     context_total: int = 0
     base: torch.Tensor | None = None  # (R, 1, C) float: +inf forced, -inf unreadable, else 0 (None: on demand)
     smallest: torch.Tensor | None = None  # (C,) cumulative sums of the chunks' lengths, smallest first
+    must: torch.Tensor | None = None  # (R, H, K) bool: the last selection's chunks scored +inf (read whatever the cut)
 
     def add_group(self, grp: Group, entry: IndexEntry, start_pos: int) -> None:
         """Lay out one context block's chunks (cached per block while its segments stay)."""
@@ -257,12 +258,12 @@ class SparseStep:
         return slots.gather(-1, at), real, at
 
     def _forced_tokens(self, chosen: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        """(R, H, S) bool: which of the :meth:`_candidates` tokens (places ``at``) are in a chunk the row
-        must read (sinks, window, blocks read whole)."""
+        """(R, H, S) bool: which of the :meth:`_candidates` tokens (places ``at``) are in a chunk the last
+        selection scored +inf (``must``): the sinks, the window, blocks read whole, every chunk at a dense
+        layer (``dense_layers``)."""
         r, h, k = chosen.shape
-        forced = self.forced.gather(1, chosen.reshape(r, -1)).view(r, h, k, 1)
         w = self.slots.shape[1]
-        return forced.expand(r, h, k, w).reshape(r, h, k * w).gather(-1, at)
+        return self.must.unsqueeze(-1).expand(r, h, k, w).reshape(r, h, k * w).gather(-1, at)
 
     def _rerank(
         self,
@@ -337,6 +338,7 @@ class SparseStep:
         if self.demand is not None and retrieved:
             self._count_demand(retrieved, scores, take, size)
         k = max(int(take.sum(-1).max()), 1)
+        self.must = scores[..., :k] == float("inf")
         return ids[..., :k], take[..., :k]
 
     def _select_flat(self, layer: int, qg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -353,6 +355,7 @@ class SparseStep:
         before = size.cumsum(-1) - size
         take = torch.isfinite(scores) & (before < self.owner.select.candidate_budget) | (scores == float("inf"))
         k = max(int(take.sum(-1).max()), 1)
+        self.must = scores[..., :k] == float("inf")
         return ids[..., :k], take[..., :k]
 
     def _most_taken(self, scores: torch.Tensor) -> int:
