@@ -113,8 +113,10 @@ class SparsePolicy(Policy):
             or not (0.0 <= self.bound_scale <= 1.0)
         ):
             raise ValueError(f"bound_scale={self.bound_scale!r} must be a number in [0, 1]")
-        if isinstance(self.rerank, bool) or not isinstance(self.rerank, int | float) or not (
-            self.rerank == 0 or 1.0 <= self.rerank <= 64.0
+        if (
+            isinstance(self.rerank, bool)
+            or not isinstance(self.rerank, int | float)
+            or not (self.rerank == 0 or 1.0 <= self.rerank <= 64.0)
         ):
             raise ValueError(f"rerank={self.rerank!r} must be 0 (off) or a number in [1, 64]")
         if not 0.0 <= self.index_reserve < 0.5:

@@ -239,6 +239,13 @@ SECTIONS: tuple[Section, ...] = (
         file="suite_summary.json",
         title="Long context: exact rerank of lychee's candidates (pilot)",
     ),
+    Section(  # issue 49: the rerank on the suite's 180 items at 8K, beside the defaults in the same run
+        "longctx-rerank",
+        render="benchmarks.longctx.report:render",
+        optional=True,
+        file="suite_summary.json",
+        title="Long context: exact rerank of lychee's candidates at 8K, beside the defaults in the same run",
+    ),
     Section("sparse", claims=(SPARSE,)),
     Section("rehydrate"),
     Section("linear"),
