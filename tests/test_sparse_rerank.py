@@ -136,10 +136,10 @@ def test_pack_puts_the_kept_places_first_in_order():
 def test_the_cut_keeps_every_forced_key_even_past_the_budget():
     inf = float("inf")
     rank = torch.tensor([[[inf, 0.5, inf, 0.9, inf, -inf, 0.1]], [[0.3, inf, 0.2, 0.7, -inf, 0.8, 0.0]]])
-    top, pick = top_keys(rank, budget=2)  # row 0 has 3 forced keys: all read, nothing else
+    top, pick = top_keys(rank, reads=2)  # row 0 has 3 forced keys: all read, nothing else
     read = [sorted(p[t > float("-inf")].tolist()) for t, p in zip(top[:, 0], pick[:, 0], strict=True)]
     assert read == [[0, 2, 4], [1, 5]]  # row 1: its forced key and its best other
-    top, pick = top_keys(rank, budget=4)
+    top, pick = top_keys(rank, reads=4)
     read = [sorted(p[t > float("-inf")].tolist()) for t, p in zip(top[:, 0], pick[:, 0], strict=True)]
     assert read == [[0, 2, 3, 4], [0, 1, 3, 5]]
 

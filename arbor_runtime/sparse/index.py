@@ -79,7 +79,7 @@ class SelectConfig:
     rerank: float = 0.0
 
     @property
-    def candidate_budget(self) -> int:
+    def candidate_tokens(self) -> int:
         """Tokens the chunk selection takes per row and KV head: the read budget, or with ``rerank``
         that many times it (the candidates whose keys are scored exactly)."""
         return math.ceil(self.rerank * self.token_budget) if self.rerank else self.token_budget

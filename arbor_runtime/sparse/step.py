@@ -92,7 +92,7 @@ class SparseStep:
         if not whole:
             sel = self.owner.select
             mean = max(entry.length / max(entry.index.n_chunks, 1), 1.0)
-            n = min(entry.index.n_chunks, math.ceil(sel.candidate_budget / mean) + 1)
+            n = min(entry.index.n_chunks, math.ceil(sel.candidate_tokens / mean) + 1)
             self.plans.append(GroupPlan(entry.index, grp.rows, self.n_chunks, n, grp.block_id))
         self.n_chunks += int(slots.shape[0])
         self.n_tokens = off
@@ -109,7 +109,7 @@ class SparseStep:
         lo, hi = torch.full((c,), 1 << 40), torch.full((c,), -(1 << 40))  # never a sink nor in the window
         self.parts.append((rows, empty, empty, lo, hi, False))
         mean = max(entry.length / max(c, 1), 1.0)
-        n = min(c, math.ceil(self.owner.select.candidate_budget / mean) + 1)
+        n = min(c, math.ceil(self.owner.select.candidate_tokens / mean) + 1)
         self.plans.append(GroupPlan(entry.index, rows, self.n_chunks, n, block_id))
         self.n_chunks += c
 
@@ -334,7 +334,7 @@ class SparseStep:
         ids = ids.gather(-1, order)
         size = self.length[ids]
         before = size.cumsum(-1) - size
-        take = torch.isfinite(scores) & (before < sel.candidate_budget) | (scores == float("inf"))
+        take = torch.isfinite(scores) & (before < sel.candidate_tokens) | (scores == float("inf"))
         if self.demand is not None and retrieved:
             self._count_demand(retrieved, scores, take, size)
         k = max(int(take.sum(-1).max()), 1)
@@ -353,7 +353,7 @@ class SparseStep:
         scores, ids = scores.topk(self._most_taken(scores), dim=-1)  # sorted: the full sort's cut, cheaper
         size = self.length[ids]
         before = size.cumsum(-1) - size
-        take = torch.isfinite(scores) & (before < self.owner.select.candidate_budget) | (scores == float("inf"))
+        take = torch.isfinite(scores) & (before < self.owner.select.candidate_tokens) | (scores == float("inf"))
         k = max(int(take.sum(-1).max()), 1)
         self.must = scores[..., :k] == float("inf")
         return ids[..., :k], take[..., :k]
@@ -364,8 +364,8 @@ class SparseStep:
         the most chunks whose lengths stay below the budget (the m smallest). Each taken chunk starts
         below the budget, so the ones before it weigh less than the budget: no more than m of them.
         Ranking only this many (``topk``) gives the full sort's cut: a sixth of the time over 2K chunks."""
-        budget = self.owner.select.candidate_budget
-        fitting = int(torch.searchsorted(self.smallest, budget))  # prefix sums below the budget
+        reads = self.owner.select.candidate_tokens
+        fitting = int(torch.searchsorted(self.smallest, reads))  # prefix sums below the budget
         forced = int((scores == float("inf")).sum(-1).max()) if scores.numel() else 0
         return min(self.n_chunks, forced + fitting + 1)
 
@@ -388,7 +388,7 @@ class SparseStep:
 
     def _count_demand(self, retrieved, scores: torch.Tensor, take: torch.Tensor, size: torch.Tensor) -> None:
         """This layer's rehydration demand into ``self.demand`` (:func:`~arbor_runtime.sparse.demand.count_demand`)."""
-        count_demand(self.demand, self.hosted, self.owner.select.candidate_budget, retrieved, scores, take, size)
+        count_demand(self.demand, self.hosted, self.owner.select.candidate_tokens, retrieved, scores, take, size)
 
     def _collect(self, scores: torch.Tensor, lse: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> None:
         """Attention mass of the read keys (scores (R, H, g, S), their pieces' places ``target`` (R, H, S))
@@ -442,17 +442,17 @@ def pack(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return at[..., :width], torch.arange(width, device=keep.device) < count
 
 
-def top_keys(rank: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_keys(rank: torch.Tensor, reads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The budget cut over exact ranks (R, H, S) (+inf: forced, -inf: not readable): the forced keys and
-    the best others, ``budget`` in all (more when a row has more forced). Returns (R, H, k) ranks and
+    the best others, ``reads`` in all (more when a row has more forced). Returns (R, H, k) ranks and
     places; -inf ranks are padding. Unsorted unless some row's forced keys pass the budget (a top-k
     that need not order its picks costs a third of one that does)."""
     forced = int((rank == float("inf")).sum(-1).max()) if rank.numel() else 0
-    k = min(rank.shape[-1], max(budget, forced))
-    if forced <= budget:
+    k = min(rank.shape[-1], max(reads, forced))
+    if forced <= reads:
         return rank.topk(k, dim=-1, sorted=False)
-    top, pick = rank.topk(k, dim=-1)  # sorted: the forced first, then the others until the budget
-    late = torch.isfinite(top) & (torch.arange(k, device=top.device) >= budget)
+    top, pick = rank.topk(k, dim=-1)  # sorted: the forced first, then the others until ``reads``
+    late = torch.isfinite(top) & (torch.arange(k, device=top.device) >= reads)
     return top.masked_fill(late, float("-inf")), pick
 
 
