@@ -8,15 +8,16 @@ then at every layer :meth:`SparseStep.attend`:
 1. retrieval: each indexed block ranks its chunks for the rows that hold it, per KV head
    (batched over rows and heads); with the forced chunks (sinks, window, blocks read whole)
    they are sorted and taken until ``token_budget`` resident tokens per row and head;
-2. attention: the chosen chunks' resident tokens are packed (no padding) and their K/V gathered
-   from the pool (rows x heads x budget: bounded scratch, never rows x context), attended with the
-   row's own tokens, and merged by log-sum-exp exactly as the dense path merges its pieces.
+2. attention: the chosen chunks' K/V are gathered from the pool (rows x heads x budget: bounded
+   scratch, never rows x context), attended with the row's own tokens, and merged by
+   log-sum-exp exactly as the dense path merges its pieces.
 
 With ``rerank`` (``SelectConfig.rerank``) step 1 takes ``rerank x token_budget`` tokens of chunks, the
-candidates; their keys alone are gathered and scored (the attention's own scaled q.k), the forced keys
-and the best others up to ``token_budget`` kept (max over the KV head's query heads, as the oracle
-ranks: an oracle key among the candidates is kept, but at the budget's edge when the forced chunks hold
-more keys than the forced tokens), and only the kept keys' values gathered.
+candidates; their resident tokens are packed (no padding), their keys alone gathered and scored (the
+attention's own scaled q.k), the forced keys and the best others up to ``token_budget`` kept (max over
+the KV head's query heads, as the oracle ranks: an oracle key among the candidates is kept, but at the
+budget's edge when the forced chunks hold more keys than the forced tokens), and only the kept keys'
+values gathered.
 
 Retrieval is over what is resident: chunks whose tokens a memory policy evicted are skipped, a
 partly evicted chunk is read for the tokens it still has (its bound still holds for them). On
@@ -186,7 +187,10 @@ class SparseStep:
         mid = owner.clock()
         slots, valid, at = self._candidates(chosen, take)  # (R, H, S)
         q = qg.float()
-        target = self.target[chosen].view(*chosen.shape[:2], -1).gather(-1, at) if self.batch.stats else None
+        target = None
+        if self.batch.stats:  # each read token's place in the pieces
+            target = self.target[chosen].view(*chosen.shape[:2], -1)
+            target = target if at is None else target.gather(-1, at)
         if owner.select.rerank:
             forced = self._forced_tokens(chosen, at)
             scores, values, pick, valid = self._rerank(layer, q, slots, valid, forced, scale)
@@ -246,15 +250,24 @@ class SparseStep:
         owner.stats.context_tokens += self.context_total * h
         return out
 
-    def _candidates(self, chosen: torch.Tensor, take: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The chosen chunks' resident tokens, packed to the front (a chunk's table is W wide, its
-        tokens fewer: the padding is never gathered): pool slots (R, H, S), which are real (R, H, S)
-        and each one's place ``at`` (R, H, S) in the chunks' (R, H, K x W) tables; S = the most any row
-        and head reads."""
+    def _candidates(
+        self, chosen: torch.Tensor, take: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The chosen chunks' tokens: pool slots (R, H, S), which are read (R, H, S) and each one's place
+        ``at`` (R, H, S) in the chunks' (R, H, K x W) tables, or None when they are those tables.
+
+        With ``rerank`` the read tokens are packed to the front (a chunk's table is W wide, its tokens
+        may be fewer), so the candidates' key gather, scores and top-k skip the padding (S = the most
+        any row and head holds); the plain read gathers the tables as they are (packed, the defaults
+        decoded at the same 1.22x dense on the suite's 8K items: docs/data/longctx-rerank against
+        docs/data/longctx-default, measured before packing)."""
         slots = self.slots[chosen]  # (R, H, K, W)
         r, h, k, w = slots.shape
         slots = slots.view(r, h, k * w)
-        at, real = pack((slots >= 0) & take.unsqueeze(-1).expand(r, h, k, w).reshape(r, h, k * w))
+        read = (slots >= 0) & take.unsqueeze(-1).expand(r, h, k, w).reshape(r, h, k * w)
+        if not self.owner.select.rerank:
+            return slots, read, None
+        at, real = pack(read)
         return slots.gather(-1, at), real, at
 
     def _forced_tokens(self, chosen: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
