@@ -31,7 +31,7 @@ from arbor_runtime.events import Event
 from arbor_runtime.policies.base import Capabilities, MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.registry import MEMORY_POLICIES
 from arbor_runtime.sparse import SelectConfig, SparseAttention
-from arbor_runtime.sparse.reads import BudgetedAttention, dense_layers_builder
+from arbor_runtime.sparse.reads import BudgetedAttention, dense_layer_set, dense_layers_builder
 
 #: how the active path's evicted spans come back (see the module docstring)
 REHYDRATE = ("whole", "ranked")
@@ -54,7 +54,9 @@ class SparsePolicy(Policy):
             thread, at 2K and 4K no read share of the RULER-style suite kept 95% of dense's correct
             answers while decoding over 1.05x dense's speed; at 8K the defaults are sparse (issue 49,
             docs/data/longctx/).
-        dense_layers: the first this many layers read every resident token (0 = none).
+        dense_layers: layers that read every resident token: an int n, the first n (0 = none), or a
+            list of layer indices (``[7]``: on SmolLM2 the layer whose sparse reads alone drop the last
+            digit of a copied number, issue 49).
         sink_tokens / window_tokens: first and last positions always read.
         min_block_tokens: blocks shorter than this are read whole (not indexed).
         exact: exact top-k retrieval by bound (slower; lychee only, quest's flat scan is exact).
@@ -81,7 +83,7 @@ class SparsePolicy(Policy):
     token_budget: int = 512
     token_share: float = 0.5
     dense_below: int = 6144
-    dense_layers: int = 0
+    dense_layers: int | list[int] = 0
     sink_tokens: int = 16
     window_tokens: int = 64
     min_block_tokens: int = 64
@@ -97,10 +99,13 @@ class SparsePolicy(Policy):
             self.budget_tokens = self.memory.budget_tokens
         Policy.__post_init__(self)
         knobs = ("token_budget", 1), ("sink_tokens", 0), ("window_tokens", 0), ("min_block_tokens", 0)
-        for knob, least in (*knobs, ("dense_layers", 0), ("dense_below", 0)):
+        for knob, least in (*knobs, ("dense_below", 0)):
             value = getattr(self, knob)
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"{knob}={value!r} must be an integer >= {least}")
+        picked = dense_layer_set(self.dense_layers)  # ValueError naming a bad value
+        if not isinstance(self.dense_layers, int):  # a list (Hydra's ListConfig too): plain ints, in order
+            self.dense_layers = sorted(picked)
         if (
             isinstance(self.token_share, bool)
             or not isinstance(self.token_share, int | float)
@@ -205,6 +210,9 @@ class SparsePolicy(Policy):
             msg = f"policy={self.name}: sparse indexes need a CPU model, not {device}; valid: {valid}"
             raise NotImplementedError(msg)
         builder, width = self.index_builder()
+        layers = store.shape.layers
+        if any(i >= layers for i in dense_layer_set(self.dense_layers)):
+            raise ValueError(f"dense_layers={self.dense_layers!r}: the model has layers 0..{layers - 1}")
         builder = dense_layers_builder(builder, self.dense_layers)
         select = SelectConfig(
             token_budget=self.token_budget,

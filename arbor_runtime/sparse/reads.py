@@ -16,6 +16,7 @@ where a fixed 1,024-token budget changed SmolLM2's answer:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -63,45 +64,62 @@ class IndexWrapper:
 
 
 class DenseLayers(IndexWrapper):
-    """A block index whose retrieval, at layers below ``layers``, returns every chunk (bound +inf).
+    """A block index whose retrieval, at the layers in ``layers``, returns every chunk (bound +inf).
 
     Everything else (``starts``, ``covered``, ``n_chunks``, ``nbytes``, ``update``) is the wrapped
-    index's. Args: index: a :class:`~arbor_runtime.sparse.attend.BlockIndex`; layers: how many
-    leading layers read whole.
+    index's. Args: index: a :class:`~arbor_runtime.sparse.attend.BlockIndex`; layers: the indices of
+    the layers read whole.
     """
 
     __slots__ = ("layers",)
 
-    def __init__(self, index, layers: int) -> None:
+    def __init__(self, index, layers: frozenset[int]) -> None:
         IndexWrapper.__init__(self, index)
-        self.layers = int(layers)
+        self.layers = frozenset(layers)
 
     def __getattr__(self, name: str):
         return getattr(self.index, name)
 
     def scores(self, layer: int, q: torch.Tensor) -> torch.Tensor | None:
         """(r, H, C): +inf at a dense layer, else the wrapped index's scores (None: it does not scan flat)."""
-        if layer >= self.layers:
+        if layer not in self.layers:
             return self.index.scores(layer, q)
         return torch.full((q.shape[0], q.shape[1], self.index.n_chunks), float("inf"), device=q.device)
 
     def retrieve(self, layer: int, q: torch.Tensor, n: int, exact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """ids (r, H, m) and bounds (r, H, m) for queries q (r, H, g, D): at a dense layer every
         chunk (m = C) with bound +inf, else the wrapped index's top ``n``."""
-        if layer >= self.layers:
+        if layer not in self.layers:
             return self.index.retrieve(layer, q, n, exact)
         r, h, c = q.shape[0], q.shape[1], self.index.n_chunks
         ids = torch.arange(c, device=q.device).expand(r, h, c)
         return ids, torch.full((r, h, c), float("inf"), device=q.device)
 
 
-def dense_layers_builder(builder, layers: int):
-    """``builder`` (keys, layers, resident, ends) -> index, its indexes wrapped in :class:`DenseLayers`."""
-    if layers <= 0:
+def dense_layer_set(layers: int | Sequence[int]) -> frozenset[int]:
+    """``dense_layers`` as the set of layers read whole: an int n is the first n layers, a list those
+    layers (``[7]``: the eighth alone). ValueError names a value that is neither."""
+    if isinstance(layers, int) and not isinstance(layers, bool):
+        if layers < 0:
+            raise ValueError(f"dense_layers={layers!r} must be an integer >= 0 or a list of layer indices")
+        return frozenset(range(layers))
+    if isinstance(layers, str | bytes) or not isinstance(layers, Sequence):
+        raise ValueError(f"dense_layers={layers!r} must be an integer >= 0 or a list of layer indices")
+    picked = list(layers)
+    if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in picked) or len(set(picked)) < len(picked):
+        raise ValueError(f"dense_layers={list(layers)!r}: a list must hold distinct layer indices >= 0")
+    return frozenset(picked)
+
+
+def dense_layers_builder(builder, layers: int | Sequence[int]):
+    """``builder`` (keys, layers, resident, ends) -> index, its indexes wrapped in :class:`DenseLayers`
+    (``layers``: :func:`dense_layer_set`)."""
+    picked = dense_layer_set(layers)
+    if not picked:
         return builder
 
     def build(*args, **kwargs):
-        return DenseLayers(builder(*args, **kwargs), layers)
+        return DenseLayers(builder(*args, **kwargs), picked)
 
     return build
 

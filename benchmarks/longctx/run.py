@@ -105,7 +105,13 @@ def sparse_policy(name: str):
 
 
 def _scalar(text: str) -> Any:
-    """ "4" -> 4, "0.5" -> 0.5, "true" -> True, anything else the text."""
+    """ "4" -> 4, "0.5" -> 0.5, "true" -> True, "[7/9]" -> [7, 9] (a list of integers, "/" apart: the
+    methods are "," apart), anything else the text."""
+    if text.startswith("[") and text.endswith("]"):
+        try:
+            return [int(x) for x in text[1:-1].split("/") if x.strip()]
+        except ValueError:
+            return text
     if text in ("true", "false"):
         return text == "true"
     for cast in (int, float):
