@@ -12,11 +12,14 @@ the index's score until the read budget. Only the first token (no compounding ov
     python -m benchmarks.sparse_probe SPEC OUT.jsonl
     python -m benchmarks.sparse_probe --table OUT.jsonl   # the markdown table of its rows
 
-SPEC is JSON: ``{"items": [[task, length, [index, ...]], ...], "rules": [rule, ...], "prefix": bool}`` with tasks of
+SPEC is JSON: ``{"items": [[task, length, [index, ...]], ...], "rules": [rule, ...], "prefix": bool, "seed": int,
+"answer": int}`` (seed: the items' seed, 0 the suite's; answer: teacher-force dense's greedy answer, up to so many
+tokens) with tasks of
 ``benchmarks.longctx.generator`` (``records_issue``: the issue's records question); a rule is
 ``lychee:s=0.1`` / ``quest:s=0.25,p=8`` with knobs s (read share), b (floor tokens), p (chunk or page
 tokens), a (radius / range scale: 1 the bound, 0 the centroid / range middle), m (query window:
-the last m queries of the question also rank chunks), and three other ways to spend a read, each
+the last m queries of the question also rank chunks), d (layers read whole, "/" apart: d=7/9), o (this layer
+alone reads sparse, every other whole: o=7 measures layer 7's own loss), and three other ways to spend a read, each
 measured worse than the plain share at the same read (docs/data/longctx/README.md): t (also read
 chunks, best first, until their estimated share of the head's attention mass reaches t; a chunk's
 mass is estimated as size x exp(scale x score)), g=1 (one budget for all KV heads of a layer,
@@ -42,7 +45,10 @@ from arbor_runtime.sparse import ChunkTree, PageIndex, TreeConfig
 from arbor_runtime.sparse.chunking import BoundaryTable
 from arbor_runtime.sparse.reads import read_budget
 
-KNOBS = {"s": float, "b": int, "p": int, "a": float, "m": int, "t": float, "g": int, "e": int, "n": int, "k": str}
+KNOBS = {
+    "s": float, "b": int, "p": int, "a": float, "m": int, "t": float, "g": int, "e": int, "n": int, "k": str,
+    "d": str, "o": int,
+}  # fmt: skip
 #: chunk scores a rule may ask for with ``k`` (see :func:`chunk_sketch`); ``index``: the index's own
 SCORES = ("index", "mean", "max", "axis", "halves")
 SINKS, WINDOW = 16, 64
@@ -64,6 +70,14 @@ class Rule:
     estimate: int = 0  # 1: each unread chunk is attended as one key, its keys' mean, weighted by its size
     neighbours: int = 0  # n: a chunk's score is the best of its own and its n neighbours' on each side
     score: str = "index"  # k: how a chunk is scored (SCORES); not "index": float32 sketches of the keys
+    dense: str = ""  # d: layers read whole, "/" apart ("7/9"), as the policies' dense_layers=[7, 9]
+    only: int = -1  # o: >= 0, this layer alone reads sparse (every other whole): one layer's sensitivity
+
+    def dense_at(self, layer: int) -> bool:
+        """Whether ``layer`` reads whole under this rule (``d`` or ``o``)."""
+        if self.only >= 0 and layer != self.only:
+            return True
+        return str(layer) in self.dense.split("/")
 
     @classmethod
     def parse(cls, name: str) -> Rule:
@@ -72,7 +86,7 @@ class Rule:
             raise ValueError(f"rule {name!r}: kind must be lychee, quest or dense")
         rule = cls(name, kind)
         fields = {"s": "share", "b": "floor", "p": "chunk", "a": "radius", "m": "window"} | {
-            "t": "top_p", "g": "across", "e": "estimate", "n": "neighbours", "k": "score"
+            "t": "top_p", "g": "across", "e": "estimate", "n": "neighbours", "k": "score", "d": "dense", "o": "only",
         }  # fmt: skip
         for part in filter(None, args.split(",")):
             key, value = part.split("=")
@@ -102,7 +116,9 @@ class Probe:
                 self.recent[layer] = query[0, :, -self.keep :].detach().clone()
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
         g = query.shape[1] // key.shape[1]
-        chosen = self.select(layer, query, key)  # (H, T) bool
+        chosen = self.select(layer, query, key)  # (H, T) bool, None: this layer reads whole
+        if chosen is None:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
         k = key[0].repeat_interleave(g, 0)  # (Hq, T, D)
         v = value[0].repeat_interleave(g, 0)
         s = torch.matmul(query[0], k.transpose(-1, -2)) * scaling  # (Hq, 1, T)
@@ -226,7 +242,9 @@ def selector(rule: Rule, index, n_ctx: int, n_total: int, probe: Probe, sketch=N
     lo, hi = starts[:-1], starts[1:]
     forced = (lo < SINKS) | (hi > n_total - WINDOW)
 
-    def select(layer: int, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    def select(layer: int, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+        if rule.dense_at(layer):
+            return None
         h, g = key.shape[1], query.shape[1] // key.shape[1]
         q = query[0, :, 0].float().view(1, h, g, -1)  # (1, H, g, D)
         if rule.window and layer in probe.recent:
@@ -404,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             for i in indexes:
                 tok = loaded.tokenizer
                 prefix = bool(spec.get("prefix", False))  # RULER's answer prefixes (bench_longctx.py --answer-prefix)
-                item = issue_item(tok) if task == "records_issue" else make_item(task, length, i, tok, prefix=prefix)
+                seed = int(spec.get("seed", 0))  # the suite's is 0: another seed gives items it does not hold
+                item = issue_item(tok) if task == "records_issue" else make_item(task, length, i, tok, seed, prefix)
                 print(f"{item.task} {item.length} #{item.index}", flush=True)
                 run_item(loaded, probe, item, rules, out, int(spec.get("answer", 0)))
     return 0

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from arbor_runtime.policies import LycheePolicy, QuestPolicy
 from arbor_runtime.sparse.reads import read_budget
@@ -382,6 +383,8 @@ def test_bad_arguments_are_errors_before_the_model_loads(capsys):
     assert "chunk lengths must satisfy 1 <= min_len <= max_len, got 4, 2" in capsys.readouterr().err
     assert main(["--policies", "h2o:keep=2"]) == 2
     assert "--policies: unknown 'h2o:keep=2'" in capsys.readouterr().err
+    assert main(["--policies", "lychee:dense_layers=[7/7]"]) == 2  # a list of layers, "/" apart
+    assert "dense_layers=[7, 7]: a list must hold distinct layer indices" in capsys.readouterr().err
 
 
 def test_a_sparse_variant_runs_beside_its_policy_with_its_knobs(tmp_path, one_torch_thread, monkeypatch):
@@ -428,6 +431,10 @@ def test_variant_names_parse_into_policies_and_bad_ones_are_refused():
     )
     with pytest.raises(ValueError, match="unknown knob 'x'"):
         variant_policy("lychee:x=1")
+    from benchmarks.longctx.run import sparse_policy
+
+    assert sparse_policy("lychee:dense_layers=[7/9]")().dense_layers == [7, 9]
+    assert sparse_policy("lychee:dense_layers=3")().dense_layers == 3
     with pytest.raises(ValueError, match="must be one of lychee, quest, oracle_topk"):
         variant_policy("h2o:b=1")
     assert variant_policy("oracle_topk:b=256,s=0.25").token_budget == 256
@@ -493,3 +500,20 @@ def test_probe_table_groups_rows_by_length_and_rule():
     assert lines[2] == "| 2,048 | `a` | 2 | 1/2 | 1.0000 | 0.25 | 0.900 |" and len(lines) == 4
     forced = [r | {"answer_agree": r["rule"] == "b", "kl_steps": 0.1} for r in rows]
     assert table(forced).splitlines()[2].endswith("| 0/2 | 0.1000 |")
+
+
+def test_probe_rules_read_named_layers_whole():
+    """``d`` (layers read whole, as the policies' dense_layers=[...]) and ``o`` (one layer alone sparse: its
+    own loss, the per-layer sweep of issue 49); a layer the rule reads whole is attended dense (None)."""
+    from benchmarks.sparse_probe import Rule, selector
+
+    rule = Rule.parse("lychee:s=0.15,p=4,d=7/9")
+    assert [layer for layer in range(12) if rule.dense_at(layer)] == [7, 9]
+    only = Rule.parse("lychee:s=0.15,p=4,o=3")
+    assert [layer for layer in range(6) if not only.dense_at(layer)] == [3]
+    assert not any(Rule.parse("lychee:s=0.15").dense_at(layer) for layer in range(30))
+    select, _ = selector(rule, index=type("Index", (), {"starts": torch.tensor([0, 4, 8])})(), n_ctx=8,
+                         n_total=10, probe=None)  # fmt: skip
+    assert select(7, None, None) is None
+    with pytest.raises(ValueError, match="unknown knob 'x'"):
+        Rule.parse("lychee:x=1")

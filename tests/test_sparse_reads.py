@@ -11,7 +11,7 @@ import yaml
 
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.policies import LycheePolicy, QuestPolicy
-from arbor_runtime.sparse.reads import BudgetedAttention, DenseLayers, read_budget
+from arbor_runtime.sparse.reads import BudgetedAttention, DenseLayers, dense_layer_set, read_budget
 from arbor_runtime.sparse.step import SparseStep
 
 PROMPT = " ".join(f"Line {i} says the value is {i * 7 % 13}." for i in range(40)) + "\nAnswer:"
@@ -80,6 +80,44 @@ def test_dense_layers_read_every_chunk_and_the_others_keep_the_budget(tiny, name
     for _, high, context in reads[1]:
         assert high < context
         assert high < 16 + 4 + 4 + 2 * width  # the budget, sinks and window, and a chunk over each
+
+
+@pytest.mark.parametrize("name", sorted(SPARSE))
+def test_a_list_of_dense_layers_reads_those_layers_whole_and_no_other(tiny, name, monkeypatch):
+    """dense_layers=[1] (issue 49: a middle layer alone, as [7] on SmolLM2): layer 1 reads every resident
+    token of every head, layer 0 (dense under dense_layers=1) keeps the budget."""
+    reads: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
+    select = SparseStep._select
+
+    def spy(self, layer, qg):
+        chosen, take = select(self, layer, qg)
+        reads[layer].append((int((self.length[chosen] * take).sum(-1).min()), int(self.context[0])))
+        return chosen, take
+
+    monkeypatch.setattr(SparseStep, "_select", spy)
+    rt, _ = generate(tiny, SPARSE[name](**(SMALL | {"dense_layers": [1]})))
+    assert next(iter(rt.backend.sparse.entries.values())).index.layers == {1}
+    assert reads[0] and reads[1]
+    assert all(low == context for low, context in reads[1])
+    assert all(low < context for low, context in reads[0])
+    first = SPARSE[name](**(SMALL | {"dense_layers": 1}))
+    assert dense_layer_set(first.dense_layers) == {0} and dense_layer_set([3, 1]) == {1, 3}
+
+
+def test_bad_dense_layers_name_the_value(tiny):
+    for bad, says in [
+        (-1, "dense_layers=-1 must be an integer >= 0 or a list"),
+        ([1, 1], r"dense_layers=\[1, 1\]: a list must hold distinct layer indices >= 0"),
+        ([-2], "a list must hold distinct layer indices >= 0"),
+        ("7", "dense_layers='7' must be an integer >= 0 or a list"),
+        (True, "dense_layers=True must be"),
+        ([1.5], "a list must hold distinct layer indices"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            LycheePolicy(dense_layers=bad)
+    layers = tiny.model.config.num_hidden_layers
+    with pytest.raises(ValueError, match=rf"dense_layers=\[{layers}\]: the model has layers 0..{layers - 1}"):
+        generate(tiny, LycheePolicy(**(SMALL | {"dense_layers": [layers]})))
 
 
 @pytest.mark.parametrize("name", sorted(SPARSE))
