@@ -58,20 +58,30 @@ def test_every_layer_dense_is_dense_attention_whatever_the_budget(tiny, name):
     )
 
 
-@pytest.mark.parametrize("name", sorted(SPARSE))
-def test_dense_layers_read_every_chunk_and_the_others_keep_the_budget(tiny, name, monkeypatch):
-    reads: dict[int, list[int]] = {0: [], 1: []}
+def selections(monkeypatch) -> dict[int, list[tuple[int, int, int]]]:
+    """Every selection while the test runs, by layer: (fewest and most context tokens a row and KV head
+    read, the first row's resident context)."""
+    reads: dict[int, list[tuple[int, int, int]]] = {0: [], 1: []}
     select = SparseStep._select
 
     def spy(self, layer, qg):
         chosen, take = select(self, layer, qg)
         tokens = (self.length[chosen] * take).sum(-1)  # (R, H) context tokens read
-        context = int(self.context[0])
-        reads[layer].append((int(tokens.min()), int(tokens.max()), context))
+        reads[layer].append((int(tokens.min()), int(tokens.max()), int(self.context[0])))
         return chosen, take
 
     monkeypatch.setattr(SparseStep, "_select", spy)
-    rt, _ = generate(tiny, SPARSE[name](**(SMALL | {"dense_layers": 1})))
+    return reads
+
+
+@pytest.mark.parametrize("name", sorted(SPARSE))
+@pytest.mark.parametrize("dense_layers", [1, [0]])
+def test_dense_layers_read_every_chunk_and_the_others_keep_the_budget(tiny, name, monkeypatch, dense_layers):
+    """Through the selection (as on demand, where every layer's selection counts): a dense layer's index
+    returns every chunk, the others keep the budget."""
+    reads = selections(monkeypatch)
+    monkeypatch.setattr(SparseStep, "reads_whole", lambda self, layer: False)
+    rt, _ = generate(tiny, SPARSE[name](**(SMALL | {"dense_layers": dense_layers})))
     assert isinstance(next(iter(rt.backend.sparse.entries.values())).index, DenseLayers)
     assert reads[0] and reads[1]
     for low, _, context in reads[0]:
@@ -83,23 +93,26 @@ def test_dense_layers_read_every_chunk_and_the_others_keep_the_budget(tiny, name
 
 
 @pytest.mark.parametrize("name", sorted(SPARSE))
-def test_a_list_of_dense_layers_reads_those_layers_whole_and_no_other(tiny, name, monkeypatch):
-    """dense_layers=[1] (issue 49: a middle layer alone, as [7] on SmolLM2): layer 1 reads every resident
-    token of every head, layer 0 (dense under dense_layers=1) keeps the budget."""
-    reads: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
-    select = SparseStep._select
-
-    def spy(self, layer, qg):
-        chosen, take = select(self, layer, qg)
-        reads[layer].append((int((self.length[chosen] * take).sum(-1).min()), int(self.context[0])))
-        return chosen, take
-
-    monkeypatch.setattr(SparseStep, "_select", spy)
-    rt, _ = generate(tiny, SPARSE[name](**(SMALL | {"dense_layers": [1]})))
-    assert next(iter(rt.backend.sparse.entries.values())).index.layers == {1}
-    assert reads[0] and reads[1]
-    assert all(low == context for low, context in reads[1])
-    assert all(low < context for low, context in reads[0])
+def test_a_list_of_dense_layers_is_attended_dense_without_the_selection(tiny, name, monkeypatch):
+    """dense_layers=[1] (issue 49: a middle layer alone, as [7] on SmolLM2): layer 1 goes to the backend's
+    dense attention (no selection, no gather) and its read counts as the whole context; layer 0 keeps the
+    budget. The tokens are those of the selection reading the layer whole (the path on demand)."""
+    reads = selections(monkeypatch)
+    policy = SMALL | {"dense_layers": [1]}
+    rt, leaf = generate(tiny, SPARSE[name](**policy))
+    sparse = rt.backend.sparse
+    assert sparse.whole_layers == {1} and next(iter(sparse.entries.values())).index.layers == {1}
+    assert reads[0] and not reads[1]
+    assert all(high < context for _, high, context in reads[0])
+    heads = rt.store.shape.kv_heads
+    whole = sum(context for _, _, context in reads[0]) * heads  # layer 1 of each sparse step (one row)
+    assert sparse.stats.context_tokens == 2 * whole
+    assert whole + sum(low for low, _, _ in reads[0]) * heads <= sparse.stats.read_tokens < 2 * whole
+    monkeypatch.setattr(SparseStep, "reads_whole", lambda self, layer: False)
+    _, through = generate(tiny, SPARSE[name](**policy))
+    assert reads[1] and all(low == context for low, _, context in reads[1])
+    assert leaf.token_ids == through.token_ids
+    assert max(abs(a - b) for a, b in zip(leaf.logprobs, through.logprobs, strict=True)) < 1e-4
     first = SPARSE[name](**(SMALL | {"dense_layers": 1}))
     assert dense_layer_set(first.dense_layers) == {0} and dense_layer_set([3, 1]) == {1, 3}
 

@@ -228,5 +228,8 @@ class SparsePolicy(Policy):
         on_demand = self.rehydrate == "ranked"
         if self.token_share > 0:
             share = self.token_share
-            return BudgetedAttention(builder, select, store, token_ids, decode, reserve, on_demand, share=share)
-        return SparseAttention(builder, select, store, token_ids, decode, reserve, on_demand)
+            made = BudgetedAttention(builder, select, store, token_ids, decode, reserve, on_demand, share=share)
+        else:
+            made = SparseAttention(builder, select, store, token_ids, decode, reserve, on_demand)
+        made.whole_layers = dense_layer_set(self.dense_layers)
+        return made

@@ -179,6 +179,9 @@ class BlockIndexes:
         #: a step whose read budget covers every row's resident context is attended dense (False: it
         #: goes through the selection, which then takes every chunk: the tests of the sparse path)
         self.dense_when_covered = True
+        #: layers every index reads whole (a policy's ``dense_layers``): the backend attends them dense,
+        #: as it attends a step whose budget covers the context (but on demand, where every layer counts)
+        self.whole_layers: frozenset[int] = frozenset()
 
     # ---- indexes -------------------------------------------------------------------------------
     def _entry(self, block_id: int) -> IndexEntry:
