@@ -517,3 +517,16 @@ def test_probe_rules_read_named_layers_whole():
     assert select(7, None, None) is None
     with pytest.raises(ValueError, match="unknown knob 'x'"):
         Rule.parse("lychee:x=1")
+
+
+def test_layer_ablation_cases_and_items():
+    """The per-layer ablation's cases (every layer sparse, every layer whole, each asked layer alone whole
+    and alone sparse) and its item list, a bad item refused by name before the model loads."""
+    from benchmarks.longctx.layer_ablation import cases, main, parse_items
+
+    assert cases([7], 9) == [("sparse", []), ("dense", list(range(9))), ("whole:7", [7]),
+                             ("alone:7", [0, 1, 2, 3, 4, 5, 6, 8])]  # fmt: skip
+    assert parse_items("niah_single_number:11,niah_multikey:12") == [("niah_single_number", 11), ("niah_multikey", 12)]
+    with pytest.raises(SystemExit) as exit_:
+        main(["--items", "niah_nothing:3", "--out", "unused.jsonl"])
+    assert exit_.value.code == 2

@@ -246,6 +246,13 @@ SECTIONS: tuple[Section, ...] = (
         file="suite_summary.json",
         title="Long context: exact rerank of lychee's candidates at 8K, beside the defaults in the same run",
     ),
+    Section(  # issue 49: SmolLM2's layer 7 read whole (dense_layers=[7]) on the suite's 180 items at 8K
+        "longctx-layer7",
+        render="benchmarks.longctx.report:render",
+        optional=True,
+        file="suite_summary.json",
+        title="Long context: lychee with SmolLM2's layer 7 read whole at 8K",
+    ),
     Section("sparse", claims=(SPARSE,)),
     Section("rehydrate"),
     Section("linear"),
