@@ -530,3 +530,24 @@ def test_layer_ablation_cases_and_items():
     with pytest.raises(SystemExit) as exit_:
         main(["--items", "niah_nothing:3", "--out", "unused.jsonl"])
     assert exit_.value.code == 2
+
+
+def test_held_out_table_leaves_out_the_named_items(tmp_path):
+    """benchmarks.longctx.held_out: per method over the items left, dense's row the reference; a method's
+    first row of an item counts once (the first file's)."""
+    from benchmarks.longctx.held_out import by_item, table
+
+    def row(method, index, correct, agree, kl=0.0):
+        return {"task": "t", "length": 8, "index": index, "method": method, "correct": correct, "agree": agree,
+                "kl_first": kl}  # fmt: skip
+
+    rows = [row("dense", 0, True, True), row("m", 0, False, False, 0.5), row("dense", 1, True, True),
+            row("m", 1, True, True, 0.1), row("dense", 2, False, True), row("m", 2, False, True)]  # fmt: skip
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    second.write_text(json.dumps(row("m", 0, True, True)) + "\n")  # a repeat: the first file's row counts
+    items = by_item([str(first), str(second)])
+    (whole,) = table(items, ["m"], set())
+    assert (whole["n"], whole["kept"], whole["dense_correct"], round(whole["kl_first"], 3)) == (3, 1, 2, 0.2)
+    (held,) = table(items, ["m"], {("t", 0)})
+    assert (held["n"], held["kept"], held["dense_correct"], held["agreement"]) == (2, 1, 1, 1.0)
