@@ -210,10 +210,10 @@ class SparsePolicy(Policy):
             msg = f"policy={self.name}: sparse indexes need a CPU model, not {device}; valid: {valid}"
             raise NotImplementedError(msg)
         builder, width = self.index_builder()
-        layers = store.shape.layers
-        if any(i >= layers for i in dense_layer_set(self.dense_layers)):
+        whole, layers = dense_layer_set(self.dense_layers), store.shape.layers
+        if any(i >= layers for i in whole):
             raise ValueError(f"dense_layers={self.dense_layers!r}: the model has layers 0..{layers - 1}")
-        builder = dense_layers_builder(builder, self.dense_layers)
+        builder = dense_layers_builder(builder, whole)
         select = SelectConfig(
             token_budget=self.token_budget,
             sink_tokens=self.sink_tokens,
@@ -231,5 +231,5 @@ class SparsePolicy(Policy):
             made = BudgetedAttention(builder, select, store, token_ids, decode, reserve, on_demand, share=share)
         else:
             made = SparseAttention(builder, select, store, token_ids, decode, reserve, on_demand)
-        made.whole_layers = dense_layer_set(self.dense_layers)
+        made.whole_layers = whole
         return made

@@ -111,15 +111,14 @@ def dense_layer_set(layers: int | Sequence[int]) -> frozenset[int]:
     return frozenset(picked)
 
 
-def dense_layers_builder(builder, layers: int | Sequence[int]):
+def dense_layers_builder(builder, layers: frozenset[int]):
     """``builder`` (keys, layers, resident, ends) -> index, its indexes wrapped in :class:`DenseLayers`
-    (``layers``: :func:`dense_layer_set`)."""
-    picked = dense_layer_set(layers)
-    if not picked:
+    reading ``layers`` whole (:func:`dense_layer_set` of a policy's ``dense_layers``)."""
+    if not layers:
         return builder
 
     def build(*args, **kwargs):
-        return DenseLayers(builder(*args, **kwargs), picked)
+        return DenseLayers(builder(*args, **kwargs), layers)
 
     return build
 
