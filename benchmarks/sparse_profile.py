@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import defaultdict
@@ -51,9 +52,13 @@ def timed(owner, name: str, spent: dict[str, float], key: str):
         setattr(owner, name, real)
 
 
-def profile(rt: Runtime, root, policy, tokens: int, fast: bool = True) -> dict[str, float]:
+def profile(rt: Runtime, root, policy, tokens: int, fast: bool = True, native: bool | None = None) -> dict[str, float]:
     """ms per decode step of each part (module docstring) over ``tokens`` greedy steps; ``fast``:
-    the flat selection and the one-softmax attention (``SparseAttention.fast``), else the path before."""
+    the flat selection and the one-softmax attention (``SparseAttention.fast``), else the path before;
+    ``native``: the CPU kernels (native.py) score the chunks and read the chosen K/V (``gather`` is then
+    in ``attend``); False: the torch path, as ``ARBOR_NATIVE=0``; None: as the environment says."""
+    if native is not None:  # read at the first step (and by each flat scan)
+        os.environ["ARBOR_NATIVE"] = "1" if native else "0"
     sparse = attach(rt, policy)
     if sparse is not None:
         sparse.fast = fast
@@ -87,8 +92,8 @@ def profile(rt: Runtime, root, policy, tokens: int, fast: bool = True) -> dict[s
             "layout": ms["layout"],
             "retrieve": ms["retrieve"],
             "select": ms["select+retrieve"] - ms["retrieve"],
-            "gather": ms["gather"],
-            "attend": ms["sparse"] - ms["select+retrieve"] - ms["gather"],
+            "gather": ms.get("gather", 0.0),
+            "attend": ms["sparse"] - ms["select+retrieve"] - ms.get("gather", 0.0),
         }
     out["tok_s"] = 1000 / out["step"]
     return out
@@ -113,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "--methods", default="lychee,quest", help="lychee / quest, knobs: 'lychee:chunk_score=axis+max_chunk_tokens=4'"
     )
     ap.add_argument("--fast-only", action="store_true", help="profile the fast step only (the runtime's)")
+    ap.add_argument("--native", action="store_true", help="the fast step with and without the CPU kernels (native.py)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--label", default="", help="a label for the rows (e.g. the code version)")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds (a shared CPU: compare within one)")
@@ -126,15 +132,17 @@ def main(argv: list[str] | None = None) -> int:
     rt = Runtime(loaded, policy="full")
     with synthetic_prefill(rt):
         root = rt.new_tree_ids(list(range(args.context)))
-    cases = [("dense", None, 1.0, True)]
+    cases = [("dense", None, 1.0, True, None)]
     for method, policy in made.items():
         for share in map(float, args.shares.split(",")):
             for fast in (True,) if args.fast_only else (False, True):
-                cases.append((method, policy(token_budget=1, token_share=share, dense_below=0), share, fast))
+                for native in (False, True) if fast and args.native else (None,):
+                    made_policy = policy(token_budget=1, token_share=share, dense_below=0)
+                    cases.append((method, made_policy, share, fast, native))
     with open(args.out, "a") as out:
-        for (method, policy, share, fast), rnd in ((c, i) for i in range(args.rounds) for c in cases):
+        for (method, policy, share, fast, native), rnd in ((c, i) for i in range(args.rounds) for c in cases):
             row = {"label": args.label, "round": rnd, "context": args.context, "method": method, "share": share}
-            row |= {"fast": fast} | profile(rt, root, policy, args.decode, fast)
+            row |= {"fast": fast, "native": native} | profile(rt, root, policy, args.decode, fast, native)
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
             out.write(json.dumps(row) + "\n")
     return 0

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from arbor_runtime.sparse import native
 from arbor_runtime.sparse.chunking import BoundaryTable
 
 if TYPE_CHECKING:
@@ -182,6 +183,16 @@ class BlockIndexes:
         #: layers every index reads whole (a policy's ``dense_layers``): the backend attends them dense,
         #: as it attends a step whose budget covers the context (but on demand, where every layer counts)
         self.whole_layers: frozenset[int] = frozenset()
+        #: the fast step reads the chosen K/V in place with the CPU kernel (native.py): None until the
+        #: first step asks (:meth:`native_read`), False keeps the torch gather (the side-by-side check)
+        self.native: bool | None = None
+
+    def native_read(self) -> bool:
+        """Whether the fast step's read goes through :func:`~arbor_runtime.sparse.native.gather_attend`
+        (decided once: a CPU float32 pool and a kernel that builds)."""
+        if self.native is None:
+            self.native = native.available(self.store.pool)
+        return self.native
 
     # ---- indexes -------------------------------------------------------------------------------
     def _entry(self, block_id: int) -> IndexEntry:

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from arbor_runtime.attention.merge import merge_partials
 from arbor_runtime.batch import BatchView, Group
+from arbor_runtime.sparse import native
 from arbor_runtime.sparse.demand import count_demand
 from arbor_runtime.sparse.index import BlockIndex, BlockIndexes, GroupPlan, IndexEntry
 
@@ -252,6 +253,9 @@ class SparseStep:
             scores = scores.masked_fill(~keep.unsqueeze(2), float("-inf"))  # every row keeps its current token
             out = torch.matmul(torch.softmax(scores, dim=-1), values.float())
             read = int(keep[..., : keep.shape[-1] - n].sum())
+        elif owner.native_read():  # the chosen K/V read where they lie, not copied out first
+            settle_restores(self.batch.pool, layer, self.batch.groups)
+            out = native.gather_attend(self.batch.pool, layer, q, all_slots, all_valid, scale)
         else:
             keys, values = gather_heads(self.batch.pool, layer, all_slots.clamp(min=0), self.batch.groups)
             mask = all_valid.unsqueeze(2)  # (R, H, 1, S): every row reads at least its current token
@@ -374,7 +378,7 @@ class SparseStep:
         scores = self._flat_scores(layer, qg.float())
         if scores is None:
             return None
-        scores = scores.add_(self.base).nan_to_num_(float("-inf"), float("inf"), float("-inf"))  # inf - inf: unread
+        scores = (scores + self.base).nan_to_num_(float("-inf"), float("inf"), float("-inf"))  # inf - inf: unread
         scores, ids = scores.topk(self._most_taken(scores), dim=-1)  # sorted: the full sort's cut, cheaper
         size = self.length[ids]
         before = size.cumsum(-1) - size
@@ -396,8 +400,14 @@ class SparseStep:
 
     def _flat_scores(self, layer: int, q: torch.Tensor) -> torch.Tensor | None:
         """(R, H, C) float32 every step chunk's score for queries q (R, H, g, D): each index's
-        ``scores`` at its chunks, 0 elsewhere; None when an index does not scan flat."""
+        ``scores`` at its chunks, 0 elsewhere; None when an index does not scan flat. One index over
+        every row and chunk (a single long context) gives its own table, not a copy (read only)."""
         r, h = q.shape[0], q.shape[1]
+        if len(self.plans) == 1 and self.plans[0].rows is None and self.plans[0].offset == 0:
+            got = self.plans[0].index.scores(layer, q)
+            if got is None or got.shape[-1] == self.n_chunks:
+                return got
+            return torch.cat([got, got.new_zeros(r, h, self.n_chunks - got.shape[-1])], -1)
         scores = torch.zeros(r, h, self.n_chunks, device=q.device)
         for plan in self.plans:
             sub = q if plan.rows is None else q.index_select(0, plan.rows)
@@ -487,11 +497,7 @@ def gather_heads(pool, layer: int, slots: torch.Tensor, groups, parts=("keys", "
 
     Restores in flight into the context's segments are waited for first (on CUDA, per layer).
     """
-    prefetcher = getattr(pool, "prefetcher", None)
-    if prefetcher is not None and prefetcher.busy:
-        for grp in groups:
-            for p in grp.pieces:
-                prefetcher.wait(layer, p.start, p.start + p.length)
+    settle_restores(pool, layer, groups)
     r, h, s = slots.shape
     heads = torch.arange(h, device=slots.device).view(1, h, 1)
     d = pool.shape.head_dim
@@ -509,3 +515,13 @@ def gather_heads(pool, layer: int, slots: torch.Tensor, groups, parts=("keys", "
             for got, t in zip(out, tables, strict=True):
                 got.index_copy_(0, pick, t.index_select(0, rows))
     return tuple(t.view(r, h, s, d) for t in out)
+
+
+def settle_restores(pool, layer: int, groups) -> None:
+    """Wait for restores in flight into the groups' context segments of ``layer`` (on CUDA; a no-op
+    without a busy prefetcher), before their keys or values are read."""
+    prefetcher = getattr(pool, "prefetcher", None)
+    if prefetcher is not None and prefetcher.busy:
+        for grp in groups:
+            for p in grp.pieces:
+                prefetcher.wait(layer, p.start, p.start + p.length)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from arbor_runtime.sparse import native
 from arbor_runtime.sparse.chunking import chunk_starts, key_drift
 from arbor_runtime.sparse.clustering import balanced_kmeans, member_lists, n_groups
 
@@ -463,13 +464,15 @@ def bound(level: Level, layer: int, q: torch.Tensor, ids: torch.Tensor | None, s
         (r, H, m) float32 (m = the level's size when ids is None).
     """
     rad = level.radii[layer]  # (H, N)
-    norm = q.norm(dim=-1, keepdim=True) * scale  # (r, H, g, 1)
     if ids is None:
-        scales = None if level.scales is None else level.scales[layer]
-        dots = _dots(level.centroids[layer], scales, q)  # (r, H, g, N)
-        if scale:  # the centroid score (0, the default) has no radius term
-            dots = dots + norm * rad.float().unsqueeze(1)
+        codes, scales = level.centroids[layer], None if level.scales is None else level.scales[layer]
+        if not scale and level.axes is None and native.scores_available(codes, scales, q):
+            return native.centroid_scores(codes, scales, q)  # the same scores, no float32 table built
+        dots = _dots(codes, scales, q)  # (r, H, g, N)
+        if scale:  # the centroid score (0, the default) has no radius term, nor a query norm to take
+            dots = dots + q.norm(dim=-1, keepdim=True) * scale * rad.float().unsqueeze(1)
         return (dots if level.axes is None else dots + _along_axis(level.axes, layer, q, None)).amax(2)
+    norm = q.norm(dim=-1, keepdim=True) * scale  # (r, H, g, 1)
     h, n = rad.shape
     flat = (ids + torch.arange(h).view(1, h, 1) * n).reshape(-1)
     c = level.centers(layer, flat).view(*ids.shape, -1)  # (r, H, m, D)
