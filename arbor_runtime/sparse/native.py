@@ -250,6 +250,12 @@ def _ninja_on_path() -> None:
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
+def warm() -> bool:
+    """Build or load the kernels now, before timed work (a benchmark's first step would pay for it);
+    whether they are there (False when switched off or when they do not build)."""
+    return enabled() and _load() is not None
+
+
 def enabled() -> bool:
     """Whether the kernel may be used at all (``ARBOR_NATIVE`` not 0)."""
     return os.environ.get("ARBOR_NATIVE", "1") != "0"

@@ -19,6 +19,7 @@ from rich.console import Console
 from arbor_cli.provenance import checkout_commit
 from arbor_cli.report import fit_table
 from arbor_cli.results import Column
+from arbor_runtime.sparse import native
 from benchmarks.longctx.generator import TASKS, make_suite, records_example
 from benchmarks.longctx.run import POLICIES, PROTOCOL, check_policy, item_key, methods, run, summarise
 
@@ -323,6 +324,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     planned = sum(1 for r in old if item_key(r) not in {item_key(it) for it in items} or r["method"] not in labels)
     planned += len(items) * len(labels)
     rows = list(old)
+    meta["machine"]["sparse_kernels"] = native.warm()  # built or loaded before any timed decode (native.py)
     started = time.perf_counter()
 
     def progress(i, item, todo):
