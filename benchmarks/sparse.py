@@ -30,6 +30,7 @@ import torch
 from arbor_runtime import LoadedModel, Node, Runtime, SamplingParams
 from arbor_runtime.attention.tree import TreeBatch
 from arbor_runtime.policies import LycheePolicy, Policy, QuestPolicy
+from arbor_runtime.runtime import bind_policy
 from arbor_runtime.sparse import SparseAttention, TreeConfig
 from arbor_runtime.tasks.data import DataSource, load_rows
 from benchmarks.linear import compare
@@ -142,6 +143,8 @@ def attach(rt: Runtime, policy: Policy | None, through_selection: bool = False) 
     ``through_selection``: a step whose budget covers the context still goes through the index and
     the selection (which then take every chunk), for a benchmark of the sparse path's own cost; by
     default such a step is attended dense, as a user's run attends it."""
+    if policy is not None:  # as Runtime binds its policy: dense_layers="auto" becomes the model's layers
+        bind_policy(policy, rt.model)
     sparse = None if policy is None else policy.sparse_attention(rt.store, rt.block_token_ids, rt.tokenizer.decode)
     if sparse is not None:
         sparse.clock = time.thread_time

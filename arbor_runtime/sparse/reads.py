@@ -96,15 +96,19 @@ class DenseLayers(IndexWrapper):
         return ids, torch.full((r, h, c), float("inf"), device=q.device)
 
 
+#: ``dense_layers`` of a policy that reads the layers measured for its model (policies/sparse.py)
+AUTO = "auto"
+
+
 def dense_layer_set(layers: int | Sequence[int]) -> frozenset[int]:
     """``dense_layers`` as the set of layers read whole: an int n is the first n layers, a list those
     layers (``[7]``: the eighth alone). ValueError names a value that is neither."""
     if isinstance(layers, int) and not isinstance(layers, bool):
         if layers < 0:
-            raise ValueError(f"dense_layers={layers!r} must be an integer >= 0 or a list of layer indices")
+            raise ValueError(f"dense_layers={layers!r} must be an integer >= 0, a list of layer indices or {AUTO!r}")
         return frozenset(range(layers))
     if isinstance(layers, str | bytes) or not isinstance(layers, Sequence):
-        raise ValueError(f"dense_layers={layers!r} must be an integer >= 0 or a list of layer indices")
+        raise ValueError(f"dense_layers={layers!r} must be an integer >= 0, a list of layer indices or {AUTO!r}")
     picked = list(layers)
     if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in picked) or len(set(picked)) < len(picked):
         raise ValueError(f"dense_layers={list(layers)!r}: a list must hold distinct layer indices >= 0")

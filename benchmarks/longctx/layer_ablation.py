@@ -61,7 +61,7 @@ def run_item(loaded, task: str, index: int, layers: list[int] | None, knobs: dic
     root = base.new_tree_ids(ctx)
     dense = answer(*fork(base, root), question, 24).ids
     rt, node = fork(base, root)
-    attach(rt, LycheePolicy(**knobs))
+    attach(rt, LycheePolicy(**({"dense_layers": 0} | knobs)))  # every layer sparse (not the model's "auto")
     sparse = answer(rt, node, question, 24).ids
     part = next((i for i, (a, b) in enumerate(zip(dense, sparse, strict=False)) if a != b), None)
     if part is None:  # the same answer, or one runs on past the other's end: no token pair to compare
