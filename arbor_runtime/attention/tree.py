@@ -131,8 +131,10 @@ class TreeBatch:
     # ---- attention ------------------------------------------------------------------------------
     def attend(self, layer: int, query, key, value, call: AttentionCall) -> torch.Tensor:
         """query (R, Hq, q, D); key/value (R, H_kv, q, D). Returns (R, q, Hq, D) in the query dtype."""
-        if self.sparse is not None and not self.sparse.reads_whole(layer):
-            return self._attend_sparse(layer, query, key, value, call)
+        if self.sparse is not None:
+            if not self.sparse.reads_whole(layer):
+                return self._attend_sparse(layer, query, key, value, call)
+            self.sparse.count_whole()
         r, hq, q, d = query.shape
         hkv = key.shape[1]
         g = hq // hkv

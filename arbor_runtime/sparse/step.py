@@ -171,15 +171,17 @@ class SparseStep:
     # ---- per layer -----------------------------------------------------------------------------
     def reads_whole(self, layer: int) -> bool:
         """Whether ``layer`` reads every resident token (a policy's ``dense_layers``), so the backend attends
-        it dense, without the selection or the gather; then its read counts in the stats as the whole context.
-        Not on demand: there every layer's selection counts the rehydration demand."""
+        it dense, without the selection or the gather (then :meth:`count_whole`). Not on demand: there every
+        layer's selection counts the rehydration demand."""
         owner = self.owner
-        if layer not in owner.whole_layers or owner.on_demand:
-            return False
+        return layer in owner.whole_layers and not owner.on_demand
+
+    def count_whole(self) -> None:
+        """A layer read whole (:meth:`reads_whole`) in the stats: every resident context token, per KV head."""
+        owner = self.owner
         read = self.context_total * owner.store.shape.kv_heads
         owner.stats.read_tokens += read
         owner.stats.context_tokens += read
-        return True
 
     def attend(
         self, layer: int, qg: torch.Tensor, own_out: torch.Tensor, own_lse: torch.Tensor, scale: float
