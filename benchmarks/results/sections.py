@@ -253,6 +253,13 @@ SECTIONS: tuple[Section, ...] = (
         file="suite_summary.json",
         title="Long context: lychee with SmolLM2's layer 7 read whole at 8K",
     ),
+    Section(  # issue 49: the CPU kernels (native.py) and SmolLM2's measured layer on the suite's 180 items at 8K
+        "longctx-native",
+        render="benchmarks.longctx.report:render",
+        optional=True,
+        file="suite_summary.json",
+        title="Long context: lychee with the sparse step's CPU kernels at 8K, every layer sparse and layer 7 whole",
+    ),
     Section("sparse", claims=(SPARSE,)),
     Section("rehydrate"),
     Section("linear"),
