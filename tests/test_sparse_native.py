@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.policies import LycheePolicy, QuestPolicy
 from arbor_runtime.sparse import native
-from arbor_runtime.sparse.tree import _dots, quantize
+from arbor_runtime.sparse.tree import dequantize, quantize
 
 PROMPT = " ".join(f"Line {i} says the value is {i * 7 % 13}." for i in range(60)) + "\nAnswer:"
 
@@ -86,7 +86,7 @@ def test_the_score_kernel_is_the_float_tables_best_query_head(dim):
     q = torch.randn(2, 3, 3, dim, generator=gen)
     assert native.scores_available(codes, scales, q)
     got = native.centroid_scores(codes, scales, q)
-    want = _dots(codes, scales, q).amax(2)
+    want = torch.matmul(q, dequantize(codes, scales).transpose(-1, -2)).amax(2)  # (2, 3, 500)
     assert got.shape == (2, 3, 500) and torch.allclose(got, want, atol=1e-4, rtol=1e-5)
     strided = codes[:, ::2]  # a view (the index grows its tables: a layer is a slice)
     assert torch.allclose(native.centroid_scores(strided, scales[:, ::2], q), want[..., ::2], atol=1e-4, rtol=1e-5)

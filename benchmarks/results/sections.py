@@ -258,7 +258,11 @@ SECTIONS: tuple[Section, ...] = (
         render="benchmarks.longctx.report:render",
         optional=True,
         file="suite_summary.json",
-        title="Long context: lychee with the sparse step's CPU kernels at 8K, every layer sparse and layer 7 whole",
+        title=(
+            "Long context: lychee with the sparse step's CPU kernels at 8K: every layer sparse (lychee@default, "
+            "the default when measured) and layer 7 whole (what lychee's default dense_layers=auto reads on "
+            "SmolLM2 since ed0cbc1)"
+        ),
     ),
     Section("sparse", claims=(SPARSE,)),
     Section("rehydrate"),
