@@ -144,3 +144,10 @@ def test_off_cpu_or_another_dtype_or_switched_off_it_is_not_used(monkeypatch):
     pool.shape.dtype = torch.float32
     monkeypatch.setenv("ARBOR_NATIVE", "0")
     assert not native.available(pool)
+
+
+def test_the_build_is_named_for_this_cpu():
+    """-march=native code is cached per kind of CPU (a shared cache on a cluster holds one build each)."""
+    tag = native.cpu_tag()
+    assert tag == native.cpu_tag() and len(tag) == 10 and int(tag, 16) >= 0
+    assert native.warm() and native._module.__name__ == f"arbor_sparse_native_{tag}"

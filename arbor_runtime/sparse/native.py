@@ -17,8 +17,10 @@ keeps the torch path; ``ARBOR_NATIVE=0`` keeps it too (the side-by-side check:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import platform
 import shutil
 import threading
 
@@ -226,7 +228,7 @@ def _load():
                 _ninja_on_path()
 
                 _module = load_inline(
-                    name="arbor_sparse_native",
+                    name=f"arbor_sparse_native_{cpu_tag()}",  # -march=native: one build per kind of CPU
                     cpp_sources=_SOURCE,
                     functions=["gather_attend", "centroid_scores"],
                     extra_cflags=["-O3", "-march=native", "-ffast-math"],  # vector exp and sums; no infinities used
@@ -236,6 +238,19 @@ def _load():
                 _failed = True
                 log.warning("sparse native kernel unavailable (%s); using the torch gather", err)
         return _module
+
+
+def cpu_tag() -> str:
+    """A short hash of this CPU's model and instruction-set flags: the kernels are built for the CPU they run
+    on (``-march=native``), so a cache shared across machines (a home directory on a cluster) keeps one
+    build per kind of CPU instead of loading one that uses instructions this CPU lacks."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            lines = [ln for ln in info if ln.startswith(("model name", "flags"))][:2]
+    except OSError:
+        lines = []
+    text = "".join(lines) or platform.processor() or platform.machine()
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
 def _ninja_on_path() -> None:
