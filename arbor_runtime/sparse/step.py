@@ -405,23 +405,22 @@ class SparseStep:
         ``scores`` at its chunks, 0 elsewhere; None when an index does not scan flat. One index over
         every row and chunk (a single long context) gives its own table, not a copy (read only)."""
         r, h = q.shape[0], q.shape[1]
-        if len(self.plans) == 1 and self.plans[0].rows is None and self.plans[0].offset == 0:
-            got = self.plans[0].index.scores(layer, q)
-            if got is None or got.shape[-1] == self.n_chunks:
-                return got
-            return torch.cat([got, got.new_zeros(r, h, self.n_chunks - got.shape[-1])], -1)
-        scores = torch.zeros(r, h, self.n_chunks, device=q.device)
+        scores = None
         for plan in self.plans:
             sub = q if plan.rows is None else q.index_select(0, plan.rows)
             got = plan.index.scores(layer, sub)  # (r', H, c) or None
             if got is None:
                 return None
+            if len(self.plans) == 1 and plan.rows is None and got.shape[-1] == self.n_chunks:
+                return got
+            if scores is None:
+                scores = torch.zeros(r, h, self.n_chunks, device=q.device)
             end = plan.offset + got.shape[-1]
             if plan.rows is None:
                 scores[:, :, plan.offset : end] = got
             else:
                 scores[plan.rows, :, plan.offset : end] = got
-        return scores
+        return torch.zeros(r, h, self.n_chunks, device=q.device) if scores is None else scores  # no index: 0
 
     def _count_demand(self, retrieved, scores: torch.Tensor, take: torch.Tensor, size: torch.Tensor) -> None:
         """This layer's rehydration demand into ``self.demand`` (:func:`~arbor_runtime.sparse.demand.count_demand`)."""
