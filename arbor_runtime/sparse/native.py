@@ -123,9 +123,9 @@ template <int64_t DD>
 void score_nodes(const float* __restrict q, const int8_t* codes, int64_t cns, const at::Half* scales, int64_t sns,
                  int64_t N, int64_t G, int64_t Drt, float* __restrict o) {
   const int64_t D = DD ? DD : Drt;
-  std::vector<float> row(DD ? 0 : Drt);
+  std::vector<float> widened(DD ? 0 : Drt);
   float fixed[DD ? DD : 1];
-  float* __restrict cf = DD ? fixed : row.data();  // the node's codes as float, converted once
+  float* __restrict cf = DD ? fixed : widened.data();  // the node's codes as float, converted once
   for (int64_t n = 0; n < N; ++n) {
     const int8_t* __restrict c = codes + n * cns;
     for (int64_t d = 0; d < D; ++d) cf[d] = static_cast<float>(c[d]);
@@ -139,7 +139,6 @@ void score_nodes(const float* __restrict q, const int8_t* codes, int64_t cns, co
     o[n] = best * static_cast<float>(scales[n * sns]);
   }
 }
-
 
 }  // namespace
 
@@ -220,6 +219,8 @@ _failed = False
 def _load():
     """The compiled module, or None when it cannot be built (logged once)."""
     global _module, _failed
+    if _module is not None or _failed:  # settled: the scan asks at every layer, no lock needed
+        return _module
     with _lock:
         if _module is None and not _failed:
             try:
