@@ -142,8 +142,9 @@ def test_off_cpu_or_another_dtype_or_switched_off_it_is_not_used(monkeypatch):
     pool.shape.dtype = torch.bfloat16
     assert not native.available(pool)
     pool.shape.dtype = torch.float32
-    monkeypatch.setenv("ARBOR_NATIVE", "0")
-    assert not native.available(pool)
+    for off in ("0", "false", "Off", "no"):
+        monkeypatch.setenv("ARBOR_NATIVE", off)
+        assert not native.available(pool)
 
 
 def test_the_build_is_named_for_this_cpu():

@@ -273,8 +273,8 @@ def warm() -> bool:
 
 
 def enabled() -> bool:
-    """Whether the kernel may be used at all (``ARBOR_NATIVE`` not 0)."""
-    return os.environ.get("ARBOR_NATIVE", "1") != "0"
+    """Whether the kernels may be used at all (``ARBOR_NATIVE`` not 0, false, off or no)."""
+    return os.environ.get("ARBOR_NATIVE", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def available(pool) -> bool:
