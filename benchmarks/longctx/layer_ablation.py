@@ -46,8 +46,11 @@ def cases(layers: list[int], n_layers: int) -> list[tuple[str, list[int]]]:
     return out
 
 
-def run_item(loaded, task: str, index: int, layers: list[int] | None, knobs: dict, length: int, seed: int):
-    """The rows of one item (module docstring); none when the sparse answer is dense's."""
+def run_item(
+    loaded, task: str, index: int, layers: list[int] | None, knobs: dict, length: int, seed: int, echo: bool = True
+) -> list[dict]:
+    """The rows of one item (module docstring), each printed as it comes unless ``echo`` is off; none when
+    the sparse answer is dense's."""
     from arbor_runtime import Runtime
     from arbor_runtime.policies import LycheePolicy
     from benchmarks.longctx.generator import encode, make_item
@@ -79,7 +82,8 @@ def run_item(loaded, task: str, index: int, layers: list[int] | None, knobs: dic
             "dense_token": tok.decode([good]), "sparse_token": tok.decode([bad]),
             "margin": float(logp[good] - logp[bad]), "policy": knobs,
         })  # fmt: skip
-        print(json.dumps(rows[-1]), flush=True)
+        if echo:
+            print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
