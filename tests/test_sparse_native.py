@@ -8,6 +8,8 @@ The kernels build once per machine (about half a minute, cached under TORCH_EXTE
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -152,3 +154,18 @@ def test_the_build_is_named_for_this_cpu():
     tag = native.cpu_tag()
     assert tag == native.cpu_tag() and len(tag) == 10 and int(tag, 16) >= 0
     assert native.warm() and native._module.__name__ == f"arbor_sparse_native_{tag}"
+
+
+def test_without_ninja_on_path_the_pip_packages_is_put_there(monkeypatch, tmp_path):
+    """A venv used without activating it (its bin/ not on PATH, no system ninja): torch's build finds the
+    ninja that the ``ninja`` dependency installed."""
+    import shutil
+
+    import ninja
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert shutil.which("ninja") is None
+    native._ninja_on_path()
+    assert shutil.which("ninja") == str(Path(ninja.BIN_DIR) / "ninja")
+    native._ninja_on_path()  # once there, PATH is left alone
+    assert os.environ["PATH"] == f"{ninja.BIN_DIR}{os.pathsep}{tmp_path}"
