@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -87,9 +88,9 @@ def write_calibration(model: torch.nn.Module, entry: DenseLayers, path: Path | N
     models = {fp: asdict(e) | {"layers": list(e.layers)} for fp, e in read_calibrations(path).items()}
     models[model_fingerprint(model)] = asdict(entry) | {"layers": list(entry.layers)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"models": models}, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as tmp:
+        tmp.write(json.dumps({"models": models}, indent=1, sort_keys=True) + "\n")  # a file of its own per writer
+    os.replace(tmp.name, path)
     return path
 
 
