@@ -264,6 +264,16 @@ SECTIONS: tuple[Section, ...] = (
             "SmolLM2 since ed0cbc1)"
         ),
     ),
+    Section(  # issue 49: lychee as it ships (layer 7 whole on SmolLM2, the kernels) on 180 items of seed 1
+        "longctx-seed1",
+        render="benchmarks.longctx.report:render",
+        optional=True,
+        file="suite_summary.json",
+        title=(
+            "Long context: lychee's shipped defaults at 8K on 180 items of another seed (held out from every "
+            "choice), beside every layer sparse"
+        ),
+    ),
     Section("sparse", claims=(SPARSE,)),
     Section("rehydrate"),
     Section("linear"),
