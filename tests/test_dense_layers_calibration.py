@@ -84,7 +84,7 @@ def test_the_written_entry_is_what_auto_reads_ahead_of_the_shipped_table(tiny, t
     path.write_text(json.dumps({"models": {"0123": {"model": "other", "layers": [3], "source": "x"}}}))
     rows_file = tmp_path / "rows.jsonl"
     argv = ["--model", "tiny-random", "--length", "256", "--items", "2", "--lost", "2", "--policy", SMALL_READ,
-            "--rows", str(rows_file), "--write"]  # fmt: skip
+            "--any-parting", "--rows", str(rows_file), "--write"]  # fmt: skip
     assert main(argv) == 0
     rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
     assert rows and {r["case"] for r in rows} >= {"sparse", "dense", "whole:0", "whole:1", "alone:0"}

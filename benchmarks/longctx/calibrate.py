@@ -4,14 +4,16 @@ which lychee then reads whole (issue 49: on SmolLM2 at 8K, layer 7 drops a copie
     python -m benchmarks.longctx.calibrate --model smollm2 --seed 1 --lost 4 --write
 
 Over the suite's items (``--tasks`` in turn, indices from ``--first``): dense's greedy answer and lychee's
-with every layer sparse; where they part, the all-layer sweep of :mod:`benchmarks.longctx.layer_ablation`
-at the parting step (each layer alone read whole). It stops after ``--lost`` items that part, or after
-``--items`` indices per task. :func:`choose_layers` picks the layers; a table shows each layer's count.
-``--rows`` keeps the sweep's rows (JSONL); ``--write`` records the choice for the model's fingerprint in
-``dense_layers.json`` of the cache folder (``$ARBOR_CACHE_DIR``), which ``dense_layers="auto"`` reads
-before the shipped table (``arbor_runtime/sparse/calibrated.py``).
+with every layer sparse; where dense answers correctly and sparse does not (``--any-parting``: wherever they
+part), the all-layer sweep of :mod:`benchmarks.longctx.layer_ablation` at the parting step (each layer alone
+read whole). It stops after ``--lost`` such items, or after ``--items`` indices per task. The default tasks
+are the retrievals a small model answers (on SmolLM2 at 8K, dense is right on most of them).
+:func:`choose_layers` picks the layers; a table shows each layer's count. ``--rows`` keeps the sweep's
+rows (JSONL); ``--write`` records the choice for the model's fingerprint in ``dense_layers.json`` of the
+cache folder (``$ARBOR_CACHE_DIR``), which ``dense_layers="auto"`` reads before the shipped table
+(``arbor_runtime/sparse/calibrated.py``).
 
-Costly: per item one dense prefill and two answers; per item that parts, two forced decodes per layer.
+Costly: per item one dense prefill and two answers; per item swept, two forced decodes per layer.
 """
 
 from __future__ import annotations
@@ -73,8 +75,8 @@ def suite_items(tasks: Sequence[str], first: int, items: int) -> list[tuple[str,
 
 
 def sweep(loaded, cfg: dict, progress=print) -> tuple[list[dict], int]:
-    """The sweep rows of the first ``cfg['lost']`` items whose every-layer-sparse answer parts from
-    dense's, and how many items were tried."""
+    """The sweep rows of the first ``cfg['lost']`` items whose every-layer-sparse answer loses dense's
+    correct answer (``cfg['lost_only']``; else parts from dense's answer at all), and how many items were tried."""
     from benchmarks.longctx.layer_ablation import run_item
 
     rows, lost, tried = [], 0, 0
@@ -82,23 +84,29 @@ def sweep(loaded, cfg: dict, progress=print) -> tuple[list[dict], int]:
         if lost >= cfg["lost"]:
             break
         tried += 1
-        found = run_item(loaded, task, index, None, cfg["knobs"], cfg["length"], cfg["seed"], echo=False)
+        found = run_item(
+            loaded, task, index, None, cfg["knobs"], cfg["length"], cfg["seed"], echo=False, lost_only=cfg["lost_only"]
+        )
         lost += bool(found)
         rows += found
-        progress(f"[{tried}] {task} #{index}: {'parts from dense' if found else 'keeps dense answer'} ({lost} parted)")
+        said = "parts from dense" if found else "nothing to sweep"
+        progress(f"[{tried}] {task} #{index}: {said} ({lost} of {cfg['lost']})")
     return rows, tried
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2", help="what load_model takes: smollm2, tiny-random, a path")
-    ap.add_argument("--tasks", default="niah_single_number,niah_multikey,niah_single_word,variable_tracking",
+    ap.add_argument("--tasks", default="niah_single_number,niah_multikey,niah_single_word,niah_single_uuid",
                     help=f"comma-separated, of {', '.join(TASKS)}")  # fmt: skip
     ap.add_argument("--length", type=int, default=8160, help="prompt length in tokens")
     ap.add_argument("--seed", type=int, default=0, help="the suite's seed")
     ap.add_argument("--first", type=int, default=0, help="the first item index")
     ap.add_argument("--items", type=int, default=20, help="item indices per task at most")
-    ap.add_argument("--lost", type=int, default=4, help="stop after this many items part from dense")
+    ap.add_argument("--lost", type=int, default=4, help="stop after this many items lose dense's answer")
+    ap.add_argument("--any-parting", action="store_true",
+                    help="sweep every item whose sparse answer parts from dense's, not only those where dense is "
+                    "correct and sparse is not (a model that answers nothing right, as a random one)")  # fmt: skip
     ap.add_argument("--share", type=float, default=0.5, help="a layer must fix this share of those items")
     ap.add_argument("--most", type=int, default=2, help="layers chosen at most")
     ap.add_argument("--policy", default="", help="lychee knobs, k=v+... (default: its default read, token_share=0.15)")
@@ -124,6 +132,7 @@ def validate(args: argparse.Namespace) -> dict:
     return {
         "model": args.model, "tasks": tasks, "length": args.length, "seed": args.seed, "first": args.first,
         "items": args.items, "lost": args.lost, "knobs": DEFAULT_KNOBS | parse_knobs(args.policy),
+        "lost_only": not args.any_parting,
     }  # fmt: skip
 
 
@@ -142,7 +151,7 @@ def report(counts: dict[int, dict[str, float]], chosen: list[int], lost: int, tr
     """A table of each layer's items fixed and margin recovered, the chosen layers marked."""
     from rich.table import Table
 
-    table = Table(title=f"layers read whole alone: {lost} of {tried} items parted from dense")
+    table = Table(title=f"layers read whole alone: {lost} of {tried} items swept")
     for name in ("layer", "items fixed", "margin recovered", "chosen"):
         table.add_column(name, justify="right")
     for layer, c in sorted(counts.items(), key=lambda kv: (-kv[1]["fixed"], -kv[1]["recovered"], kv[0])):
@@ -183,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write:
         today = datetime.date.today().isoformat()
         command = "python -m benchmarks.longctx.calibrate " + " ".join(sys.argv[1:] if argv is None else argv)
-        entry = DenseLayers(cfg["model"], tuple(chosen), f"{command} ({today}; {lost} of {tried} items parted)")
+        entry = DenseLayers(cfg["model"], tuple(chosen), f"{command} ({today}; {lost} of {tried} items swept)")
         path = write_calibration(loaded.model, entry)
         console.print(f"written to {Path(path)}")
     return 0

@@ -47,14 +47,22 @@ def cases(layers: list[int], n_layers: int) -> list[tuple[str, list[int]]]:
 
 
 def run_item(
-    loaded, task: str, index: int, layers: list[int] | None, knobs: dict, length: int, seed: int, echo: bool = True
+    loaded,
+    task: str,
+    index: int,
+    layers: list[int] | None,
+    knobs: dict,
+    length: int,
+    seed: int,
+    echo: bool = True,
+    lost_only: bool = False,
 ) -> list[dict]:
     """The rows of one item (module docstring), each printed as it comes unless ``echo`` is off; none when
-    the sparse answer is dense's."""
+    the sparse answer is dense's, or with ``lost_only`` unless dense answers correctly and sparse does not."""
     from arbor_runtime import Runtime
     from arbor_runtime.policies import LycheePolicy
     from benchmarks.longctx.generator import encode, make_item
-    from benchmarks.longctx.run import answer, force, fork
+    from benchmarks.longctx.run import answer, answer_text, force, fork
     from benchmarks.sparse import attach
 
     tok = loaded.tokenizer
@@ -68,6 +76,8 @@ def run_item(
     sparse = answer(rt, node, question, 24).ids
     part = next((i for i, (a, b) in enumerate(zip(dense, sparse, strict=False)) if a != b), None)
     if part is None:  # the same answer, or one runs on past the other's end: no token pair to compare
+        return []
+    if lost_only and not (item.correct(answer_text(tok, dense)) and not item.correct(answer_text(tok, sparse))):
         return []
     good, bad = dense[part], sparse[part]
     n_layers = loaded.model.config.num_hidden_layers
