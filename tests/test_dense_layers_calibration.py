@@ -24,9 +24,10 @@ def sweep_row(index: int, case: str, margin: float) -> dict:
 
 
 def test_the_rule_names_layer_7_from_the_committed_smollm2_sweeps():
-    """From the all-layer sweep on two seed-1 items and the layer-7 rows of the three seed-0 items (both
-    committed with the shipped entry), the rule picks layer 7 alone, the shipped SmolLM2 entry."""
-    for name in ("calibration_seed1.jsonl", "ablation.jsonl"):
+    """From the all-layer sweeps on two seed-1 items and on three seed-2 items (the calibration command's own
+    rows) and the layer-7 rows of the three seed-0 items (committed with the shipped entry), the rule picks
+    layer 7 alone, the shipped SmolLM2 entry."""
+    for name in ("calibration_seed1.jsonl", "calibration_seed2.jsonl", "ablation.jsonl"):
         rows = [json.loads(line) for line in (REPO / "docs/data/longctx-layer7" / name).read_text().splitlines()]
         assert choose_layers(rows) == [7]
     assert [e.layers for e in calibrated.DENSE_LAYERS.values()] == [(7,)]
