@@ -13,7 +13,6 @@ import importlib.util
 import json
 import logging
 import mmap
-import os
 import re
 import shutil
 import struct
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 
 from arbor_runtime.attention.support import check_config, model_attention
+from arbor_runtime.cache import default_cache_dir
 from arbor_runtime.errors import ModelSpecError
 
 log = logging.getLogger(__name__)
@@ -308,15 +308,6 @@ def _read_gguf(data: mmap.mmap) -> tuple[dict, int, int]:
     align = int(meta.get("general.alignment") or 32)
     start = (pos + align - 1) // align * align
     return meta, start + tensors_end, params
-
-
-def default_cache_dir(cache_dir: str | Path | None = None) -> Path:
-    """Folder for converted models: argument, ``$ARBOR_CACHE_DIR``, or ``~/.cache/arbor_runtime``."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("ARBOR_CACHE_DIR")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "arbor_runtime"
-    return base.expanduser()
 
 
 def smollm2_gguf_path() -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from arbor_runtime.loading import default_cache_dir
+from arbor_runtime.cache import default_cache_dir
 from arbor_runtime.policies.kvp_weights import model_fingerprint
 
 
@@ -45,7 +45,7 @@ DENSE_LAYERS: dict[str, DenseLayers] = {
 }
 
 
-#: the file of a user's own calibrations, in :func:`~arbor_runtime.loading.default_cache_dir`
+#: the file of a user's own calibrations, in :func:`~arbor_runtime.cache.default_cache_dir`
 CALIBRATION_FILE = "dense_layers.json"
 
 
