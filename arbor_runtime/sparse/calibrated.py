@@ -85,8 +85,8 @@ def write_calibration(model: torch.nn.Module, entry: DenseLayers, path: Path | N
     """Record ``entry`` as ``model``'s dense layers in the calibration file (other models' entries kept);
     the file is replaced whole (written beside it, then renamed), never left half written."""
     path = calibration_path() if path is None else path
-    models = {fp: asdict(e) | {"layers": list(e.layers)} for fp, e in read_calibrations(path).items()}
-    models[model_fingerprint(model)] = asdict(entry) | {"layers": list(entry.layers)}
+    models = {fp: asdict(e) for fp, e in read_calibrations(path).items()}  # layer tuples: JSON lists
+    models[model_fingerprint(model)] = asdict(entry)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as tmp:
         tmp.write(json.dumps({"models": models}, indent=1, sort_keys=True) + "\n")  # a file of its own per writer

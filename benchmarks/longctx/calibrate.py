@@ -27,9 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.longctx.generator import TASKS
-
-#: the knobs of lychee's default read, spelled out (the rows record them)
-DEFAULT_KNOBS = {"token_share": 0.15}
+from benchmarks.longctx.layer_ablation import DEFAULT_KNOBS
 
 
 def item_of(row: dict) -> tuple:
