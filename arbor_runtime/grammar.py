@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from arbor_runtime.grammar_source import grammar_text, llguidance_module, one_line
 from arbor_runtime.sampling import SamplingParams
 
 _BITS = torch.arange(32, dtype=torch.int32)
@@ -56,13 +57,9 @@ class GrammarCompiler:
         return Matcher(template.deep_copy(), self.vocab_size)
 
     def _compile(self, kind: str, source: str) -> Any:
-        llguidance = _llguidance()
-        build = llguidance.LLMatcher.grammar_from_regex if kind == "regex" else llguidance.LLMatcher.grammar_from_lark
-        inner = llguidance.LLMatcher(self._tokenizer(), build(source), log_level=0)
+        inner = llguidance_module().LLMatcher(self._tokenizer(), grammar_text(kind, source), log_level=0)
         if inner.is_error():
-            lines = [line.strip() for line in inner.get_error().splitlines() if line.strip()]
-            why = " ".join([lines[0], *(line for line in lines[1:] if line.startswith("error:"))])
-            raise ValueError(f"SamplingParams {kind}={source!r} does not compile: {why}")
+            raise ValueError(f"SamplingParams {kind}={source!r} does not compile: {one_line(inner.get_error())}")
         return inner
 
     def _tokenizer(self):
@@ -112,11 +109,3 @@ def mask_logits(logits: torch.Tensor, matchers: list[Matcher | None]) -> torch.T
             out[i, : allowed.numel()].masked_fill_(~allowed, float("-inf"))
             out[i, allowed.numel() :] = float("-inf")
     return out
-
-
-def _llguidance():
-    try:
-        import llguidance
-    except ImportError as exc:  # pragma: no cover - a dependency of the package
-        raise ValueError("grammar-constrained sampling needs llguidance: pip install llguidance") from exc
-    return llguidance

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from arbor_runtime.grammar_source import check_source
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -68,6 +70,8 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"SamplingParams: {name}={value!r} must be a non-empty string or None")
+            if value is not None:
+                check_source(name, value)
 
     @property
     def greedy(self) -> bool:
@@ -114,18 +118,56 @@ def sample_tokens(
     """
     if params.greedy:
         return logits.argmax(dim=-1)
+    probs = tempered_probs(logits, params)
+    # Inverse-CDF draw: one uniform per row (torch.multinomial is ~100x slower on a 49k vocab on CPU).
+    cdf = probs.cumsum(dim=-1)
+    u = _uniforms(probs.shape[0], generator) * cdf[:, -1:]
+    picks = torch.searchsorted(cdf, u, side="right").clamp_(max=probs.shape[-1] - 1)
+    return picks.squeeze(-1).to(logits.device)
+
+
+def tempered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(B, V) float64 probabilities a sampled step draws from: ``logits`` / temperature, top-k and top-p
+    applied (what :func:`sample_tokens` builds its CDF from)."""
     scores = logits.float() / params.temperature
     if params.top_k > 0:
         kth = torch.topk(scores, min(params.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if params.top_p < 1.0:
         scores = _top_p_filter(scores, params.top_p)
-    probs = torch.softmax(scores, dim=-1).cpu()
-    # Inverse-CDF draw: one uniform per row (torch.multinomial is ~100x slower on a 49k vocab on CPU).
-    cdf = probs.double().cumsum(dim=-1)
-    u = _uniforms(probs.shape[0], generator) * cdf[:, -1:]
-    picks = torch.searchsorted(cdf, u, side="right").clamp_(max=probs.shape[-1] - 1)
-    return picks.squeeze(-1).to(logits.device)
+    return torch.softmax(scores, dim=-1).cpu().double()
+
+
+def draw_gap(logits: torch.Tensor, params: SamplingParams, u: float, token: int) -> float:
+    """How far the uniform ``u`` lies from ``token``'s interval of the inverse-CDF draw from ``logits``.
+
+    A sampled step draws ``token`` when ``cdf[token - 1] <= u < cdf[token]`` (the CDF of
+    :func:`tempered_probs`, normalized). 0 when drawing from ``logits`` with ``u`` gives ``token``;
+    otherwise the distance in probability from ``u`` to the nearer end of ``token``'s interval. Two
+    computations of the same logits that differ only by float rounding (other kernels, another
+    summation order) draw the same token except where ``u`` lies within :func:`near_tie_band` of a CDF
+    boundary: there the gap is at most that band.
+
+    Args:
+        logits: (V,) or (1, V) logits of one step.
+    """
+    probs = tempered_probs(logits.reshape(1, -1), params)[0]
+    cdf = probs.cumsum(-1)
+    u = u * float(cdf[-1])
+    low = float(cdf[token - 1]) if token > 0 else 0.0
+    high = float(cdf[token])
+    return 0.0 if low <= u < high else (low - u if u < low else u - high)
+
+
+def near_tie_band(logprob_tol: float, temperature: float) -> float:
+    """The CDF gap two draws may show when their raw log-probs differ by at most ``logprob_tol``.
+
+    Each tempered log-probability then differs by at most ``2 * logprob_tol / temperature`` (a
+    logit's rounding and the normalizer's), each probability by that factor, and each CDF value
+    by at most ``expm1(2 * logprob_tol / temperature)``: a uniform draw closer than that to a CDF
+    boundary may fall on either side of it on two correct sets of kernels.
+    """
+    return math.expm1(2.0 * logprob_tol / temperature)
 
 
 def _uniforms(rows: int, generator) -> torch.Tensor:

@@ -15,6 +15,8 @@ from floats import reassociation_tol
 from arbor_runtime import Node, Runtime, SamplingParams
 from arbor_runtime.tree import GENERATED
 
+pytestmark = pytest.mark.exactness  # CI runs these again under another ATEN_CPU_CAPABILITY
+
 PROMPT = "Input: 4 4 6 8\nSteps:\n"
 
 

@@ -13,6 +13,8 @@ import torch
 from arbor_runtime import BudgetError, KVBudgetExceeded, Runtime, SamplingParams, build_policy
 from benchmarks.memprof import transient_peak_bytes
 
+pytestmark = pytest.mark.exactness  # CI runs these again under another ATEN_CPU_CAPABILITY
+
 PROMPT = "Input: 4 4 6 8\nSteps:\n"
 LONG_PROMPT = "Use numbers and basic arithmetic operations (+ - * /) to obtain 24. " * 6 + "\nInput: 4 4 6 8\nSteps:\n"
 

@@ -27,8 +27,10 @@ from test_positions import FORCED, LONG_PROMPT, Driver, Reference
 from transformers import DynamicCache, LogitsProcessor
 
 from arbor_runtime import LoadedModel, Node, Runtime, SamplingParams, build_policy
-from arbor_runtime.sampling import row_seed, sample_tokens
+from arbor_runtime.sampling import draw_gap, near_tie_band, row_seed
 from arbor_runtime.tree import GENERATED
+
+pytestmark = pytest.mark.exactness  # CI runs these again under another ATEN_CPU_CAPABILITY
 
 WINDOWED = [name for name, (_, extra) in FAMILIES.items() if extra.get("sliding_window")]
 #: hot enough that siblings differ on the peaked tiny models
@@ -61,25 +63,33 @@ def test_full_greedy_tree_equals_generate_on_every_path(name):
         assert max(leaf.end_pos for leaf in leaves) > 3 * WINDOW
 
 
-class SeededDraw(LogitsProcessor):
-    """Makes ``generate`` take, at each step, the token the runtime's sampler draws from generate's
-    own scores with a row's seeded stream (every other token gets -inf)."""
+class SeededCheck(LogitsProcessor):
+    """Runs ``generate`` teacher-forced along a runtime block: at each step it draws the row's uniform
+    from its seeded stream (as the runtime's sampler does), records how far that draw lies from the
+    runtime's token under generate's own scores (:func:`draw_gap`: 0 when generate would draw the same
+    token), and forces the runtime's token (every other gets -inf), so the check goes on along the
+    runtime's path."""
 
-    def __init__(self, seed: int, params: SamplingParams) -> None:
-        self.generator, self.params = torch.Generator().manual_seed(seed), params
+    def __init__(self, seed: int, params: SamplingParams, block: list[int]) -> None:
+        self.generator, self.params, self.block = torch.Generator().manual_seed(seed), params, block
+        self.gaps: list[float] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        token = sample_tokens(scores, self.params, [self.generator])
-        return torch.full_like(scores, float("-inf")).scatter_(1, token.view(1, 1), 0.0)
+        token = self.block[len(self.gaps)]
+        u = float(torch.rand(1, 1, generator=self.generator, dtype=torch.float64))
+        self.gaps.append(draw_gap(scores[0], self.params, u, token))
+        return torch.full_like(scores, float("-inf")).scatter_(1, torch.tensor([[token]]), 0.0)
 
 
-def seeded_generate(model, ids: list[int], new_tokens: int, seed: int) -> list[int]:
-    """``generate`` on ``ids``, exactly ``new_tokens`` more, each drawn by :class:`SeededDraw`."""
+def seeded_gaps(model, prefix: list[int], block: list[int], seed: int) -> list[float]:
+    """For each token of ``block`` after ``prefix``: the gap of :class:`SeededCheck` under ``generate``."""
     config = copy.deepcopy(model.generation_config)
     config.eos_token_id, config.pad_token_id = None, 0  # no early stop: EOS is a token like any other
-    config.max_new_tokens, config.do_sample = new_tokens, False
-    out = model.generate(torch.tensor([ids]), generation_config=config, logits_processor=[SeededDraw(seed, SAMPLED)])
-    return out[0].tolist()
+    config.max_new_tokens, config.do_sample = len(block), False
+    check = SeededCheck(seed, SAMPLED, block)
+    out = model.generate(torch.tensor([prefix]), generation_config=config, logits_processor=[check])
+    assert out[0].tolist() == prefix + block
+    return check.gaps
 
 
 def check_logprobs(loaded: LoadedModel, rt: Runtime, leaves: list[Node]) -> None:
@@ -114,17 +124,24 @@ def grow_sampled(rt: Runtime) -> dict[int, int]:
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_full_sampled_tree_equals_seeded_generate_on_every_path(name):
+    """Every sampled token is the one ``generate`` draws with the row's seeded stream, except where the
+    uniform draw lies within the near-tie band of a CDF boundary (:func:`near_tie_band` of the
+    log-prob tolerance): there two correct sets of kernels may round to either side (an AVX-512
+    machine drew 21813 where generate drew 21814 on mistral-window, with log-probs within 1e-5)."""
     loaded = family(name)
     rt = Runtime(loaded, policy="full")
     seeds = grow_sampled(rt)
-    checked = 0
+    checked, near_ties = 0, 0
     for node in rt.nodes.values():
         if node.kind == GENERATED:
             ids = rt.path_token_ids(node)
-            want = seeded_generate(loaded.model, ids[: node.start_pos], node.length, seeds[node.id])
-            assert want == ids, (name, node.id)
+            gaps = seeded_gaps(loaded.model, ids[: node.start_pos], node.token_ids, seeds[node.id])
+            band = near_tie_band(reassociation_tol(loaded, node.logprobs), SAMPLED.temperature)
+            assert max(gaps) <= band, (name, node.id, gaps, band)
+            near_ties += sum(gap > 0 for gap in gaps)
             checked += 1
     assert checked == 7 and len({tuple(rt.path_token_ids(n)) for n in rt.nodes.values()}) >= 6  # siblings differ
+    assert near_ties <= 2, f"{near_ties} draws fell on near ties"  # rare: a band of ~1e-4 of probability
     check_logprobs(loaded, rt, [n for n in rt.nodes.values() if not n.children])
 
 

@@ -21,6 +21,8 @@ from transformers import DynamicCache
 
 from arbor_runtime import Node, Runtime, SamplingParams
 
+pytestmark = pytest.mark.exactness  # CI runs these again under another ATEN_CPU_CAPABILITY
+
 EVICTING = ["h2o", "streaming", "snapkv", "thinkv", "kvp", "arbor"]
 SHRINKING = [p for p in EVICTING if p != "arbor"]  # may evict from the active path (arbor keeps it whole)
 LONG_PROMPT = "Use numbers and basic arithmetic operations (+ - * /) to obtain 24. " * 6 + "\nInput: 4 4 6 8\nSteps:\n"

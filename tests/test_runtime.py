@@ -7,6 +7,8 @@ import torch
 
 from arbor_runtime import BudgetError, KVBudgetExceeded, Runtime, SamplingParams
 
+pytestmark = pytest.mark.exactness  # CI runs these again under another ATEN_CPU_CAPABILITY
+
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
 PROMPT = "Input: 4 4 6 8\nSteps:\n"
 

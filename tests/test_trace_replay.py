@@ -20,7 +20,7 @@ from benchmarks.trace import Trace, load_trace, record_trace
 LOW = 0.6
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.exactness]
 
 
 @pytest.fixture(scope="module")
