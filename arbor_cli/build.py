@@ -18,6 +18,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from arbor_cli.budget import PolicyFactory, auto_budget
+from arbor_cli.resume import fingerprint
+from arbor_cli.switches import normalize_switches
 from arbor_cli.validate import validate_config
 from arbor_runtime import ArborError, LoadedModel, Policy, Runtime, load_model
 from arbor_runtime.attention.support import check_policy, model_attention
@@ -94,10 +96,11 @@ class Prepared:
 def prepare(cfg: DictConfig, device: str | None = None) -> Prepared:
     """Task, verifier, problems and policies from ``cfg``, with the whole config checked
     (:func:`arbor_cli.validate.validate_config`): a bad value fails here, before the model loads."""
+    normalize_switches(cfg)
     task = build_task(cfg)
     verifier = build_verifier(cfg, task)
     problems = task.problems()
-    policies = PolicyFactory(cfg.policy, problems)
+    policies = PolicyFactory(cfg.policy, problems, fingerprint(cfg)[1])  # a budget reference must match the run
     concurrency = check_concurrency(cfg, policies)
     check_share_prefixes(cfg)
     validate_config(cfg, policies, device=device)

