@@ -9,6 +9,7 @@ free once the model is loaded; on a CPU, where a pool as large as the machine wo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -21,12 +22,16 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from arbor_cli.results import RESULTS_FILE, load_done
+from arbor_cli.resume import FINGERPRINT_FILE, as_json, read_fingerprint, with_added_keys
 from arbor_runtime import BudgetError
 from arbor_runtime.planner import MemoryConfig, below_exact_floor, least_budget, manages_memory, opening
 from arbor_runtime.tasks.base import Problem, Task
 
 #: keys of conf/policy/*.yaml that the CLI consumes (not fields of the policy classes)
-RUN_KEYS = ("budget_ratio", "budget_reference")
+RUN_KEYS = ("budget_ratio", "budget_reference", "reference_may_differ")
+#: settings of a budget reference's run that must equal the run it serves (dotted keys, or prefixes
+#: ending in "."): what decides each problem's tree and so its peak
+REFERENCE_KEYS = ("task.", "controller.", "verifier.", "model.spec", "model.dtype", "seed")
 #: ``budget_tokens: auto`` on a GPU: this share of the device memory free after the model loads
 GPU_MEMORY_FRACTION = 0.9
 #: ``budget_tokens: auto`` on a CPU: this many times the longest active path (prompt + one thought)
@@ -46,13 +51,16 @@ class PolicyFactory:
     """Builds one policy per problem, resolving ``policy.budget_ratio`` against a reference run.
 
     ``budget_ratio`` x (peak device KV tokens `full` needed on the same problem, read from the
-    ``budget_reference`` run's results.jsonl) becomes that problem's ``budget_tokens``.
+    ``budget_reference`` run's results.jsonl) becomes that problem's ``budget_tokens``. With
+    ``settings`` (the run's own, :func:`arbor_cli.resume.fingerprint`), the reference's recorded config
+    must match them (:func:`check_reference`).
     """
 
-    def __init__(self, policy_cfg: DictConfig, problems: list[Problem]) -> None:
+    def __init__(self, policy_cfg: DictConfig, problems: list[Problem], settings: dict[str, Any] | None = None) -> None:
         node = OmegaConf.to_container(policy_cfg, resolve=True)
         self.ratio = node.pop("budget_ratio", None)
         reference = node.pop("budget_reference", None)
+        may_differ = _key_list(node.pop("reference_may_differ", None) or [])
         tokens = node.get("budget_tokens")
         if self.ratio is not None and tokens not in (None, AUTO):
             raise ValueError(
@@ -68,6 +76,8 @@ class PolicyFactory:
         self.peaks: dict[int, int] = {}
         if self.ratio is not None:
             self.peaks = _reference_peaks(float(self.ratio), reference, problems)
+            if settings is not None:
+                check_reference(reference, settings, may_differ)
         policy = self.build(problems[0].index if problems else None)  # validates fields now, before any work
         if tokens == AUTO and not manages_memory(policy):
             raise ValueError(
@@ -180,13 +190,72 @@ def _prompt_tokens(tokenizer, task: Task, problem: Problem) -> Callable[[], int]
     return cache(lambda: len(tokenizer(task.prompt(problem))["input_ids"]))
 
 
+def check_reference(reference: str, settings: dict[str, Any], may_differ: tuple[str, ...] = ()) -> None:
+    """The budget reference must be a run of this one's task, model, search and seed (its recorded
+    config, ``config_fingerprint.json``; rows are checked by :func:`_reference_peaks`) under a policy
+    with no budget: its peaks are then what ``full`` needs for each problem. ValueError, one line
+    naming the first settings that differ. ``may_differ``: keys (or prefixes ending in ".") allowed
+    to differ, e.g. ``controller.breadth`` for a wider search inside full's narrower peak."""
+    run_dir = _reference_dir(reference)
+    where = f"policy.budget_reference={reference!r}"
+    stored = read_fingerprint(run_dir)
+    if stored is None or "settings" not in stored:
+        raise ValueError(
+            f"{where} has no recorded config ({run_dir / FINGERPRINT_FILE}): its peaks cannot be matched to this "
+            "run; valid: a run dir arbor-solve wrote (policy=full, no budget)"
+        )
+    theirs = with_added_keys(stored["settings"], settings)
+    policy = str(theirs.get("policy._target_", "?")).rsplit(".", 1)[-1]
+    for key in ("policy.budget_tokens", "policy.budget_ratio"):
+        if theirs.get(key) is not None:
+            raise ValueError(
+                f"{where} ran {policy} with {key}={theirs[key]}: its peaks are not what the search needs "
+                "unbudgeted; valid: a run with no budget (policy=full)"
+            )
+
+    def compared(key: str) -> bool:
+        wanted = any(key == k or (k.endswith(".") and key.startswith(k)) for k in REFERENCE_KEYS)
+        free = any(key == k or key.startswith(k + ".") or (k.endswith(".") and key.startswith(k)) for k in may_differ)
+        return wanted and not free
+
+    ours = {k: v for k, v in settings.items() if compared(k)}
+    theirs = {k: v for k, v in theirs.items() if compared(k)}
+    differ = sorted(
+        (k for k in ours.keys() | theirs.keys() if as_json({k: ours.get(k)}) != as_json({k: theirs.get(k)})),
+        key=lambda k: (not k.endswith("._target_"), k),
+    )  # what was run first (the task), then settings
+    if differ:
+        shown = ", ".join(
+            f"{k}: {json.dumps(theirs.get(k), default=str)} -> {json.dumps(ours.get(k), default=str)}"
+            for k in differ[:3]
+        )
+        more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+        raise ValueError(
+            f"{where} is a run of other settings ({shown}{more}); valid: a run of the same task, model, search "
+            "and seed, or name the settings that may differ in policy.reference_may_differ"
+        )
+
+
+def _key_list(value: Any) -> tuple[str, ...]:
+    """``reference_may_differ``: a list of dotted setting keys."""
+    if isinstance(value, str) or not all(isinstance(k, str) and k for k in value):
+        raise ValueError(
+            f"policy.reference_may_differ={value!r} must be a list of setting keys, e.g. [controller.breadth]"
+        )
+    return tuple(value)
+
+
+def _reference_dir(reference: str) -> Path:
+    path = Path(reference).expanduser()
+    return path.parent if path.name == RESULTS_FILE else path
+
+
 def _reference_peaks(ratio: float, reference: str | None, problems: list[Problem]) -> dict[int, int]:
     if ratio <= 0:
         raise ValueError(f"policy.budget_ratio={ratio} must be > 0")
     if not reference:
         raise ValueError("policy.budget_ratio needs policy.budget_reference=<run dir or results.jsonl of a full run>")
-    path = Path(reference).expanduser()
-    run_dir = path.parent if path.name == RESULTS_FILE else path
+    run_dir = _reference_dir(reference)
     if not (run_dir / RESULTS_FILE).is_file():
         raise FileNotFoundError(f"policy.budget_reference={reference!r} has no {RESULTS_FILE}")
     rows = load_done(run_dir)

@@ -53,7 +53,7 @@ LOCK_FILE = "run.lock"
 #: dotted config keys left out of the fingerprint (see the module docstring)
 IGNORED_KEYS = (
     "paths", "run_dir", "resume", "show_tree", "save_trees", "view", "concurrency", "share_prefixes", "runner",
-    "task.data_dir", "task.cache_dir", "task.start", "task.end",
+    "task.data_dir", "task.cache_dir", "task.start", "task.end", "policy.reference_may_differ",
 )  # fmt: skip
 RESUME_MODES = (True, False, "force")
 #: settings added to the shipped configs after run dirs were written, each with the value that behaves
@@ -166,7 +166,7 @@ def check_resume(run_dir: Path, cfg: DictConfig, task: Task | None = None, probl
     if has_results and mode is False:
         raise ConfigMismatch(f"run dir {run_dir} already holds results and resume=false; pick another run_dir")
     digest, settings = fingerprint(cfg)
-    stored = _read(run_dir)
+    stored = read_fingerprint(run_dir)
     if has_results and stored is not None and not same_config(stored, digest, settings) and mode != "force":
         changes = settings_diff(stored.get("settings", {}), settings)
         raise ConfigMismatch(
@@ -191,11 +191,17 @@ def same_config(stored: dict[str, Any], digest: str, settings: dict[str, Any]) -
     old = stored.get("settings")
     if old is None:
         return False
-    old = {k: v for k, v in ADDED_KEYS.items() if k in settings and k not in old} | old
-    return _as_json(old) == _as_json(settings)
+    return as_json(with_added_keys(old, settings)) == as_json(settings)
 
 
-def _as_json(settings: dict[str, Any]) -> str:
+def with_added_keys(old: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """Stored settings ``old`` with each key of :data:`ADDED_KEYS` that ``settings`` has and they predate
+    read as its old value."""
+    return {k: v for k, v in ADDED_KEYS.items() if k in settings and k not in old} | old
+
+
+def as_json(settings: dict[str, Any]) -> str:
+    """Settings as canonical JSON text (sorted keys): two equal settings give the same text."""
     return json.dumps(settings, sort_keys=True, default=str)
 
 
@@ -235,9 +241,22 @@ def _check_data(run_dir: Path, old: dict[str, Any], new: dict[str, Any]) -> None
         )
 
 
-def _read(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / FINGERPRINT_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+def read_fingerprint(run_dir: Path) -> dict[str, Any] | None:
+    """A run dir's stored fingerprint record (None when it has none); ValueError naming the file when it
+    is not one (cut short, not JSON, not an object with a fingerprint)."""
+    path = Path(run_dir) / FINGERPRINT_FILE
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        why = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ValueError(
+            f"{path}: not a readable fingerprint record ({why}); delete it or pick another run_dir"
+        ) from None
+    if not isinstance(record, dict) or not isinstance(record.get("fingerprint"), str):
+        raise ValueError(f'{path}: not a fingerprint record (no "fingerprint"); delete it or pick another run_dir')
+    return record
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:

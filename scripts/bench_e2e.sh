@@ -49,9 +49,13 @@ one_sweep() {  # sweep dir, then its units: one arbor-solve -m per group, polici
     mine=()
     for u in "$@"; do [ "${u%%:*}" != "$g" ] || mine+=("${u#*:}"); done
     [ ${#mine[@]} -gt 0 ] || continue
+    # the group's keys may differ from the reference's search (arbor-solve checks the rest of its settings)
+    local keys="" o
+    for o in ${groups[g]}; do keys+="${keys:+,}${o%%=*}"; done
     # shellcheck disable=SC2086  # a group is a list of overrides, split on spaces
     "$BIN/arbor-solve" -m "${args[@]}" paths.data_dir="$DATA" policy="$(IFS=,; echo "${mine[*]}")" \
-      policy.budget_ratio="$RATIOS" "policy.budget_reference='$dir/full'" hydra.sweep.dir="$sweep" ${groups[g]}
+      policy.budget_ratio="$RATIOS" "policy.budget_reference='$dir/full'" "policy.reference_may_differ=[$keys]" \
+      hydra.sweep.dir="$sweep" ${groups[g]}
   done
 }
 args=("$@")

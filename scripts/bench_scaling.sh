@@ -56,15 +56,17 @@ reference() {  # CPU, first row, end row, run dir
   on_cpu "$1" "$BIN/arbor-solve" "${common[@]}" controller.n_generate="$THOUGHTS" task.start="$2" task.end="$3" \
     policy=full controller.breadth="$REF" run_dir="$4"
 }
+# what a widened search may change against the reference (arbor-solve checks the rest of its settings)
+WIDENED=controller.breadth,controller.n_generate,verifier.lookahead,verifier.trial_values
 widen() {  # CPU, policy, breadth, sweep dir: that search inside each puzzle's reference peak
   on_cpu "$1" "$BIN/arbor-solve" -m "${common[@]}" controller.n_generate="$THOUGHTS" task.start="$START" \
     task.end="$END" policy="$2" policy.budget_ratio=1.0 "policy.budget_reference='$OUT/full'" controller.breadth="$3" \
-    hydra.sweep.dir="$4"
+    "policy.reference_may_differ=[$WIDENED]" hydra.sweep.dir="$4"
 }
 half() {  # CPU, first row, end row, breadth, thoughts, run dir, overrides...: arbor inside the reference's peak
   on_cpu "$1" "$BIN/arbor-solve" "${common[@]}" controller.n_generate="$5" task.start="$2" task.end="$3" \
     policy=arbor policy.budget_ratio=1.0 "policy.budget_reference='$OUT/full'" controller.breadth="$4" run_dir="$6" \
-    "${@:7}"
+    "policy.reference_may_differ=[$WIDENED]" "${@:7}"
 }
 halves() {  # breadth, thoughts, run dir, overrides...: the two halves side by side, merged into the run dir
   half 0 "$START" "$MID" "$1" "$2" "$3" "${@:4}" &

@@ -34,8 +34,18 @@ POLICIES: dict[str, type[Policy]] = {**MEMORY_POLICIES, **SPARSE_POLICIES}
 
 
 def build_policy(policy: str | Policy, **kwargs: Any) -> Policy:
-    """A policy from a name (``"full"``) and its fields, or an already built one (kwargs then unused)."""
+    """A policy from a name (``"full"``) and its fields, or an already built one. A field given beside a
+    built policy must be what the policy already says (``None`` means "not given"): ValueError otherwise,
+    never a value silently dropped (``Runtime(lm, policy=ArborPolicy(), budget_tokens=500)``)."""
     if isinstance(policy, Policy):
+        for key, value in kwargs.items():
+            held = getattr(policy, key, None)
+            if value is not None and value != held:
+                name = type(policy).__name__
+                raise ValueError(
+                    f"{key}={value!r} conflicts with the built {name}'s {key}={held!r}: set it on the policy "
+                    f"({name}({key}={value!r})) or pass the policy by name (policy={policy.name!r}, {key}={value!r})"
+                )
         return policy
     try:
         cls = POLICIES[policy]
