@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -26,6 +27,7 @@ CSV_FILE = "results.csv"
 TREES_DIR = "trees"
 
 Row = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 # ---- JSON lines ------------------------------------------------------------------------------
@@ -84,16 +86,22 @@ def clean_jsonl(path: Path, keep: Callable[[int], bool] | None = None) -> tuple[
         return 0, 0
     lines = path.read_bytes().splitlines()
     records: dict[int, bytes] = {}
-    corrupt = []
-    for line in lines:
+    corrupt, numbers = [], []
+    for number, line in enumerate(lines, 1):
         index = _record_index(line)
         if index is None:
             corrupt += [line] if line.strip() else []
+            numbers += [number] if line.strip() else []
         else:
             records[index] = line
     kept = {i: line for i, line in records.items() if keep is None or keep(i)}
     dropped = len(lines) - len(corrupt) - len(kept) - sum(not line.strip() for line in lines)
     if corrupt:
+        shown = ", ".join(map(str, numbers[:5])) + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")
+        log.warning(
+            "%s: line %s not a record (a JSON object with an integer index): moved to %s",
+            path, shown, path.name + CORRUPT_SUFFIX,
+        )  # fmt: skip
         _set_aside(path, corrupt)
     if corrupt or dropped or any(not line.strip() for line in lines):
         _replace(path, b"".join(line + b"\n" for line in kept.values()))
@@ -122,18 +130,43 @@ def write_jsonl(path: Path, rows: Iterable[Row]) -> Path:
 
 
 def load_done(run_dir: Path) -> dict[int, Row]:
-    """Problems already finished in ``run_dir`` (by problem index; the last line of each wins)."""
-    return {int(row["index"]): row for row in read_jsonl(Path(run_dir) / RESULTS_FILE)}
+    """Problems already finished in ``run_dir`` (by problem index; the last line of each wins). Lines that
+    are not records (:func:`read_records`) are left out: a run's claim moves them aside, naming them."""
+    return {row["index"]: row for row in read_records(Path(run_dir) / RESULTS_FILE)}
+
+
+def read_records(path: Path) -> list[Row]:
+    """The run-dir records of a JSON-lines file: whole lines holding a JSON object with an integer
+    ``index`` (``{"foo": 1}``, ``{"index": "abc"}``, ``[1, 2, 3]`` or ``null`` are not); [] when missing."""
+    return scan_records(path)[0]
+
+
+def scan_records(path: Path) -> tuple[list[Row], list[int]]:
+    """:func:`read_records` and the numbers (from 1) of the other non-empty lines."""
+    if not path.is_file():
+        return [], []
+    rows, other = [], []
+    for number, line in enumerate(path.read_bytes().splitlines(), 1):
+        index = _record_index(line)
+        if index is not None:
+            rows.append(json.loads(line))
+        elif line.strip():
+            other.append(number)
+    return rows, other
+
+
+def record_index(record: Any) -> int | None:
+    """The problem index of a parsed run-dir record; None when it is not one."""
+    index = record.get("index") if isinstance(record, dict) else None
+    return index if isinstance(index, int) and not isinstance(index, bool) else None
 
 
 def _record_index(line: bytes) -> int | None:
     """The problem index of a run-dir record line; None when the line is not one (torn, corrupt)."""
     try:
-        record = json.loads(line)
+        return record_index(json.loads(line))
     except ValueError:
         return None
-    index = record.get("index") if isinstance(record, dict) else None
-    return index if isinstance(index, int) and not isinstance(index, bool) else None
 
 
 def _set_aside(path: Path, lines: Sequence[bytes]) -> None:

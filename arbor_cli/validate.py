@@ -22,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from arbor_cli.budget import PolicyFactory
 from arbor_runtime import ModelSpecError
 from arbor_runtime.controllers.base import Controller
-from arbor_runtime.kv.host import available_host_bytes
-from arbor_runtime.loading import ModelGeometry, default_cache_dir, inspect_model
+from arbor_runtime.kv.pool import check_pool_fits
+from arbor_runtime.loading import ModelGeometry, default_cache_dir, inspect_model, resolve_device
 
 #: policy settings that count tokens of a host tier or an index: an integer >= 0, or null
 COUNT_KEYS = ("host_budget_tokens",)
@@ -38,9 +38,13 @@ def validate_config(cfg: DictConfig, policies: PolicyFactory, device: str | None
     check_seed(cfg.get("seed", 0))
     check_controller(cfg.controller)
     check_policy_counts(policies.node)
-    device = device or cfg.model.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = resolve_device(device or cfg.model.get("device"))
+    except ModelSpecError as exc:
+        raise ModelSpecError(f"model.{exc}") from None
     geometry = check_model_files(cfg.model.spec, device, cfg.model.get("dtype"))
     check_kvp_weights(policies.node, cfg.model.spec)
+    check_dense_layers(policies.node, geometry, cfg.model.spec)
     budget = policies.node.get("budget_tokens")
     if budget is not None:
         check_budget_fits(budget, geometry, device)
@@ -119,25 +123,36 @@ def check_kvp_weights(node: dict[str, Any], spec: str) -> None:
             )
 
 
+def check_dense_layers(node: dict[str, Any], geometry: ModelGeometry, spec: str) -> None:
+    """A sparse read's ``dense_layers`` (lychee, quest, oracle_topk) names layers the model has: given
+    explicitly, or under ``auto`` from the user's calibration file (read now: a broken one is named),
+    whose entry for this model, when its files tell which it is, must name layers it has."""
+    if "dense_layers" not in node:
+        return
+    from arbor_runtime.sparse.calibrated import calibration_path, read_calibrations
+    from arbor_runtime.sparse.reads import AUTO, dense_layer_set
+
+    value, where = node["dense_layers"], f"policy.dense_layers={node['dense_layers']!r}"
+    if value == AUTO:
+        path = calibration_path()
+        entries = read_calibrations(path)  # ValueError naming the file when it is not one
+        fingerprint = _cheap_fingerprint(spec) if entries else None
+        entry = entries.get(fingerprint) if fingerprint else None
+        layers, where = (entry.layers if entry else ()), f"{path} (its entry for model.spec={spec})"
+    else:
+        layers = dense_layer_set(value)
+    bad = sorted(x for x in layers if x >= geometry.layers)
+    if bad:
+        raise ValueError(f"{where}: layer {bad[0]} is not a layer of the model; valid: 0..{geometry.layers - 1}")
+
+
 def check_budget_fits(budget: int, geometry: ModelGeometry, device: str) -> None:
-    """A device pool of ``budget`` tokens must fit in the memory free beside the model (it is allocated whole)."""
-    free = free_memory(device) - geometry.weight_bytes
-    need = budget * geometry.kv_bytes_per_token
-    if need > free:
-        most = max(free, 0) // geometry.kv_bytes_per_token
-        raise ValueError(
-            f"policy.budget_tokens={budget} needs {_size(need)} of KV ({geometry.kv_bytes_per_token:,} bytes a token), "
-            f"more than the {_size(max(free, 0))} {device} has free beside the model; valid: at most {most:,} "
-            "tokens, auto (sized from free memory), or null (no budget)"
-        )
-
-
-def free_memory(device: str) -> int:
-    """Bytes free on ``device`` now: the CUDA device's free memory, else the host's available memory."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return int(torch.cuda.mem_get_info(dev)[0])
-    return available_host_bytes()
+    """A device pool of ``budget`` tokens must fit in the memory free beside the model (it is allocated whole):
+    the pool's own check (:func:`~arbor_runtime.kv.pool.check_pool_fits`), before the model takes its share."""
+    check_pool_fits(
+        budget, geometry.kv_bytes_per_token, device, what="policy.budget_tokens", reserved=geometry.weight_bytes,
+        valid=", auto (sized from free memory), or null (no budget)",
+    )  # fmt: skip
 
 
 def _kvp_paths(node: dict[str, Any]) -> list[tuple[str, str | None]]:
@@ -200,11 +215,3 @@ def _one_line(call, what: str, valid: str = ""):
         return call()
     except (ValueError, OSError) as exc:
         raise ValueError(f"{what}: {exc}" + (f"; {valid}" if valid else "")) from None
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n} B"

@@ -33,7 +33,7 @@ from arbor_runtime.engine.core import Engine
 from arbor_runtime.engine.prefill import Prefiller
 from arbor_runtime.engine.scheduler import PAGE, Scheduler
 from arbor_runtime.engine.work import Account, ExpandJob, Work
-from arbor_runtime.errors import BudgetError, KVBudgetExceeded
+from arbor_runtime.errors import BudgetError, KVBudgetExceeded, NodeError
 from arbor_runtime.grammar import GrammarCompiler
 from arbor_runtime.kv import KVStore
 from arbor_runtime.kv.host import default_host_tokens
@@ -86,6 +86,7 @@ class Runtime:
     ) -> None:
         if not isinstance(share_prefixes, bool):
             raise ValueError(f"share_prefixes={share_prefixes!r} must be true or false")
+        seed = validation.seed(seed, "Runtime seed")
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         #: token ids a block may hold: 0 <= id < vocab_size (checked before any work)
         self.vocab_size = validation.vocab_size(self.model)
@@ -190,7 +191,7 @@ class Runtime:
 
     @seed.setter
     def seed(self, value: int) -> None:
-        self.table.seed = value
+        self.table.seed = validation.seed(value, "Runtime seed")
 
     @property
     def _next_id(self) -> int:
@@ -213,7 +214,7 @@ class Runtime:
         [start, end) of ``prompt`` that holds few-shot examples (a task's ``examples_span``): below a
         tree-aware policy's floor they are token-extracted first, the rest of the prompt stays.
         """
-        ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        ids = self.tokenizer(validation.text(prompt, "new_tree: prompt"), add_special_tokens=True)["input_ids"]
         return self.new_tree_ids(ids, prompt, seed, validation.examples_tokens(self.tokenizer, prompt, ids, examples))
 
     def new_tree_ids(
@@ -234,6 +235,7 @@ class Runtime:
         of it beside a row's first page (at least ``PAGE + 1`` = 9 tokens); under ``full`` it is
         refused up front. ``examples``: the token span [start, end) of few-shot examples (``Node.examples``).
         """
+        seed = self.seed if seed is None else validation.seed(seed, "new_tree seed")
         ids = self._token_ids(ids, "new_tree_ids")
         if not ids:
             raise ValueError("prompt is empty: a root block needs at least one token")
@@ -250,7 +252,6 @@ class Runtime:
                 f"could keep none of it beside a decoding row's first page ({PAGE} slots); valid: at least {PAGE + 1}"
             )
         text = self.tokenizer.decode(ids) if text is None else text
-        seed = self.seed if seed is None else int(seed)
         if self.share_prefixes:
             job = SharedRootJob(self, ids, text, seed, examples=examples)
         else:
@@ -355,7 +356,7 @@ class Runtime:
     def append(self, node: Node, text: str) -> Node:
         """Add a teacher-forced child block holding ``text``; its ``logprobs`` score the text."""
         self.table.check_live(node)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer(validation.text(text, "append: text"), add_special_tokens=False)["input_ids"]
         if not ids:
             raise ValueError(f"append text {text!r} tokenizes to nothing")
         return self.append_ids(node, ids, text)
@@ -454,6 +455,9 @@ class Runtime:
     # ---- internals ----------------------------------------------------------------------
     def _release(self, node: Node) -> None:
         self.table.check_live(node)  # again in the driver: another thread may have released it meanwhile
+        doomed = {sub.id for sub in node.subtree()}
+        why = NodeError(f"node {node.id} was released (by another thread) while an expansion below it was in flight")
+        self.engine.cancel_below(doomed, why)  # their callers hear NodeError; other searches go on
         gone = self.table.forget_subtree(node, self.accounts.targets())
         if node.parent is None:  # prefixes no other tree reads go too
             gone += self.prefixes.release(node)

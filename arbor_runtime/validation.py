@@ -8,6 +8,7 @@ Also the model facts the checks rest on (the vocabulary a token id must fall in,
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -45,6 +46,21 @@ def token_ids(ids: Sequence[int], where: str, vocab_size: int) -> list[int]:
             )
         out.append(value)
     return out
+
+
+def seed(value: object, where: str) -> int:
+    """A sampling seed: an integer (not a bool); ValueError naming ``where`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{where}={value!r} must be an integer (it seeds the sampling streams)")
+    return int(value)
+
+
+def text(value: object, where: str) -> str:
+    """Text to tokenize: a ``str``; ValueError naming ``where`` otherwise (a tokenizer's own message
+    speaks of batches and pairs)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{where} must be a string, got {type(value).__name__} {value!r:.40}")
+    return value
 
 
 def token_span(span: Sequence[int] | None, length: int, where: str) -> tuple[int, int] | None:

@@ -31,6 +31,7 @@ from typing import Any
 from arbor_runtime import Node, Runtime, SamplingParams
 from arbor_runtime.tasks.answers import majority_vote
 from arbor_runtime.tasks.base import Problem, Proposal, StepResult, Task
+from arbor_runtime.validation import MAX_ROWS
 from arbor_runtime.verifiers.base import Verifier, charging
 
 
@@ -96,10 +97,17 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def check_int(name: str, value: Any, least: int, valid: str = "") -> None:
-    """Refuse ``value`` unless it is an integer >= ``least`` (ValueError naming it)."""
+def check_int(name: str, value: Any, least: int, valid: str = "", most: int | None = None) -> None:
+    """Refuse ``value`` unless it is an integer >= ``least`` (and <= ``most``) (ValueError naming it)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise ValueError(f"{name}={value!r} must be an integer >= {least}{valid}")
+    if most is not None and value > most:
+        raise ValueError(f"{name}={value!r} must be an integer from {least} to {most}{valid}")
+
+
+def check_thoughts(name: str, value: Any, valid: str) -> None:
+    """A count of thoughts asked of one node at once: 1 to ``MAX_ROWS`` (what one expansion may hold)."""
+    check_int(name, value, 1, valid, most=MAX_ROWS)
 
 
 class Controller(ABC):
@@ -240,10 +248,10 @@ class Controller(ABC):
             if plan.choices:
                 out[i] = self.rt.choose(node, list(plan.choices), keep=min(n, len(plan.choices))).kept
         free = [i for i, plan in enumerate(plans) if not plan.choices]
-        if free:
-            params = [_constrained(sampling, plans[i]) for i in free]
-            kids = self.rt.expand_many([requests[i] for i in free], params)
-            for i, group in zip(free, kids, strict=True):
+        for part in _calls(free, [requests[i][1] for i in free]):  # at most MAX_ROWS rows a call
+            params = [_constrained(sampling, plans[i]) for i in part]
+            kids = self.rt.expand_many([requests[i] for i in part], params)
+            for i, group in zip(part, kids, strict=True):
                 out[i] = group
         return out
 
@@ -445,3 +453,18 @@ def _extends(node: Node, prev: Node) -> bool:
             return True
         cur = cur.parent
     return False
+
+
+def _calls(items: list[int], rows: list[int]) -> list[list[int]]:
+    """``items`` in order, cut into calls of at most ``MAX_ROWS`` rows (``rows``: each item's); an item
+    is never split (each asks at most ``MAX_ROWS``: :func:`check_thoughts`). The children are the same
+    as one call's: a row's stream is seeded by its node and its index under it, never by its call."""
+    calls: list[list[int]] = []
+    total = MAX_ROWS
+    for item, n in zip(items, rows, strict=True):
+        if total + n > MAX_ROWS:
+            calls.append([])
+            total = 0
+        calls[-1].append(item)
+        total += n
+    return calls

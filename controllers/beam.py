@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from arbor_runtime import Node
-from arbor_runtime.controllers.base import Candidate, Controller, SearchResult, check_int
+from arbor_runtime.controllers.base import Candidate, Controller, SearchResult, check_int, check_thoughts
 
 
 class BeamController(Controller):
@@ -42,7 +42,7 @@ class BeamController(Controller):
     @classmethod
     def check_own(cls, beam_width: int = 4, samples_per_node: int = 4, max_depth: int | None = None) -> None:
         check_int("beam_width", beam_width, 1, " (open candidates kept per step)")
-        check_int("samples_per_node", samples_per_node, 1, " (thoughts per beam entry)")
+        check_thoughts("samples_per_node", samples_per_node, " (thoughts per beam entry)")
         if max_depth is not None:
             check_int("max_depth", max_depth, 1, " or None (the task's max_steps)")
 

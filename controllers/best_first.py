@@ -6,7 +6,7 @@ import heapq
 import itertools
 
 from arbor_runtime import Node
-from arbor_runtime.controllers.base import Candidate, Controller, check_int
+from arbor_runtime.controllers.base import Candidate, Controller, check_int, check_thoughts
 
 
 class BestFirstController(Controller):
@@ -36,7 +36,7 @@ class BestFirstController(Controller):
 
     @classmethod
     def check_own(cls, n_generate: int = 5, max_expansions: int = 50) -> None:
-        check_int("n_generate", n_generate, 1, " (thoughts per expansion)")
+        check_thoughts("n_generate", n_generate, " (thoughts per expansion)")
         check_int("max_expansions", max_expansions, 1, " (expanded nodes at most)")
 
     def search(self, root: Node) -> tuple[int, Candidate | None]:

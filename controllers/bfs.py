@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from arbor_runtime import Node
-from arbor_runtime.controllers.base import Candidate, Controller, check_int
+from arbor_runtime.controllers.base import Candidate, Controller, check_int, check_thoughts
 
 
 class BFSController(Controller):
@@ -30,7 +30,7 @@ class BFSController(Controller):
 
     @classmethod
     def check_own(cls, n_generate: int = 5, breadth: int = 3) -> None:
-        check_int("n_generate", n_generate, 1, " (thoughts per frontier node)")
+        check_thoughts("n_generate", n_generate, " (thoughts per frontier node)")
         check_int("breadth", breadth, 1, " (nodes kept per level)")
 
     def search(self, root: Node) -> tuple[int, Candidate | None]:

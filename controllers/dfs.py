@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from arbor_runtime import Node
-from arbor_runtime.controllers.base import Candidate, Controller, SearchResult, check_int, is_number
+from arbor_runtime.controllers.base import Candidate, Controller, SearchResult, check_int, check_thoughts, is_number
 
 
 class DFSController(Controller):
@@ -44,7 +44,7 @@ class DFSController(Controller):
 
     @classmethod
     def check_own(cls, n_generate: int = 5, value_threshold: float | None = None, max_visits: int = 100) -> None:
-        check_int("n_generate", n_generate, 1, " (thoughts per expansion)")
+        check_thoughts("n_generate", n_generate, " (thoughts per expansion)")
         check_int("max_visits", max_visits, 1, " (expanded states at most)")
         if value_threshold is not None and not (is_number(value_threshold) and math.isfinite(value_threshold)):
             raise ValueError(f"value_threshold={value_threshold!r} must be a finite number or None (the verifier's)")

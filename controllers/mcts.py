@@ -6,7 +6,7 @@ import math
 from dataclasses import replace
 
 from arbor_runtime import Node
-from arbor_runtime.controllers.base import Candidate, Controller, SearchResult, check_int, is_number
+from arbor_runtime.controllers.base import Candidate, Controller, SearchResult, check_int, check_thoughts, is_number
 
 
 class MCTSController(Controller):
@@ -60,7 +60,7 @@ class MCTSController(Controller):
         cls, iterations: int = 50, n_generate: int = 3, exploration: float = 1.0, rollout: bool = False
     ) -> None:
         check_int("iterations", iterations, 1, " (simulations)")
-        check_int("n_generate", n_generate, 1, " (thoughts per expansion)")
+        check_thoughts("n_generate", n_generate, " (thoughts per expansion)")
         if not is_number(exploration) or not math.isfinite(exploration) or exploration < 0:
             raise ValueError(f"exploration={exploration!r} must be a finite number >= 0 (the UCT weight c)")
         if not isinstance(rollout, bool):

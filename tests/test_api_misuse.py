@@ -504,3 +504,88 @@ def test_msve_features_count_a_non_finite_value_as_zero(value):
     from arbor_runtime.policies.msve import unit_value
 
     assert unit_value(value) == 0.0
+
+
+# ---- issue 63: values the API took and failed on later, or dropped without a word -----------------
+@pytest.mark.parametrize("seed", ["x", 1.5, True, None])
+def test_a_runtime_seed_that_is_not_an_integer_is_refused_when_built(tiny, seed):
+    """``Runtime(lm, seed='x')`` was accepted, then an OverflowError at the first expand."""
+    with pytest.raises(ValueError, match=r"Runtime seed=.* must be an integer"):
+        Runtime(tiny, seed=seed)
+
+
+@pytest.mark.parametrize("seed", [1.5, "3", False])
+def test_a_tree_seed_that_is_not_an_integer_is_refused_before_any_work(tiny, seed):
+    """``new_tree(seed=1.5)`` was truncated to 1 without a word."""
+    rt = Runtime(tiny)
+    with pytest.raises(ValueError, match=r"new_tree seed=.* must be an integer"):
+        rt.new_tree("1 2 3 4", seed=seed)
+    assert rt.nodes == {} and rt.store.pool.used == 0
+
+
+def test_a_built_policy_with_another_budget_is_refused(tiny):
+    """``Runtime(lm, policy=ArborPolicy(), budget_tokens=500)`` dropped the 500 without a word."""
+    from arbor_runtime.policies import ArborPolicy
+
+    with pytest.raises(
+        ValueError, match=r"budget_tokens=500 conflicts with the built ArborPolicy's budget_tokens=None"
+    ):
+        Runtime(tiny, policy=ArborPolicy(), budget_tokens=500)
+    assert Runtime(tiny, policy=ArborPolicy(budget_tokens=500), budget_tokens=500).budget_tokens == 500  # the same
+    assert Runtime(tiny, policy=ArborPolicy(budget_tokens=500)).budget_tokens == 500
+
+
+def test_a_budget_no_machine_holds_is_one_budget_error(tiny):
+    """``Runtime(lm, policy='arbor', budget_tokens=10**12)`` was the allocator's own RuntimeError."""
+    with pytest.raises(ArborError, match=r"budget_tokens=1,000,000,000,000 needs .* of KV .* valid: at most"):
+        Runtime(tiny, policy="arbor", budget_tokens=10**12)
+
+
+@pytest.mark.parametrize(("call", "where"), [("append", "append: text"), ("new_tree", "new_tree: prompt")])
+@pytest.mark.parametrize("text", [123, None, b"bytes", ["a"]])
+def test_text_that_is_not_a_string_is_named_as_ours(tiny, call, where, text):
+    """``rt.append(node, 123)`` and ``new_tree(None)`` were answered by the tokenizer's message (batches, pairs)."""
+    rt = Runtime(tiny)
+    root = rt.new_tree("1 2 3 4")
+    before = snapshot(rt)
+    with pytest.raises(ValueError, match=rf"^{where} must be a string, got"):
+        rt.append(root, text) if call == "append" else rt.new_tree(text)
+    assert snapshot(rt) == before
+
+
+@pytest.mark.parametrize("source", [{"regex": "("}, {"regex": "[0-9"}, {"grammar": "start: (("}])
+def test_a_regex_or_grammar_that_does_not_compile_is_refused_when_built(source):
+    """``SamplingParams(regex="(")`` was accepted when built and refused at the expand (the docs say values
+    are checked when built)."""
+    kind = next(iter(source))
+    with pytest.raises(ValueError, match=rf"SamplingParams {kind}=.* does not compile: "):
+        SamplingParams(**source)
+
+
+def test_a_release_racing_an_expansion_fails_that_expansion_with_node_error(tiny, monkeypatch):
+    """Thread A expands below the root; at its first decode step thread B releases the root. A's expansion
+    fails with NodeError (not a raw KeyError from the store), B's release succeeds, and a third tree's
+    expansion in the same runtime is untouched."""
+    import threading
+
+    rt = Runtime(tiny)
+    root, other = rt.new_tree("1 2 3 4 5 6"), rt.new_tree("7 8 9 10")
+    forward, released, out = rt.backend.forward, threading.Event(), {}
+
+    def release_in_another_thread():
+        rt.release(root)
+        released.set()
+
+    def first_step_races(*args, **kwargs):
+        monkeypatch.setattr(rt.backend, "forward", forward)  # once
+        threading.Thread(target=release_in_another_thread).start()
+        while not rt.engine._pending:  # B's release is queued: the driver takes it next cycle
+            threading.Event().wait(0.001)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(rt.backend, "forward", first_step_races)
+    with pytest.raises(NodeError, match=r"node 0 was released \(by another thread\) while an expansion below it"):
+        rt.expand(root, 2, SamplingParams(max_new_tokens=6, temperature=1.0, seed=0, stop_at_eos=False))
+    assert released.wait(10) and root.released
+    out["kids"] = rt.expand(other, 2, SHORT)  # the runtime goes on
+    assert len(out["kids"]) == 2 and rt.store.pool.used == held_by_live_nodes(rt)

@@ -283,14 +283,15 @@ def test_console_script_end_to_end(data_dir, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((tmp_path / "results.jsonl").read_text())["index"] == 901
-    # a run dir of its own given as run_dir=, from another working directory: Hydra's files go there too
+    assert (tmp_path / ".hydra" / "overrides.yaml").is_file()  # Hydra's record, written once the run was accepted
+    # a run dir of its own given as run_dir=, from another working directory, refused: nothing is left of it
     bad_cmd = [*cmd[:-3], "task.start=5", "task.end=2", f"run_dir={tmp_path / 'bad'}"]
     (tmp_path / "cwd").mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(solve.__file__).parents[1]), *sys.path])}
     bad = subprocess.run(bad_cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path / "cwd", env=env)
     assert bad.returncode == 2 and "task.start=5 is greater than task.end=2" in bad.stderr
     assert "Traceback" not in bad.stderr
-    assert list((tmp_path / "cwd").iterdir()) == [] and (tmp_path / "bad" / ".hydra").is_dir()
+    assert list((tmp_path / "cwd").iterdir()) == [] and not (tmp_path / "bad").exists()
 
 
 def read_rows(run_dir):

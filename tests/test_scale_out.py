@@ -225,7 +225,7 @@ def test_a_problem_whose_retries_are_spent_is_recorded_as_an_error(local_ray, da
     killed: list[int] = []
     kill_one_busy_actor(monkeypatch, killed)
     extra = on_ray("runner.max_retries=0", "runner.actor_restarts=0")
-    assert run(cfg(data_dir, tmp_path, *SIX, *extra), Console(width=150)) == 0
+    assert run(cfg(data_dir, tmp_path, *SIX, *extra), Console(width=150)) == 1  # a problem failed: not exit 0
     assert sorted(indices(tmp_path)) == list(range(900, 906))  # never silently lost
     errors = [r for r in rows(tmp_path).values() if r["error"]]
     assert len(errors) == 1 and errors[0]["retries"] == 1 and not errors[0]["solved"]

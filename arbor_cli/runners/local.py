@@ -28,7 +28,13 @@ class LocalRunner:
         if not problems:
             return
         shared = setup.shared_runtime()
-        with ThreadPoolExecutor(concurrency, thread_name_prefix="search") as pool:
+        pool = ThreadPoolExecutor(concurrency, thread_name_prefix="search")
+        try:
             futures = [pool.submit(solve, setup, problem, shared) for problem in problems]
             for future in as_completed(futures):
                 yield future.result()
+        except BaseException as exc:  # Ctrl-C in this thread, or the caller stopped reading: the searches stop
+            shared.engine.interrupt(exc if isinstance(exc, KeyboardInterrupt) else RuntimeError("run stopped"))
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)

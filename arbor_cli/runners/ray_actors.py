@@ -15,11 +15,13 @@ Ray is an optional extra (``pip install 'arbor-runtime[ray]'``): this module imp
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +42,74 @@ REAPERS: list[subprocess.Popen] = []
 #: the fields of :class:`Setup` an actor receives from the driver (it loads its own model and
 #: receives each problem with the call that searches it)
 SHIPPED = ("task", "verifier", "policies")
+
+
+#: seconds a cluster's address has to accept a connection, and then its GCS to answer, before the run is
+#: refused (Ray's own retries take minutes)
+CONNECT_SECONDS, GCS_SECONDS = 5.0, 20.0
+
+
+def check_reachable(address: str) -> None:
+    """A cluster address must answer before any work: ``host:port`` (a head's GCS) or ``ray://host:port``
+    (Ray Client) must accept a TCP connection within :data:`CONNECT_SECONDS`, and a GCS address must
+    answer as a Ray GCS within :data:`GCS_SECONDS` (a token it asks for counts as an answer: ``ray.init``
+    reports that one). RunnerError in one line otherwise. ``auto`` is left to Ray, which fails at once
+    when this node is in no cluster."""
+    if address == "auto":
+        return
+    client = address.startswith("ray://")
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    valid = 'valid: a Ray head\'s "host:6379", "ray://host:10001", "auto", or null for a local instance'
+    if not sep or not host or not port.isdigit():
+        raise RunnerError(f"runner.address={address!r} is not an address; {valid}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise RunnerError(f"runner.address={address}: nothing answers there ({reason}); {valid}") from None
+    if not client:
+        _check_gcs(address, valid)
+
+
+def _check_gcs(address: str, valid: str) -> None:
+    """Ask the GCS at ``address`` for its cluster id, in a thread given :data:`GCS_SECONDS`."""
+    import threading
+
+    import_ray()
+    from ray._raylet import GcsClient
+
+    answer: list[BaseException | None] = []
+
+    def ask() -> None:
+        try:
+            GcsClient(address=address)
+            answer.append(None)
+        except Exception as exc:  # Ray's own error types (RpcError, AuthenticationError)
+            answer.append(exc)
+
+    thread = threading.Thread(target=ask, daemon=True, name="ray-address-check")
+    with _native_stderr_silenced():  # Ray's C++ client logs each failed try on fd 2
+        thread.start()
+        thread.join(GCS_SECONDS)
+    if not answer:
+        raise RunnerError(f"runner.address={address}: no Ray GCS answered within {GCS_SECONDS:g} s; {valid}")
+    error = answer[0]
+    if error is not None and type(error).__name__ != "AuthenticationError":
+        raise RunnerError(f"runner.address={address}: not a Ray GCS ({first_line(error)}); {valid}")
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 to /dev/null inside (native libraries write there, not to ``sys.stderr``)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def import_ray() -> Any:
@@ -92,11 +162,15 @@ class RayRunner:
             raise ValueError(f"runner.cpus_per_actor={self.cpus_per_actor!r} must be > 0")
         if self.gpus_per_actor is not None and self.gpus_per_actor < 0:
             raise ValueError(f"runner.gpus_per_actor={self.gpus_per_actor!r} must be >= 0 or null")
+        if not isinstance(self.log_to_driver, bool):
+            raise ValueError(f"runner.log_to_driver={self.log_to_driver!r} must be true or false")
         for name in ("max_retries", "actor_restarts"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"runner.{name}={value!r} must be an integer >= 0")
         self.local = dict(self.local or {})
+        if self.address is not None:
+            check_reachable(str(self.address))  # Ray itself retries an address nobody answers for minutes
         if self.address is None:  # a local instance: this machine's resources, known before Ray starts
             gpus = self.local.get("num_gpus")
             cpus = self.local.get("num_cpus")

@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="arbor-view", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a run dir of arbor-solve (holds results.jsonl)")
     args = parser.parse_args(argv)
+    logging.basicConfig(format="arbor-view: warning: %(message)s", level=logging.WARNING)
     if not (args.run_dir / RESULTS_FILE).is_file():
         print(f"arbor-view: error: {args.run_dir} is not a run dir: it has no {RESULTS_FILE}", file=sys.stderr)
         return 2

@@ -10,13 +10,14 @@ A page's data::
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
 from arbor_cli.residency import RESIDENCY_FILE
-from arbor_cli.results import EVENTS_FILE, RESULTS_FILE, TRACES_FILE, read_jsonl
-from arbor_cli.tree_export import load_tree
+from arbor_cli.results import EVENTS_FILE, RESULTS_FILE, TRACES_FILE, scan_records
+from arbor_cli.tree_export import load_tree, tree_paths
 
 #: results-row fields a page and the index table show
 ROW_FIELDS = (
@@ -24,15 +25,16 @@ ROW_FIELDS = (
     "peak_device_tokens", "peak_host_tokens", "rehydrations", "evicted_tokens", "dropped_tokens", "steps",
     "seconds", "nodes_created", "best_path",
 )  # fmt: skip
+log = logging.getLogger(__name__)
 
 
 def run_pages(run_dir: Path) -> list[dict[str, Any]]:
     """Every problem of ``run_dir``'s results (by index) as page data; [] when it has none."""
     run_dir = Path(run_dir)
-    rows = _by_index(read_jsonl(run_dir / RESULTS_FILE))
-    traces = _by_index(read_jsonl(run_dir / TRACES_FILE))
-    events = _by_index(read_jsonl(run_dir / EVENTS_FILE))
-    residency = _by_index(read_jsonl(run_dir / RESIDENCY_FILE))
+    rows = _by_index(_records(run_dir / RESULTS_FILE))
+    traces = _by_index(_records(run_dir / TRACES_FILE))
+    events = _by_index(_records(run_dir / EVENTS_FILE))
+    residency = _by_index(_records(run_dir / RESIDENCY_FILE))
     pages = []
     for index in sorted(rows):
         trace = traces.get(index, {}).get("trace", [])
@@ -43,7 +45,7 @@ def run_pages(run_dir: Path) -> list[dict[str, Any]]:
                 "index": index,
                 "question": rows[index].get("question"),
                 "row": {k: _finite(rows[index].get(k)) for k in ROW_FIELDS if k in rows[index]},
-                "tree": _finite(load_tree(run_dir, index)),
+                "tree": _finite(_tree(run_dir, index)),
                 "trace": _finite(trace),
                 "events": _finite(evs),
                 "residency": res,
@@ -68,7 +70,27 @@ def event_steps(residency: dict[str, Any] | None, trace: list[dict], events: lis
 
 
 def _by_index(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    return {int(r["index"]): r for r in rows if "index" in r}  # the last line of each problem wins
+    return {r["index"]: r for r in rows}  # the last line of each problem wins
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The file's records; one warning naming the file and the lines that are not records (left out)."""
+    rows, other = scan_records(path)
+    if other:
+        shown = ", ".join(map(str, other[:5])) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
+        log.warning("%s: line %s not a record (a JSON object with an integer index): left out", path, shown)
+    return rows
+
+
+def _tree(run_dir: Path, index: int) -> dict[str, Any] | None:
+    """``trees/<index>.json``, or None with one warning naming it when it is not whole JSON (the page then
+    shows no tree; the rest of the run's pages are written)."""
+    try:
+        return load_tree(run_dir, index)
+    except (ValueError, OSError) as exc:
+        log.warning("%s: not a readable tree (%s); problem %d's page shows none", tree_paths(run_dir, index)[0],
+                    str(exc).splitlines()[0], index)  # fmt: skip
+        return None
 
 
 def _finite(value: Any) -> Any:

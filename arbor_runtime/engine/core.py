@@ -37,6 +37,7 @@ from arbor_runtime.engine.executor import Executor, rows_by_stop
 from arbor_runtime.engine.scheduler import PAGE, Scheduler
 from arbor_runtime.engine.turns import Demand
 from arbor_runtime.engine.work import Account, ExpandJob, Work
+from arbor_runtime.errors import NodeError
 from arbor_runtime.generation import Row, StopChecker, add_own_attention, decode_batch, postprocess
 from arbor_runtime.sampling import row_seed
 
@@ -92,6 +93,7 @@ class Engine:
         self._driving = False
         self._submitted = 0  # works submitted so far (an idle driver waits for the next)
         self._progress = False  # whether the cycle in hand did anything (else the driver waits)
+        self._interrupted: BaseException | None = None  # set by :meth:`interrupt`
 
     @property
     def waiting(self) -> list[Row]:
@@ -132,10 +134,21 @@ class Engine:
             raise work.error
         return work.result
 
+    def interrupt(self, error: BaseException) -> None:
+        """Any thread: fail every work in flight, queued or submitted from now on with ``error`` (a
+        Ctrl-C in a thread that is not the driver: the searches sharing this runtime stop at the
+        driver's next cycle instead of finishing their problems)."""
+        with self._cv:
+            self._interrupted = error
+            self._submitted += 1  # an idle driver looks again
+            self._cv.notify_all()
+
     # ---- one cycle (driver only) ---------------------------------------------------------
     def _cycle(self) -> None:
         start, self._progress, new = time.perf_counter(), False, []
         try:
+            if self._interrupted is not None:
+                raise self._interrupted
             with self._cv:
                 new, self._pending, seen = self._pending, [], self._submitted
             demand = self._take_turns(new)
@@ -252,8 +265,14 @@ class Engine:
 
     # ---- expansions ----------------------------------------------------------------------
     def _start(self, job: ExpandJob) -> None:
-        """Rows for the job's requests; their sampling streams are fixed here."""
+        """Rows for the job's requests; their sampling streams are fixed here. A node released since the
+        caller checked it (by another thread, its release run first) fails the job alone."""
         self.accounts.start(job)
+        gone = next((node for node, _ in job.requests if node.released), None)
+        if gone is not None:
+            job.error = NodeError(f"node {gone.id} was released (by another thread) before its expansion started")
+            self._end(job)
+            return
         with self.accounts.accounting(job):
             self.memory.begin([node for node, _ in job.requests], job.account)
             if not self.scheduler.waiting:  # rows already waiting for room keep it: no prefetch takes it
@@ -344,6 +363,13 @@ class Engine:
         self.oplog.append({"op": "expand", "requests": requests, "children": [[c.id for c in kids] for kids in out]})
         job.result = out
         self._end(job)
+
+    def cancel_below(self, node_ids: set[int], error: BaseException) -> None:
+        """Fail, with ``error``, every expansion in flight that expands a node of ``node_ids`` (a
+        subtree about to be released): its rows leave before their blocks do; others go on."""
+        for job in list(self.jobs):
+            if any(node.id in node_ids for node, _ in job.requests):
+                self._fail(job, error)
 
     def _fail(self, job: ExpandJob, error: BaseException) -> None:
         """An expansion that cannot finish: its rows leave, its finished children go as if never

@@ -23,7 +23,6 @@ synchronously on the CPU (no pinning).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from arbor_runtime.kv.freelist import FreeList
-from arbor_runtime.kv.pool import DevicePool, Extent
+from arbor_runtime.kv.pool import DevicePool, Extent, available_host_bytes
 from arbor_runtime.kv.streams import DONE, SyncStreams, default_streams
 
 if TYPE_CHECKING:
@@ -50,16 +49,6 @@ STAGE_MIN_TOKENS, STAGE_MAX_TOKENS = 16, 8192
 #: share of the host memory available when a runtime starts that its host tier may hold when the
 #: policy sets no ``host_budget_tokens`` (the rest stays for the process, the model and other runs)
 HOST_SHARE = 0.5
-
-
-def available_host_bytes() -> int:
-    """Bytes of host memory available now (``psutil``'s ``available``, else free pages from sysconf)."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def default_host_tokens(shape: KVShape) -> int:

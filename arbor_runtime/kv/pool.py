@@ -14,17 +14,59 @@ memory. Moves inside the pool go through a staging chunk of at most ``STAGE_TOKE
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from arbor_runtime.errors import BudgetError
 from arbor_runtime.kv.freelist import Extent, FreeList
 
 #: tokens moved per staging copy inside the pool (bounded scratch, independent of context)
 STAGE_TOKENS = 64
 #: slots of each arena an unbounded pool adds (or what the request needs, if more)
 ARENA_SLOTS = 1024
+
+
+def available_host_bytes() -> int:
+    """Bytes of host memory available now (``psutil``'s ``available``, else free pages from sysconf)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def free_device_bytes(device: torch.device) -> int:
+    """Bytes free now on ``device``: a CUDA device's free memory, else the host's available memory."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return available_host_bytes()
+
+
+def check_pool_fits(
+    slots: int,
+    bytes_per_token: int,
+    device: torch.device | str,
+    what: str = "budget_tokens",
+    reserved: int = 0,
+    free: int | None = None,
+    valid: str = "",
+) -> None:
+    """A pool of ``slots`` token slots must fit in the memory free on ``device`` (less ``reserved`` bytes:
+    the weights a model will take, when it is not loaded yet); BudgetError in one line naming ``what``,
+    its size and the most that fits otherwise. ``free``: the bytes free, when known (else measured)."""
+    free = (free_device_bytes(torch.device(device)) if free is None else free) - reserved
+    need = slots * bytes_per_token
+    if need > free:
+        most = max(free, 0) // bytes_per_token
+        beside = " beside the model" if reserved else ""
+        raise BudgetError(
+            f"{what}={slots} needs {_size(need)} of KV ({bytes_per_token:,} bytes a token), more than the "
+            f"{_size(max(free, 0))} {torch.device(device).type} has free{beside}; valid: at most {most:,} tokens{valid}"
+        )
 
 
 class PoolExhausted(MemoryError):
@@ -214,11 +256,19 @@ class DevicePool:
         return torch.empty(s.kv_heads, n, s.head_dim, dtype=s.dtype, device=s.device)
 
     def _add_arena(self, slots: int) -> None:
+        """An arena of ``slots`` slots; BudgetError, one line, when the device has not the memory for it
+        (a budget of 10**12 tokens is refused here, not by the allocator's own message)."""
         s = self.shape
         size = (s.layers, s.kv_heads, slots, s.head_dim)
-        keys = torch.empty(size, dtype=s.dtype, device=s.device)
+        what = "budget_tokens" if self.fixed else "the growing pool's next arena"
+        check_pool_fits(slots, s.bytes_per_token, s.device, what=what)
+        try:
+            keys = torch.empty(size, dtype=s.dtype, device=s.device)
+            values = torch.empty_like(keys)
+        except RuntimeError:  # torch.OutOfMemoryError is one: the memory went between the check and here
+            check_pool_fits(slots, s.bytes_per_token, s.device, what=what, free=0)
         base = self._slots.grow(slots).start
-        self.arenas.append(_Arena(base, keys, torch.empty_like(keys)))
+        self.arenas.append(_Arena(base, keys, values))
 
     def _ensure(self, n: int, contiguous: bool) -> None:
         short = n - (self.largest_free() if contiguous else self.free_slots)
@@ -227,3 +277,12 @@ class DevicePool:
         if self.fixed:
             raise PoolExhausted(f"{n} slots asked, {self.free_slots} free of {self.capacity}")
         self._add_arena(max(n if contiguous else short, ARENA_SLOTS))
+
+
+def _size(n: float) -> str:
+    """Bytes as text in the largest unit under 1024 ("1.5 GiB", "512 B")."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n} B"

@@ -49,12 +49,25 @@ class MSVEWeights:
         path = Path(path).expanduser()
         if not path.is_file():
             raise FileNotFoundError(f"MSVE calibration file {str(path)!r} does not exist (policy.calibration)")
-        data = json.loads(path.read_text())
-        weights = data.get("weights", data)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:  # cut short, binary, a folder
+            why = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ValueError(
+                f"MSVE calibration file {str(path)!r} is not readable JSON ({why}) (policy.calibration)"
+            ) from None
+        weights = data.get("weights", data) if isinstance(data, dict) else None
+        if not isinstance(weights, dict):
+            raise ValueError(
+                f'MSVE calibration file {str(path)!r} holds no {{"weights": {{...}}}} object (policy.calibration)'
+            )
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(weights) - known)
         if unknown:
             raise ValueError(f"calibration {path}: unknown weights {unknown}; valid: {sorted(known)}")
+        bad = next((k for k, v in weights.items() if isinstance(v, bool) or not isinstance(v, int | float)), None)
+        if bad is not None:
+            raise ValueError(f"calibration {path}: weight {bad}={weights[bad]!r} is not a number")
         return cls(**{k: float(v) for k, v in weights.items()})
 
     def to_dict(self) -> dict[str, float]:

@@ -11,9 +11,12 @@ checkout) go to ``dense_layers.json`` in the cache folder and take precedence ov
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -66,9 +69,10 @@ def read_calibrations(path: Path) -> dict[str, DenseLayers]:
             fp: DenseLayers(str(e["model"]), tuple(_layer(x) for x in e["layers"]), str(e["source"]))
             for fp, e in models.items()
         }
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # a folder, binary, cut, other JSON
+        why = (str(err).splitlines() or [""])[0]
         raise ValueError(
-            f"{path}: not a dense-layers calibration file ({type(err).__name__}: {err}); "
+            f"{path}: not a dense-layers calibration file ({type(err).__name__}: {why}); "
             'expected {"models": {fingerprint: {"model": ..., "layers": [ints], "source": ...}}}: '
             "fix or delete it"
         ) from err
@@ -85,13 +89,26 @@ def write_calibration(model: torch.nn.Module, entry: DenseLayers, path: Path | N
     """Record ``entry`` as ``model``'s dense layers in the calibration file (other models' entries kept);
     the file is replaced whole (written beside it, then renamed), never left half written."""
     path = calibration_path() if path is None else path
-    models = {fp: asdict(e) for fp, e in read_calibrations(path).items()}  # layer tuples: JSON lists
-    models[model_fingerprint(model)] = asdict(entry)
+    fingerprint = model_fingerprint(model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as tmp:
-        tmp.write(json.dumps({"models": models}, indent=1, sort_keys=True) + "\n")  # a file of its own per writer
-    os.replace(tmp.name, path)
+    with _locked(path):  # read, add, replace: one writer at a time, or two would lose each other's entries
+        models = {fp: asdict(e) for fp, e in read_calibrations(path).items()}  # layer tuples: JSON lists
+        models[fingerprint] = asdict(entry)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as tmp:
+            tmp.write(json.dumps({"models": models}, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp.name, path)
     return path
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive ``fcntl.flock`` on ``<path>.lock`` while inside (the kernel drops it with its process)."""
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def dense_layers_entry(model: torch.nn.Module, path: Path | None = None) -> DenseLayers | None:
