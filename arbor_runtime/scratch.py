@@ -81,6 +81,26 @@ def forward_scratch_bytes(
         logits: k, logits kept per row; stats: attention statistics collected; packed: a packed
         copy may be made; threads: T (default: torch's threads now).
     """
+    return logits_scratch_bytes(m, rows, logits) + body_scratch_bytes(m, rows, q, own, stats, packed, threads)
+
+
+def logits_scratch_bytes(m: ScratchModel, rows: int, logits: int = 1) -> int:
+    """The bound's logits term: ``R*k*V*s``, what the output layer allocates at the forward's end."""
+    return rows * logits * m.vocab * m.dtype_bytes
+
+
+def body_scratch_bytes(
+    m: ScratchModel,
+    rows: int,
+    q: int,
+    own: int = 0,
+    stats: bool = False,
+    packed: bool = True,
+    threads: int | None = None,
+) -> int:
+    """The bound less its logits term: what the layer stack (attention over the context included) may
+    allocate before the output layer runs. A copy of the context it reads (rows x context x K/V) does
+    not fit it, whatever the logits would have hidden."""
     s, f = m.dtype_bytes, 4
     threads = torch.get_num_threads() if threads is None else threads
     chunk = KEY_CHUNK if stats else 0
@@ -89,4 +109,4 @@ def forward_scratch_bytes(
     group = m.heads // m.kv_heads
     flash = min(rows * group * q, FLASH_Q_SPLIT) * threads * f * (FLASH_KV_SPLIT + 2 + m.head_dim)
     pack = 2 * m.kv_heads * m.head_dim * s * PACK_MAX_TOKENS if packed else 0
-    return rows * logits * m.vocab * s + layer + own_tokens + flash + pack
+    return layer + own_tokens + flash + pack

@@ -16,6 +16,7 @@ On CUDA use ``torch.cuda.max_memory_allocated`` around the step instead (``bench
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ from typing import Any
 import torch
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile, record_function
+
+#: the profiler range the output layer runs under while a :class:`ForwardMeter` meters a forward
+LOGITS_MARK = "arbor.logits"
 
 
 def _tree(prof: profile) -> Iterator[Any]:
@@ -60,11 +64,43 @@ def transient_peak_bytes(fn: Callable[[], Any]) -> tuple[int, Any]:
 
     CPU allocations only (what this machine has); on CUDA use ``torch.cuda.max_memory_allocated``.
     """
+    peak, _, result = peaks_around(fn, mark=None)
+    return peak, result
+
+
+def peaks_around(fn: Callable[[], Any], mark: str | None) -> tuple[int, int | None, Any]:
+    """Run ``fn`` under the profiler; return (its peak above the start, its peak before the first
+    ``record_function(mark)`` inside it began (None without one), its result)."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         with record_function("arbor.call"):
             result = fn()
-    call = next(e for e in _tree(prof) if e.name == "arbor.call")
-    return running_peak(_allocations(call)), result
+    events = list(_tree(prof))
+    call = next(e for e in events if e.name == "arbor.call")
+    allocations = _allocations(call)
+    starts = [e.start_time_ns for e in events if mark is not None and e.name == mark]
+    before = running_peak([a for a in allocations if a[0] < min(starts)]) if starts else None
+    return running_peak(allocations), before, result
+
+
+@contextlib.contextmanager
+def marked(module: torch.nn.Module, name: str) -> Iterator[None]:
+    """Inside, every call of ``module`` runs under ``record_function(name)`` (its start is visible to
+    :func:`peaks_around`); its own ``forward`` is put back afterwards."""
+    own = module.__dict__.get("forward")  # an instance's own forward (a hook library's), else the class's
+    forward = module.forward
+
+    def wrapped(*args, **kwargs):
+        with record_function(name):
+            return forward(*args, **kwargs)
+
+    module.forward = wrapped
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
 
 
 @dataclass(slots=True)
@@ -77,6 +113,8 @@ class ForwardRecord:
             stats: whether attention statistics were collected.
         context: pool slots the batch's rows read (every context token, counted once per group).
         peak_bytes: the most the forward had allocated above its start (set when the meter stops).
+        body_peak_bytes: the most it had allocated before the output layer made the logits: the layer
+            stack's own scratch, attention included (None where the meter cannot tell, on CUDA).
     """
 
     rows: int
@@ -86,6 +124,7 @@ class ForwardRecord:
     stats: bool
     context: int
     peak_bytes: int = 0
+    body_peak_bytes: int | None = None
 
 
 class ForwardMeter:
@@ -113,28 +152,32 @@ class ForwardMeter:
         forward = self._forward
         if isinstance(self.backend, type):  # every instance's forward: the wrapper gets ``self`` too
             self.backend.forward = lambda backend, *args, **kwargs: self._metered(
-                lambda *a, **k: forward(backend, *a, **k), *args, **kwargs
+                backend, lambda *a, **k: forward(backend, *a, **k), *args, **kwargs
             )
         else:
-            self.backend.forward = lambda *args, **kwargs: self._metered(forward, *args, **kwargs)
+            backend = self.backend
+            self.backend.forward = lambda *args, **kwargs: self._metered(backend, forward, *args, **kwargs)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.backend.forward = self._forward
 
-    def _metered(self, forward, batch, input_ids, position_ids, logits_to_keep: int = 1):
+    def _metered(self, backend, forward, batch, input_ids, position_ids, logits_to_keep: int = 1):
         rows, q = input_ids.shape
         own = 0 if batch.own_slots is None else int(batch.own_slots.shape[1])
         context = sum(p.length for g in batch.groups for p in g.pieces)
         kept = q if logits_to_keep == 0 else min(logits_to_keep, q)
         record = ForwardRecord(rows, q, own, kept, bool(batch.stats), context)
-        record.peak_bytes, out = self._measure(lambda: forward(batch, input_ids, position_ids, logits_to_keep))
+        with marked(backend.model.get_output_embeddings(), LOGITS_MARK):
+            record.peak_bytes, record.body_peak_bytes, out = self._measure(
+                lambda: forward(batch, input_ids, position_ids, logits_to_keep)
+            )
         with self._lock:
             self.records.append(record)
         return out
 
-    def _measure(self, call: Callable[[], Any]) -> tuple[int, Any]:
-        return transient_peak_bytes(call)
+    def _measure(self, call: Callable[[], Any]) -> tuple[int, int | None, Any]:
+        return peaks_around(call, LOGITS_MARK)
 
 
 class CudaForwardMeter(ForwardMeter):
@@ -146,14 +189,14 @@ class CudaForwardMeter(ForwardMeter):
         super().__init__(backend)
         self._peak_seen = 0
 
-    def _measure(self, call: Callable[[], Any]) -> tuple[int, Any]:
+    def _measure(self, call: Callable[[], Any]) -> tuple[int, int | None, Any]:
         torch.cuda.synchronize()
         self._peak_seen = max(self._peak_seen, torch.cuda.max_memory_allocated())
         start = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         out = call()
         torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - start, out
+        return torch.cuda.max_memory_allocated() - start, None, out
 
     def max_allocated(self) -> int:
         """Peak ``max_memory_allocated`` since the meter was made (across its per-forward resets)."""
