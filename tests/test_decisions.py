@@ -6,8 +6,10 @@ Read from the source with ``ast`` (nothing runs):
   no module of the product compares anything against the KV budget: no comparison has a budget name
   on one side and anything but a literal on the other. Budget names are ``budget`` and the names
   ending in ``_budget`` or ``budget_tokens`` (a sparse policy's ``token_budget``, the tokens a decode
-  query reads, is not KV memory). Checking a setting itself (``budget_tokens <= 0``: a literal on the
-  other side) and ``is None`` are not comparisons against the budget.
+  query reads, is not KV memory), and every name that holds one under another name (``limit =
+  cfg.budget_tokens``, an attribute set from it in another method: :func:`budget_aliases`). Checking a
+  setting itself (``budget_tokens <= 0``: a literal or a constant on the other side), ``is None`` and
+  membership (``in``) are not comparisons against the budget.
 - Only the planner reads a policy's ``capabilities`` (a policy declares its own, a sparse wrapper from
   the policy it wraps: the policies package is where they are declared), and no module reads the seven
   booleans that capabilities replaced off a policy.
@@ -48,28 +50,95 @@ def is_budget_name(name: str) -> bool:
     return name != "token_budget" and (name == "budget" or name.endswith(("_budget", "budget_tokens")))
 
 
+def budget_aliases(tree: ast.AST) -> set[str]:
+    """Names that hold a budget under another name, in ``tree``: a variable or attribute assigned (``=``,
+    ``+=``, a ``for`` target, a ``with ... as``, a tuple unpacked) from an expression that reads a budget name
+    or another alias (``limit = self.config.budget_tokens``, ``cap, n = budget, 3``,
+    ``self.room = limit - used``), followed to a fixpoint; a ``def`` argument named like a budget is one
+    already. Names are collected over the whole module (an alias set in ``__init__`` is read elsewhere)."""
+    aliases: set[str] = set()
+
+    def reads_budget(expr: ast.AST) -> bool:  # a call's arguments make something else (``KVStore(..., budget)``)
+        return any(is_budget_name(n) or n in aliases for n in _names(expr, calls=False))
+
+    grew = True
+    while grew:
+        grew = False
+        for node in ast.walk(tree):
+            pairs = []
+            if isinstance(node, ast.Assign):
+                pairs = [(t, node.value) for t in node.targets]
+            elif isinstance(node, ast.AnnAssign | ast.AugAssign) and node.value is not None:
+                pairs = [(node.target, node.value)]
+            elif isinstance(node, ast.For | ast.comprehension):
+                pairs = [(node.target, node.iter)]
+            elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                pairs = [(node.optional_vars, node.context_expr)]
+            elif isinstance(node, ast.NamedExpr):
+                pairs = [(node.target, node.value)]
+            for target, value in pairs:
+                if not reads_budget(value):
+                    continue
+                for name in _target_names(target):
+                    if name not in aliases and not is_budget_name(name):
+                        aliases.add(name)
+                        grew = True
+    return aliases
+
+
+def _literal(side: ast.AST) -> bool:
+    """A literal, a negated one, or a constant's name (``AUTO``): checking a setting, not comparing amounts."""
+    if isinstance(side, ast.UnaryOp):
+        side = side.operand
+    return isinstance(side, ast.Constant) or (isinstance(side, ast.Name) and side.id.isupper())
+
+
+def _names(expr: ast.AST, calls: bool = True) -> list[str]:
+    """Every variable and attribute name read in ``expr`` (``self.config.budget`` reads self, config, budget);
+    without ``calls``, not those inside a call's arguments. UPPER_CASE names are constants, not read."""
+    skip = set()
+    if not calls:
+        for node in ast.walk(expr):
+            if isinstance(node, ast.Call):
+                skip |= {id(n) for arg in [*node.args, *(k.value for k in node.keywords)] for n in ast.walk(arg)}
+    return [
+        n.id if isinstance(n, ast.Name) else n.attr
+        for n in ast.walk(expr)
+        if isinstance(n, ast.Name | ast.Attribute)
+        and id(n) not in skip
+        and not (n.id if isinstance(n, ast.Name) else n.attr).isupper()
+    ]
+
+
+def _target_names(target: ast.AST) -> list[str]:
+    """The names an assignment target binds: a name, an attribute's last part, each part of a tuple."""
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, ast.Attribute):
+        return [target.attr]
+    if isinstance(target, ast.Tuple | ast.List):
+        return [name for elt in target.elts for name in _target_names(elt)]
+    if isinstance(target, ast.Starred):
+        return _target_names(target.value)
+    return []  # a subscript: the container is not the budget
+
+
 def budget_comparisons(tree: ast.AST) -> list[str]:
-    """Comparisons in ``tree`` of a budget name against anything but a literal (``is None`` aside)."""
+    """Comparisons in ``tree`` of a budget name, or of a name holding one (:func:`budget_aliases`),
+    against anything but a literal (``is None`` aside)."""
+    aliases = budget_aliases(tree)
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Compare):
             continue
         sides = [node.left, *node.comparators]
-        if all(isinstance(op, ast.Is | ast.IsNot) for op in node.ops):
+        if all(isinstance(op, ast.Is | ast.IsNot | ast.In | ast.NotIn) for op in node.ops):
+            continue  # identity and membership: nothing is compared against an amount
+        if any(_literal(s) for s in sides):
             continue
-        if any(
-            isinstance(s, ast.Constant) or (isinstance(s, ast.UnaryOp) and isinstance(s.operand, ast.Constant))
-            for s in sides
-        ):
-            continue
-        names = [
-            n.id if isinstance(n, ast.Name) else n.attr
-            for n in ast.walk(node)
-            if isinstance(n, ast.Name | ast.Attribute)
-        ]
-        if any(is_budget_name(n) for n in names):
-            found.append(f"{node.lineno}: {ast.unparse(node)}")
-    return found
+        if any(is_budget_name(n) or n in aliases for n in _names(node)):
+            found.append((node.lineno, f"{node.lineno}: {ast.unparse(node)}"))
+    return [line for _, line in sorted(found)]
 
 
 def capability_reads(tree: ast.AST) -> list[str]:
@@ -128,6 +197,30 @@ def test_no_module_imports_a_private_name_from_another():
         for path, tree in sources(*PRODUCT, "tests", "benchmarks", "research", "scripts").items()
     }
     assert {path: lines for path, lines in found.items() if lines} == {}
+
+
+def test_a_budget_compared_through_an_alias_is_seen():
+    """A budget read into another name, or into an attribute set elsewhere, and compared there is still a
+    comparison against the budget (checking names alone let ``limit = cfg.budget_tokens; used > limit`` pass)."""
+    source = (
+        "limit = self.config.budget_tokens\n"
+        "if used > limit: pass\n"  # through a variable
+        "class A:\n"
+        "    def __init__(self, config):\n"
+        "        self.cap, n = config.kv_budget_tokens - 8, 3\n"  # into an attribute, unpacked
+        "    def full(self, used):\n"
+        "        return used >= self.cap\n"  # read in another method
+        "room = [x for x in (limit,)]\n"
+        "if room[0] < 5 + need: pass\n"  # a container holding it, through a subscript
+        "store = KVStore(shape, budget)\n"  # built from it: a store, not a budget
+        "if block in store: pass\n"
+        "if n == AUTO: pass\n"  # a constant: checking a setting
+    )
+    assert budget_comparisons(ast.parse(source)) == [
+        "2: used > limit",
+        "7: used >= self.cap",
+        "9: room[0] < 5 + need",
+    ]
 
 
 def test_the_checks_see_what_they_look_for():
