@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from arbor_cli.results import load_done
+from arbor_cli.results import load_done, write_jsonl
 from arbor_cli.sweep import find_jobs
 from benchmarks.results.stats import format_rate, sign_test
 
@@ -107,45 +107,83 @@ def _pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def summarise(
-    search: str, label: str, ratio: float | None, run_dir: Path, ref: Path, ref_rows: dict[int, dict], setting: str = ""
-) -> dict[str, Any]:
-    """One table row: ``run_dir``'s problems against the reference run ``ref`` (full, no budget)."""
+#: the section's per-problem rows, beside its results.json
+ROWS_FILE = "rows.jsonl"
+#: what a section's ``rows.jsonl`` holds of each problem of each table row (the totals recount from these)
+ROW_FIELDS = (
+    "index", "answer", "solved", "agree", "nodes_as_full", "seconds", "peak_device_tokens", "peak_device_bytes",
+    "pool_bytes", "oom", "budget_tokens", "floor_tokens", "rehydrations", "code",
+)  # fmt: skip
+
+
+def problem_rows(run_dir: Path, ref: Path, ref_rows: dict[int, dict]) -> list[dict[str, Any]]:
+    """One record per problem ``run_dir`` shares with the reference run ``ref``: its answer and whether it
+    solved it, agrees with full's answer (an out-of-memory search answers nothing: it never agrees, even where
+    full gave no answer either) and rebuilt full's tree (the share of its nodes with the same text along the
+    same path), its seconds, peaks, pool, OOM, budget and floor (:data:`ROW_FIELDS`)."""
     rows = load_done(run_dir)
     shared = sorted(rows.keys() & ref_rows.keys())
     if not shared:
         raise ValueError(f"{run_dir}: no problem in common with the reference {ref}")
-    solved = sum(bool(rows[i]["solved"]) for i in shared)
-    # paired with the reference, problem by problem: what a solve rate alone cannot separate at this n
-    gained = sum(bool(rows[i]["solved"]) and not ref_rows[i]["solved"] for i in shared)
-    lost = sum(not rows[i]["solved"] and bool(ref_rows[i]["solved"]) for i in shared)
-    # an out-of-memory search answers nothing: it never agrees, even where full gave no answer either
-    agree = sum(not rows[i].get("oom") and rows[i].get("answer") == ref_rows[i].get("answer") for i in shared)
-    oom = sum(bool(rows[i].get("oom")) for i in shared)
-    share = []
+    out = []
     for i in shared:
-        theirs, ours = tree_paths(ref, i), tree_paths(run_dir, i)
-        share.append(len(theirs & ours) / len(theirs) if theirs else 0.0)
-    seconds = [float(rows[i].get("seconds") or 0.0) for i in shared]
-    peak = [float(rows[i].get("peak_device_bytes") or 0.0) for i in shared]
-    ref_peak = [float(ref_rows[i].get("peak_device_bytes") or 0.0) for i in shared]
-    pool = [float(rows[i].get("pool_bytes") or 0.0) for i in shared]
+        row, theirs, ours = rows[i], tree_paths(ref, i), tree_paths(run_dir, i)
+        out.append(
+            {k: row.get(k) for k in ROW_FIELDS}
+            | {
+                "solved": bool(row.get("solved")), "oom": bool(row.get("oom")),
+                "agree": not row.get("oom") and row.get("answer") == ref_rows[i].get("answer"),
+                "nodes_as_full": len(theirs & ours) / len(theirs) if theirs else 0.0,
+                "seconds": float(row.get("seconds") or 0.0), "rehydrations": int(row.get("rehydrations") or 0),
+                "full_solved": bool(ref_rows[i].get("solved")),
+                "full_peak_device_bytes": float(ref_rows[i].get("peak_device_bytes") or 0.0),
+            }
+        )  # fmt: skip
+    return out
+
+
+def summarise(
+    search: str, label: str, ratio: float | None, run_dir: Path, ref: Path, ref_rows: dict[int, dict], setting: str = ""
+) -> dict[str, Any]:
+    """One table row: ``run_dir``'s problems against the reference run ``ref`` (full, no budget), totalled
+    from :func:`problem_rows` (kept under ``"problem_rows"`` for the section's ``rows.jsonl``)."""
+    per = problem_rows(run_dir, ref, ref_rows)
+    n = len(per)
+    solved = sum(r["solved"] for r in per)
+    # paired with the reference, problem by problem: what a solve rate alone cannot separate at this n
+    gained = sum(r["solved"] and not r["full_solved"] for r in per)
+    lost = sum(not r["solved"] and r["full_solved"] for r in per)
+    agree, oom = sum(r["agree"] for r in per), sum(r["oom"] for r in per)
+    seconds = [r["seconds"] for r in per]
+    peak = [float(r["peak_device_bytes"] or 0.0) for r in per]
+    ref_peak = [r["full_peak_device_bytes"] for r in per]
+    pool = [float(r["pool_bytes"] or 0.0) for r in per]
     p = None if run_dir == ref else sign_test(gained, lost)  # the reference is not tested against itself
     return {
         "search": search, "policy": label, "setting": setting,
         "budget": "none" if ratio is None else f"{ratio:g}x full peak",
-        "ratio": ratio, "problems": len(shared), "solved": format_rate(solved, len(shared)), "solved_n": solved,
+        "ratio": ratio, "problems": n, "solved": format_rate(solved, n), "solved_n": solved,
         "gained_n": gained, "lost_n": lost, "sign_p": p,
         "vs_full": "" if p is None else f"+{gained} / -{lost} (p {p:.2g})",
-        "agree": format_rate(agree, len(shared)), "agree_n": agree,
-        "nodes_as_full": statistics.mean(share), "peak_kv_mb": statistics.mean(peak) / 2**20,
+        "agree": format_rate(agree, n), "agree_n": agree,
+        "nodes_as_full": statistics.mean(r["nodes_as_full"] for r in per), "peak_kv_mb": statistics.mean(peak) / 2**20,
         "x_full_kv": sum(peak) / sum(ref_peak) if sum(ref_peak) else None,
         "pool_mb": statistics.mean(pool) / 2**20,
         "mean_s": statistics.mean(seconds), "p50_s": _pct(seconds, 0.5), "p95_s": _pct(seconds, 0.95),
         "solved_per_h": solved / (sum(seconds) / 3600) if sum(seconds) else None,
-        "rehydrations": statistics.mean(float(rows[i].get("rehydrations") or 0) for i in shared),
-        "oom": format_rate(oom, len(shared)), "oom_n": oom,
+        "rehydrations": statistics.mean(r["rehydrations"] for r in per),
+        "oom": format_rate(oom, n), "oom_n": oom, "problem_rows": per,
     }  # fmt: skip
+
+
+def section_rows(table_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every table row's problems as the lines of the section's ``rows.jsonl`` (each names its table row by
+    policy, budget and setting), taking them out of the table rows."""
+    out = []
+    for row in table_rows:
+        key = {"policy": row["policy"], "budget": row["budget"], "setting": row["setting"]}
+        out += [key | problem for problem in row.pop("problem_rows")]
+    return out
 
 
 def table(search: str, full_dir: Path, sweep_dirs: Iterable[Path]) -> list[dict[str, Any]]:
@@ -199,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--setting", action="append", default=[], help="KEY=VALUE recorded in the section's settings")
     args = ap.parse_args(argv)
     rows = table(args.search, args.full, args.sweeps)
+    per_problem = section_rows(rows)
     for r in rows:
         print(" | ".join(str(r[k]) if not isinstance(r[k], float) else f"{r[k]:.2f}" for k, _, _ in COLUMNS))
     if args.section:
@@ -207,7 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         dirs = [args.full] + [run_dir for d in args.sweeps for *_, run_dir in sweep_runs(d)]
         extra = measured_by(row_codes(dirs)) | {"title": args.title, "columns": columns}
         path = write_section_data(args.section, rows, args.command, settings, **extra)
-        print(f"wrote {path}")
+        write_jsonl(path.with_name(ROWS_FILE), per_problem)  # every total above recounts from these
+        print(f"wrote {path} and {ROWS_FILE}")
     return 0
 
 

@@ -113,6 +113,13 @@ def test_section_data_is_written_with_the_command(tmp_path, monkeypatch):
     doc = json.loads((tmp_path / "docs-data" / "e2e-test" / "results.json").read_text())
     assert doc["command"] == "bash x.sh" and len(doc["tables"]["main"]["rows"]) == 2
     assert [c["key"] for c in doc["tables"]["main"]["columns"]][:4] == ["search", "policy", "setting", "budget"]
+    assert "problem_rows" not in doc["tables"]["main"]["rows"][1]  # the problems go to rows.jsonl, beside it
+    per = read_jsonl(tmp_path / "docs-data" / "e2e-test" / "rows.jsonl")
+    assert [(r["policy"], r["budget"], r["index"], r["solved"], r["agree"]) for r in per] == [
+        ("full", "none", 0, True, True),
+        ("arbor", "0.5x full peak", 0, True, True),
+    ]
+    assert per[1]["seconds"] == 3.0 and per[1]["peak_device_bytes"] == 500 and per[0]["nodes_as_full"] == 1.0
 
 
 def test_the_section_is_measured_by_the_code_of_its_rows_not_the_writing_checkout(tmp_path, monkeypatch):
