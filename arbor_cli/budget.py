@@ -31,7 +31,7 @@ from arbor_runtime.tasks.base import Problem, Task
 RUN_KEYS = ("budget_ratio", "budget_reference", "reference_may_differ")
 #: settings of a budget reference's run that must equal the run it serves (dotted keys, or prefixes
 #: ending in "."): what decides each problem's tree and so its peak
-REFERENCE_KEYS = ("task.", "controller.", "verifier.", "model.spec", "model.dtype", "seed")
+REFERENCE_KEYS = ("task.", "controller.", "verifier.", "model.spec", "model.dtype", "model.weights", "seed")
 #: ``budget_tokens: auto`` on a GPU: this share of the device memory free after the model loads
 GPU_MEMORY_FRACTION = 0.9
 #: ``budget_tokens: auto`` on a CPU: this many times the longest active path (prompt + one thought)

@@ -30,7 +30,7 @@ from arbor_runtime.verifiers.base import Verifier
 #: errors a user's config or data can cause: reported as one line, exit code 2
 USER_ERRORS = (ArborError, ValueError, FileNotFoundError, KeyError, TypeError)
 #: keys of ``conf/model/*.yaml`` passed to :func:`arbor_runtime.load_model`
-MODEL_KEYS = ("spec", "device", "dtype", "trust_remote_code")
+MODEL_KEYS = ("spec", "device", "dtype", "trust_remote_code", "weights")
 
 
 def compose_config(overrides: Sequence[str] = ()) -> DictConfig:

@@ -42,7 +42,7 @@ def validate_config(cfg: DictConfig, policies: PolicyFactory, device: str | None
         device = resolve_device(device or cfg.model.get("device"))
     except ModelSpecError as exc:
         raise ModelSpecError(f"model.{exc}") from None
-    geometry = check_model_files(cfg.model.spec, device, cfg.model.get("dtype"))
+    geometry = check_model_files(cfg.model.spec, device, cfg.model.get("dtype"), cfg.model.get("weights") or "dense")
     check_kvp_weights(policies.node, cfg.model.spec)
     check_dense_layers(policies.node, geometry, cfg.model.spec)
     budget = policies.node.get("budget_tokens")
@@ -55,10 +55,15 @@ def validate_config(cfg: DictConfig, policies: PolicyFactory, device: str | None
 GEOMETRY_KEYS = ("num_hidden_layers", "num_attention_heads", "hidden_size")
 
 
-def check_model_files(spec: str, device: str, dtype: str | None) -> ModelGeometry:
-    """:func:`inspect_model`, a config that lacks a key the KV geometry needs named in one line."""
+def check_model_files(spec: str, device: str, dtype: str | None, weights: str = "dense") -> ModelGeometry:
+    """:func:`inspect_model`, a config that lacks a key the KV geometry needs named in one line; a weight format
+    the device cannot run, or a dtype beside it, refused as ``model.weights``."""
     try:
-        return inspect_model(spec, device=device, dtype=dtype)
+        return inspect_model(spec, device=device, dtype=dtype, weights=weights)
+    except ValueError as exc:
+        if str(exc).startswith(("weights=", "dtype=")):
+            raise ValueError(f"model.{exc}") from None
+        raise
     except KeyError as exc:
         raise ModelSpecError(
             f"model.spec={spec}: its config has no {exc.args[0]!r}; valid: a config.json that states "

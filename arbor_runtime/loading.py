@@ -17,7 +17,7 @@ import re
 import shutil
 import struct
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +42,13 @@ class LoadedModel:
         model: a ``transformers`` causal LM in eval mode.
         tokenizer: its tokenizer.
         spec: the spec it was loaded from (for logs and result files).
+        weights: how its linear layers hold their weights (``dense``, ``int8``, ``int4``: :mod:`arbor_runtime.weights`).
     """
 
     model: torch.nn.Module
     tokenizer: object
     spec: str
+    weights: str = "dense"
 
     @property
     def device(self) -> torch.device:
@@ -59,6 +61,7 @@ def load_model(
     dtype: str | None = None,
     trust_remote_code: bool = False,
     cache_dir: str | Path | None = None,
+    weights: str = "dense",
 ) -> LoadedModel:
     """Load a model by spec.
 
@@ -74,6 +77,10 @@ def load_model(
             too, as yes; a value that is not a bool is refused here).
         cache_dir: where converted models live (default ``$ARBOR_CACHE_DIR`` or
             ``~/.cache/arbor_runtime``).
+        weights: how the linear layers hold their weights (:mod:`arbor_runtime.weights`): ``"dense"`` (the
+            dtype's; float32 on CPU: what the exactness tests use), ``"int8"`` or ``"int4"`` (weight-only, on
+            PyTorch's CPU kernels, bfloat16 activations and KV; int4 keeps a GGUF's own Q4_1 blocks), or
+            ``"auto"``: the default of :func:`auto_weights` (int4 for a GGUF of Q4_1 blocks on CPU, else dense).
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ModelSpecError(f"model spec {spec!r} is empty; valid: {', '.join(KNOWN_SPECS)}")
@@ -82,7 +89,8 @@ def load_model(
             f"trust_remote_code={trust_remote_code!r} must be True or False (True runs the model folder's own code)"
         )
     device = resolve_device(device)
-    torch_dtype = _resolve_dtype(dtype, device)
+    weights = resolve_weights(weights, spec, device, dtype)
+    torch_dtype = torch.float32 if weights != "dense" else _resolve_dtype(dtype, device)  # quantized from float32
     if spec == "tiny-random":
         model, tok = tiny_random_model(), _smollm2_tokenizer(cache_dir)  # SmolLM2's tokenizer
     elif spec == "smollm2":
@@ -96,9 +104,48 @@ def load_model(
     # "auto" (the default on a GPU) means the checkpoint's own dtype: the tiny model is built in fp32
     cast = torch_dtype if spec == "tiny-random" and isinstance(torch_dtype, torch.dtype) else None
     model = model.to(device=device, dtype=cast).eval()
+    if weights != "dense":
+        from arbor_runtime.policies.kvp_weights import model_fingerprint
+        from arbor_runtime.weights import quantize_model
+
+        model.arbor_fingerprint = model_fingerprint(model)  # the weights' identity, as read in float32
+        quantize_model(model, weights, gguf=gguf_source(spec))
     attention = model_attention(model)  # refuses, in one line, what the tree attention cannot serve
-    log.debug("model %s: %s (%s)", spec, attention.model_type, attention.describe())
-    return LoadedModel(model=model, tokenizer=tok, spec=spec)
+    log.debug("model %s: %s (%s), weights %s", spec, attention.model_type, attention.describe(), weights)
+    return LoadedModel(model=model, tokenizer=tok, spec=spec, weights=weights)
+
+
+def gguf_source(spec: str) -> Path | None:
+    """The GGUF file a spec's weights come from (``smollm2``'s, or a ``.gguf`` path), else None."""
+    if spec == "smollm2":
+        return smollm2_gguf_path()
+    return Path(spec).expanduser() if spec.endswith(".gguf") else None
+
+
+def auto_weights(spec: str, device: str, dtype: str | None = None) -> str:
+    """``weights="auto"``: int4 on CPU for a model read from a GGUF file (its own 4-bit blocks, what llama.cpp
+    reads) unless a dtype other than bfloat16 is asked for; dense otherwise (another model's weights would be
+    quantized here: not measured)."""
+    gguf_cpu = torch.device(device).type == "cpu" and gguf_source(spec) is not None
+    return "int4" if gguf_cpu and dtype in (None, "auto", "bfloat16") else "dense"
+
+
+def resolve_weights(weights: str, spec: str, device: str, dtype: str | None) -> str:
+    """``weights`` as a format (``auto`` chosen by :func:`auto_weights`), checked against the device and dtype:
+    int8 and int4 compute in bfloat16, so another dtype asked beside them is refused (ValueError, one line)."""
+    from arbor_runtime.weights import FORMATS, check_weights
+
+    if weights == "auto":
+        weights = auto_weights(spec, device, dtype)
+    if weights not in FORMATS:
+        raise ValueError(f"weights={weights!r} is not a weight format; valid: {', '.join(FORMATS)}, auto")
+    check_weights(weights, device)
+    if weights != "dense" and dtype not in (None, "auto", "bfloat16"):
+        raise ValueError(
+            f"dtype={dtype} with weights={weights}: int8 and int4 weights compute in bfloat16; valid: dtype=bfloat16 "
+            "or null with them, or weights=dense"
+        )
+    return weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,17 +171,23 @@ class ModelGeometry:
 
 
 def inspect_model(
-    spec: str = "smollm2", device: str | None = None, dtype: str | None = None, cache_dir: str | Path | None = None
+    spec: str = "smollm2",
+    device: str | None = None,
+    dtype: str | None = None,
+    cache_dir: str | Path | None = None,
+    weights: str = "dense",
 ) -> ModelGeometry:
     """Check a spec's files the way :func:`load_model` will read them, without loading weights (~ms).
 
     A GGUF file must parse to its last tensor; a safetensors checkpoint must hold ``lm_head.weight``
-    unless its config ties it to the embeddings. Raises :class:`ModelSpecError` naming the file.
+    unless its config ties it to the embeddings. Raises :class:`ModelSpecError` naming the file; a
+    ``weights`` format the device cannot run, or a dtype beside it, is a ValueError (:func:`resolve_weights`).
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ModelSpecError(f"model spec {spec!r} is empty; valid: {', '.join(KNOWN_SPECS)}")
     device = resolve_device(device)
-    torch_dtype = _resolve_dtype(dtype, device)
+    weights = resolve_weights(weights, spec, device, dtype)
+    torch_dtype = torch.bfloat16 if weights != "dense" else _resolve_dtype(dtype, device)  # the KV's dtype
     if spec == "tiny-random":
         cfg = tiny_random_config().to_dict()
     elif spec == "smollm2":
@@ -147,7 +200,10 @@ def inspect_model(
     else:
         cfg = _hub_config(spec)
     check_config(cfg)
-    return _geometry(cfg, torch_dtype)
+    geometry = _geometry(cfg, torch_dtype)
+    if weights != "dense":  # about half a byte a weight and its group's scales, the embeddings in bfloat16
+        geometry = replace(geometry, weight_bytes=int(geometry.weight_bytes * (0.6 if weights == "int4" else 1.0)))
+    return geometry
 
 
 def _geometry(cfg: dict, torch_dtype: torch.dtype | str) -> ModelGeometry:

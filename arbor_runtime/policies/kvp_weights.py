@@ -37,6 +37,9 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     bfloat16 agree (a rounded value would not: a double rounding moves some values), while two
     different weight sets differ in about half of those signs.
     """
+    known = getattr(model, "arbor_fingerprint", None)  # set before its weights were quantized (load_model)
+    if known is not None:
+        return known
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     geometry = {
