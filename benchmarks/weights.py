@@ -1,0 +1,219 @@
+"""Weights a CPU reads fast (issue 64): each weight format's decode speed and what it keeps of float32's
+answers, side by side in one process.
+
+``python -m benchmarks.weights speed``: SmolLM2-135M on one torch thread, every format of
+:data:`FORMATS` loaded at once, then interleaved rounds (each round times every format once, so they share
+the machine's conditions):
+
+- *decode tok/s*: the runtime's greedy expansion of ``--tokens`` tokens at batch 1 below the Game of 24
+  ToT prompt of row 900 (``full``, after a warm-up expansion); min / median / max over the rounds;
+- *weight MB a token*: the bytes of the linear layers and the output layer, what a decode step reads;
+- fidelity against float32, teacher-forced on float32's greedy continuations of ``--tokens`` tokens below
+  four Game of 24 and four GSM8K prompts: *top-1 agreement* (the share of positions whose argmax is
+  float32's) and the *mean KL(float32 || format)* of the next-token distributions.
+
+``python -m benchmarks.weights answers NAME FP32_RUN OTHER_RUN``: two ``arbor-solve`` run dirs of one
+search at two weight formats (every other setting equal), problem by problem: solved, gained / lost with
+the two-sided sign test, same answer, into the section's ``answers`` table (row ``NAME``).
+
+Both write ``docs/data/weights/results.json`` (``--section``), keeping the other's table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from arbor_cli.results import load_done
+from benchmarks.results.data import DATA, load_section, write_section_data
+from benchmarks.results.stats import format_rate, sign_test
+
+#: (label, load_model's dtype, weights), float32 first: the reference of every fidelity column
+FORMATS = (
+    ("float32", None, "dense"),
+    ("bfloat16", "bfloat16", "dense"),
+    ("int8", None, "int8"),
+    ("int4", None, "int4"),
+)
+SECTION = "weights"
+TITLE = "Weights a CPU reads fast: decode speed and fidelity of each weight format (SmolLM2-135M, CPU)"
+
+
+def prompts(data_dir: str | None) -> list[str]:
+    """Four Game of 24 ToT prompts (rows 900-903) and four GSM8K few-shot prompts (test rows 0-3)."""
+    from arbor_cli.build import build_task, compose_config
+
+    where = [f"paths.data_dir={data_dir}"] if data_dir else []
+    out = []
+    for task, start in (("game24", 900), ("gsm8k", 0)):
+        cfg = compose_config([f"task={task}", f"task.start={start}", f"task.end={start + 4}", *where])
+        built = build_task(cfg)
+        out += [built.prompt(p) for p in built.problems()]
+    return out
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every linear layer's weights and the output layer: what a decode step reads of the model."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            total += module.weight.numel() * module.weight.element_size()
+        elif hasattr(module, "packed") or hasattr(module, "codes"):
+            total += sum(b.numel() * b.element_size() for b in module.buffers())
+    return total
+
+
+def decode_rate(loaded, prompt: str, tokens: int) -> float:
+    """Tokens a second of one greedy expansion at batch 1 below ``prompt`` (after a warm-up one)."""
+    from arbor_runtime import Runtime, SamplingParams
+
+    params = SamplingParams(max_new_tokens=tokens, temperature=0.0, stop_at_eos=False)
+    rt = Runtime(loaded, policy="full")
+    root = rt.new_tree(prompt)
+    rt.expand(root, 1, params)
+    start = time.perf_counter()
+    (kid,) = rt.expand(root, 1, params)
+    return kid.length / (time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def continuation_logprobs(model, tokenizer, prompt: str, continuation: list[int]) -> torch.Tensor:
+    """(T, V) float32 log-probs of each continuation position, teacher-forced in one forward."""
+    ids = tokenizer(prompt)["input_ids"] + continuation
+    logits = model(torch.tensor([ids])).logits[0, -len(continuation) - 1 : -1]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def fidelity(reference: list[torch.Tensor], other: list[torch.Tensor]) -> tuple[float, float]:
+    """(top-1 agreement, mean KL(reference || other)) over every position of every prompt."""
+    ref, oth = torch.cat(reference), torch.cat(other)
+    agree = float((ref.argmax(-1) == oth.argmax(-1)).float().mean())
+    kl = float((ref.exp() * (ref - oth)).sum(-1).mean())
+    return agree, kl
+
+
+def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The main table: one row per format (see the module docstring)."""
+    from arbor_runtime import Runtime, SamplingParams, load_model
+
+    torch.set_num_threads(args.threads)
+    texts = prompts(args.data_dir)
+    models = {label: load_model("smollm2", device="cpu", dtype=dtype, weights=w) for label, dtype, w in FORMATS}
+    greedy = SamplingParams(max_new_tokens=args.tokens, temperature=0.0, stop_at_eos=False)
+    reference = Runtime(models["float32"], policy="full")
+    continuations = [reference.expand(reference.new_tree(t), 1, greedy)[0].token_ids for t in texts]
+    logprobs = {
+        label: [continuation_logprobs(m.model, m.tokenizer, t, c) for t, c in zip(texts, continuations, strict=True)]
+        for label, m in models.items()
+    }
+    rates: dict[str, list[float]] = {label: [] for label in models}
+    for round_ in range(args.rounds):
+        for label, loaded in models.items():
+            rates[label].append(decode_rate(loaded, texts[0], args.tokens))
+        print(f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()), file=sys.stderr)
+    base = statistics.median(rates["float32"])
+    rows = []
+    for label, loaded in models.items():
+        agree, kl = fidelity(logprobs["float32"], logprobs[label])
+        rows.append(
+            {
+                "weights": label, "weight_mb": weight_bytes(loaded.model) / 2**20,
+                "tok_s_min": min(rates[label]), "tok_s": statistics.median(rates[label]),
+                "tok_s_max": max(rates[label]), "x_float32": statistics.median(rates[label]) / base,
+                "top_1": agree, "kl": kl,
+            }
+        )  # fmt: skip
+    return rows
+
+
+SPEED_COLUMNS = [
+    {"key": "weights", "header": "weights", "fmt": "text", "numeric": False},
+    {"key": "weight_mb", "header": "weight MB a token", "fmt": "{:.0f}", "numeric": True},
+    {"key": "tok_s_min", "header": "decode tok/s min", "fmt": "{:.1f}", "numeric": True},
+    {"key": "tok_s", "header": "median", "fmt": "{:.1f}", "numeric": True},
+    {"key": "tok_s_max", "header": "max", "fmt": "{:.1f}", "numeric": True},
+    {"key": "x_float32", "header": "x float32", "fmt": "{:.2f}", "numeric": True},
+    {"key": "top_1", "header": "top-1 agreement with float32", "fmt": "{:.3f}", "numeric": True},
+    {"key": "kl", "header": "mean KL(float32 || weights)", "fmt": "{:.4f}", "numeric": True},
+]
+ANSWER_COLUMNS = [
+    {"key": "search", "header": "search", "fmt": "text", "numeric": False},
+    {"key": "weights", "header": "weights", "fmt": "text", "numeric": False},
+    {"key": "problems", "header": "n", "fmt": "auto", "numeric": True},
+    {"key": "solved_ref", "header": "float32 solved [95% CI]", "fmt": "text", "numeric": True},
+    {"key": "solved", "header": "solved [95% CI]", "fmt": "text", "numeric": True},
+    {"key": "vs_ref", "header": "gained / lost vs float32 (sign test p)", "fmt": "text", "numeric": True},
+    {"key": "same_answer", "header": "same answer as float32 [95% CI]", "fmt": "text", "numeric": True},
+    {"key": "x_seconds", "header": "x float32's seconds (median per problem)", "fmt": "{:.2f}", "numeric": True},
+]
+
+
+def answers(name: str, reference: Path, other: Path) -> dict[str, Any]:
+    """One row of the answers table: ``other``'s run dir against ``reference``'s, problem by problem."""
+    ref, oth = load_done(reference), load_done(other)
+    shared = sorted(ref.keys() & oth.keys())
+    if not shared:
+        raise SystemExit(f"{reference} and {other} share no problem")
+    weights = {str(oth[i].get("weights", "dense")) for i in shared}
+    solved_ref = sum(bool(ref[i]["solved"]) for i in shared)
+    solved = sum(bool(oth[i]["solved"]) for i in shared)
+    gained = sum(bool(oth[i]["solved"]) and not ref[i]["solved"] for i in shared)
+    lost = sum(not oth[i]["solved"] and bool(ref[i]["solved"]) for i in shared)
+    same = sum(oth[i].get("answer") == ref[i].get("answer") and not oth[i].get("oom") for i in shared)
+    ratios = [float(oth[i]["seconds"]) / float(ref[i]["seconds"]) for i in shared if float(ref[i]["seconds"] or 0)]
+    n = len(shared)
+    return {
+        "search": name, "weights": ",".join(sorted(weights)), "problems": n,
+        "solved_ref": format_rate(solved_ref, n), "solved": format_rate(solved, n), "solved_n": solved,
+        "solved_ref_n": solved_ref, "gained_n": gained, "lost_n": lost,
+        "vs_ref": f"+{gained} / -{lost} (p {sign_test(gained, lost):.2g})",
+        "same_answer": format_rate(same, n), "same_answer_n": same, "x_seconds": statistics.median(ratios),
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.weights", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    sp = sub.add_parser("speed", help="decode speed and fidelity of every format")
+    sp.add_argument("--rounds", type=int, default=5)
+    sp.add_argument("--tokens", type=int, default=64)
+    sp.add_argument("--threads", type=int, default=1)
+    sp.add_argument("--data-dir", default=None, help="the data folder (GSM8K prompts); null: the hub's")
+    ap_answers = sub.add_parser("answers", help="two run dirs of one search at two weight formats")
+    ap_answers.add_argument("name")
+    ap_answers.add_argument("reference", type=Path)
+    ap_answers.add_argument("other", type=Path)
+    for p in (sp, ap_answers):
+        p.add_argument("--section", action="store_true", help=f"write docs/data/{SECTION}/results.json")
+        p.add_argument("--command", default="", help="the command that made this table (recorded)")
+    args = ap.parse_args(argv)
+    old = load_section(SECTION) if (DATA / SECTION / "results.json").is_file() else {"tables": {}, "settings": {}}
+    if args.what == "speed":
+        rows = speed(args)
+        tables = {k: v for k, v in old["tables"].items() if k != "main"}
+        settings = old.get("settings", {}) | {"rounds": args.rounds, "tokens": args.tokens, "threads": args.threads}
+        command = args.command or "python -m benchmarks.weights speed " + " ".join(argv or sys.argv[1:])
+        columns = SPEED_COLUMNS
+    else:
+        row = answers(args.name, args.reference, args.other)
+        kept = [r for r in old["tables"].get("answers", {}).get("rows", []) if r["search"] != args.name]
+        tables = {k: v for k, v in old["tables"].items() if k not in ("main", "answers")}
+        tables["answers"] = {"columns": ANSWER_COLUMNS, "rows": [*kept, row]}
+        rows, columns, settings = old["tables"].get("main", {}).get("rows", []), SPEED_COLUMNS, old.get("settings", {})
+        command = old.get("command", "") + (f"; {args.command}" if args.command else "")
+    print(json.dumps(rows if args.what == "speed" else tables["answers"]["rows"], indent=1, default=str))
+    if args.section:
+        path = write_section_data(SECTION, rows, command, settings, title=TITLE, columns=columns, tables=tables)
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

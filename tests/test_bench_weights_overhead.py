@@ -1,0 +1,53 @@
+"""benchmarks/weights.py's answers table and benchmarks/step_overhead.py (issue 64), on small inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import benchmarks.step_overhead as step_overhead
+from benchmarks.weights import answers
+
+
+def run_dir(path, rows):
+    path.mkdir()
+    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_answers_pair_two_runs_problem_by_problem(tmp_path):
+    ref = run_dir(tmp_path / "fp32", [
+        {"index": 0, "solved": True, "answer": "a", "seconds": 10.0},
+        {"index": 1, "solved": False, "answer": "b", "seconds": 10.0},
+        {"index": 2, "solved": True, "answer": "c", "seconds": 20.0},
+    ])  # fmt: skip
+    other = run_dir(tmp_path / "int4", [
+        {"index": 0, "solved": True, "answer": "a", "seconds": 5.0, "weights": "int4"},
+        {"index": 1, "solved": True, "answer": "z", "seconds": 5.0, "weights": "int4"},
+        {"index": 2, "solved": False, "answer": "y", "seconds": 5.0, "weights": "int4", "oom": False},
+        {"index": 3, "solved": True, "answer": "w", "seconds": 5.0, "weights": "int4"},
+    ])  # fmt: skip
+    row = answers("game24", ref, other)
+    assert (row["problems"], row["solved_ref_n"], row["solved_n"]) == (3, 2, 2)  # problem 3: not in both
+    assert (row["gained_n"], row["lost_n"], row["same_answer_n"], row["weights"]) == (1, 1, 1, "int4")
+    assert row["x_seconds"] == 0.5
+
+
+def test_step_overhead_splits_each_step_into_model_and_own_time(capsys):
+    args = ["--blocks", "30", "--rows", "1,4", "--policies", "full,arbor", "--tokens", "4", "--depth", "4"]
+    assert step_overhead.main(args) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "blocks read" in line]
+    assert len(lines) == 4 and all("own" in line and "model" in line for line in lines)
+
+
+def test_step_clock_counts_only_steps_that_ran_the_model(tiny):
+    from arbor_runtime import Runtime, SamplingParams
+
+    rt = Runtime(tiny, policy="full")
+    root = rt.new_tree_ids(list(range(3, 40)))
+    with step_overhead.StepClock(rt) as clock:
+        rt.expand(root, 2, SamplingParams(max_new_tokens=5, temperature=0.0, stop_at_eos=False))
+    assert len(clock.steps) == 5  # one forward a token
+    assert all(total >= model > 0 for total, model in clock.steps)
+    assert pytest.approx(sum(m for _, m in clock.steps)) == sum(clock.forwards)
