@@ -178,6 +178,33 @@ def answers(name: str, reference: Path, other: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def answers_longctx(name: str, reference: Path, other: Path, method: str = "dense") -> dict[str, Any]:
+    """One row of the answers table from two long-context suites' rows files (``benchmarks.longctx``): the
+    ``method`` rows of the items both hold, correct answers and the same answer."""
+
+    def rows(path: Path) -> dict[tuple, dict]:
+        found = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        return {(r["task"], r["length"], r["index"], r.get("seed", 0)): r for r in found if r["method"] == method}
+
+    ref, oth = rows(reference), rows(other)
+    shared = sorted(ref.keys() & oth.keys())
+    if not shared:
+        raise SystemExit(f"{reference} and {other} share no {method} item")
+    correct_ref = sum(bool(ref[k]["correct"]) for k in shared)
+    correct = sum(bool(oth[k]["correct"]) for k in shared)
+    gained = sum(bool(oth[k]["correct"]) and not ref[k]["correct"] for k in shared)
+    lost = sum(not oth[k]["correct"] and bool(ref[k]["correct"]) for k in shared)
+    same = sum(oth[k]["answer"] == ref[k]["answer"] for k in shared)
+    n = len(shared)
+    return {
+        "search": name, "weights": ",".join(sorted({str(oth[k].get("weights", "dense")) for k in shared})),
+        "problems": n, "solved_ref": format_rate(correct_ref, n), "solved": format_rate(correct, n),
+        "solved_n": correct, "solved_ref_n": correct_ref, "gained_n": gained, "lost_n": lost,
+        "vs_ref": f"+{gained} / -{lost} (p {sign_test(gained, lost):.2g})", "same_answer": format_rate(same, n),
+        "same_answer_n": same, "x_seconds": None,
+    }  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.weights", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -190,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ap_answers.add_argument("name")
     ap_answers.add_argument("reference", type=Path)
     ap_answers.add_argument("other", type=Path)
+    ap_answers.add_argument("--longctx", action="store_true", help="two long-context rows files, their dense rows")
     for p in (sp, ap_answers):
         p.add_argument("--section", action="store_true", help=f"write docs/data/{SECTION}/results.json")
         p.add_argument("--command", default="", help="the command that made this table (recorded)")
@@ -202,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         command = args.command or "python -m benchmarks.weights speed " + " ".join(argv or sys.argv[1:])
         columns = SPEED_COLUMNS
     else:
-        row = answers(args.name, args.reference, args.other)
+        row = (answers_longctx if args.longctx else answers)(args.name, args.reference, args.other)
         kept = [r for r in old["tables"].get("answers", {}).get("rows", []) if r["search"] != args.name]
         tables = {k: v for k, v in old["tables"].items() if k not in ("main", "answers")}
         tables["answers"] = {"columns": ANSWER_COLUMNS, "rows": [*kept, row]}

@@ -100,11 +100,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--shares", default="0.5,0.25,0.1", help=budgets)
     ap.add_argument("--max-new", default="24", help="greedy answer tokens at most")
     ap.add_argument("--seed", default="0", help="the suite's seed")
+    ap.add_argument("--weights", default="dense", help="the model's weight format (load_model's weights=)")
     ap.add_argument("--threads", default=None, help="torch CPU threads")
     ap.add_argument(
         "--example", action="store_true", help="run issue 24's records example alone (240 records, record 39)"
     )
     return ap.parse_args(argv)
+
+
+def _weights(value: str) -> str:
+    from arbor_runtime.weights import FORMATS
+
+    if value not in FORMATS:
+        raise ValueError(f"--weights {value!r} is not one of {', '.join(FORMATS)}")
+    return value
 
 
 def validate(args: argparse.Namespace) -> dict:
@@ -123,6 +132,7 @@ def validate(args: argparse.Namespace) -> dict:
         "max_new": _ints(args.max_new, "max-new")[0],
         "seed": _ints(args.seed, "seed", 0)[0],
         "threads": None if args.threads is None else _ints(args.threads, "threads")[0],
+        "weights": _weights(args.weights),
         "example": bool(args.example),
         "redo": _policies(args.redo, "redo") if args.redo.strip() else [],
         "reuse_prefill": not args.no_reuse_prefill,
@@ -252,14 +262,15 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     mismatch = [r for r in old if (r.get("model"), r.get("max_new"), r.get("seed"), r.get("prefix", False),
-                                   r.get("protocol", 1)) != (cfg["model"], cfg["max_new"], cfg["seed"], cfg["prefix"],
-                                                             PROTOCOL)]  # fmt: skip
+                                   r.get("protocol", 1), r.get("weights", "dense"))
+                != (cfg["model"], cfg["max_new"], cfg["seed"], cfg["prefix"], PROTOCOL, cfg["weights"])]  # fmt: skip
     if mismatch and not args.summary_only:
         r = mismatch[0]
         print(
             f"{PROG}: error: --rows {rows_path} holds rows of model={r.get('model')} max_new={r.get('max_new')} "
-            f"seed={r.get('seed')} prefix={r.get('prefix', False)} protocol={r.get('protocol', 1)}, not "
-            f"{cfg['model']} / {cfg['max_new']} / {cfg['seed']} / {cfg['prefix']} / {PROTOCOL}: use another --rows",
+            f"seed={r.get('seed')} prefix={r.get('prefix', False)} protocol={r.get('protocol', 1)} "
+            f"weights={r.get('weights', 'dense')}, not {cfg['model']} / {cfg['max_new']} / {cfg['seed']} / "
+            f"{cfg['prefix']} / {PROTOCOL} / {cfg['weights']}: use another --rows",
             file=sys.stderr,
         )
         return 2
@@ -300,7 +311,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     if cfg["threads"] is not None:
         torch.set_num_threads(cfg["threads"])
     meta["machine"]["torch_threads"] = torch.get_num_threads()
-    loaded = load_model(cfg["model"], device="cpu")
+    loaded = load_model(cfg["model"], device="cpu", weights=cfg["weights"])
     start = time.perf_counter()
     if cfg["example"]:
         items = [records_example(loaded.tokenizer, seed=cfg["seed"])]
@@ -338,6 +349,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> i
     def done(new):  # after every item: a long run leaves what it measured, and resumes from it
         for r in new:
             r["model"], r["commit"], r["prefix"], r["protocol"] = cfg["model"], meta["commit"], cfg["prefix"], PROTOCOL
+            r["weights"] = cfg["weights"]
         write_rows(rows_path, new)
         rows.extend(new)
         write_summary(out, rows, meta, planned)
