@@ -49,7 +49,6 @@ class Solved(NamedTuple):
     residency: dict[str, Any] | None = None  # the residency.jsonl line (arbor_cli.residency)
     shared: bool = False  # the runtime holds other problems' trees too
 
-
     def tree(self, problem: Problem) -> dict[str, Any]:
         """The search tree as a JSON-ready record (see :mod:`arbor_cli.tree_export`)."""
         best = self.result.best if self.result is not None else None
