@@ -310,8 +310,8 @@ def test_resume_refuses_rows_of_other_settings(tmp_path, capsys):
     (tmp_path / "ruler_rows.jsonl").write_text(json.dumps({"model": "tiny-random", "max_new": 8, "seed": 0}) + "\n")
     assert _bench(tmp_path, "--lengths", "256", "--items", "1")[0] == 2
     err = capsys.readouterr().err
-    assert "holds rows of model=tiny-random max_new=8 seed=0 prefix=False protocol=1 weights=dense, not tiny-random / 24 " in err
-    assert "True / 2: use another --rows" in err  # rows of the first-line protocol are not mixed with these
+    assert "holds rows of model=tiny-random max_new=8 seed=0 prefix=False protocol=1 weights=dense, not" in err
+    assert "tiny-random / 24 / 0 / True / 2 / dense: use another --rows" in err  # nor the first-line protocol's
 
 
 def test_dense_prefill_reuse_gives_the_same_rows(tiny, one_torch_thread):
