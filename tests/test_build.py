@@ -30,8 +30,9 @@ def loads(monkeypatch, tiny) -> list[dict]:
 def test_model_options_reach_load_model(loads, data_dir):
     over = ["model=tiny-random", "model.trust_remote_code=true", "model.dtype=float32", f"paths.data_dir={data_dir}"]
     setup = build(compose_config([*over, "task.end=901"]))
-    assert loads == [{"spec": "tiny-random", "dtype": "float32", "trust_remote_code": True}]
-    assert model_kwargs(compose_config(["model=smollm2"]).model) == {"spec": "smollm2", "trust_remote_code": False}
+    assert loads == [{"spec": "tiny-random", "dtype": "float32", "trust_remote_code": True, "weights": "auto"}]
+    shipped = model_kwargs(compose_config(["model=smollm2"]).model)
+    assert shipped == {"spec": "smollm2", "trust_remote_code": False, "weights": "auto"}
     assert setup.verifier.name == "llm_value" and [p.index for p in setup.problems] == [900]
 
 

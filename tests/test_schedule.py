@@ -93,7 +93,7 @@ class FakeRay:
 SETUP = SimpleNamespace(
     task=SimpleNamespace(name="fake"),
     verifier=SimpleNamespace(name="fake", label=None),
-    loaded=SimpleNamespace(spec="tiny-random"),
+    loaded=SimpleNamespace(spec="tiny-random", weights="dense"),
     policies=SimpleNamespace(build=lambda index: SimpleNamespace(name="full", budget_tokens=None)),
 )
 PROBLEMS = [Problem(index=i, question=f"q{i}") for i in range(6)]
