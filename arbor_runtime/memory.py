@@ -32,7 +32,7 @@ from arbor_runtime.events import BranchSwitch, Event, EventLog, MemoryThreshold,
 from arbor_runtime.kv import KVStore
 from arbor_runtime.planner import MemoryPlanner, union
 from arbor_runtime.plans import AdmitPlan, RoomPlan
-from arbor_runtime.policies.base import BlockView, MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.base import BlockView, LazyBlocks, MemoryView, Policy, RetentionPlan
 from arbor_runtime.tree import Node, ordered_path_nodes, path_ids
 
 log = logging.getLogger(__name__)
@@ -221,12 +221,16 @@ class MemoryManager:
             )
 
     def view(self, target: int, pinned: dict[int, torch.Tensor] | None = None) -> MemoryView:
-        # shared prefix blocks (negative ids) first, top down: they hold the oldest tokens
-        order = sorted(self.store.block_ids(), key=lambda i: (i >= 0, self.store.get(i).start_pos if i < 0 else i))
-        blocks = [self._block_view(i, pinned is not None) for i in order]
+        """What the policy sees; its blocks are built only if it looks at them (:class:`LazyBlocks`)."""
+        blocks = LazyBlocks(lambda: self._block_views(pinned is not None))
         return MemoryView(
             blocks=blocks, active=self.active, budget=self.budget, target=target, read=self._read, pinned=pinned
         )
+
+    def _block_views(self, hosted: bool) -> list[BlockView]:
+        """Every live block's view, shared prefix blocks (negative ids) first, top down (the oldest tokens)."""
+        order = sorted(self.store.block_ids(), key=lambda i: (i >= 0, self.store.get(i).start_pos if i < 0 else i))
+        return [self._block_view(i, hosted) for i in order]
 
     def _block_view(self, block_id: int, hosted: bool) -> BlockView:
         """A block as the policy sees it; with ``hosted``, its host tokens too (active blocks below the floor)."""

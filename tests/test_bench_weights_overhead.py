@@ -51,3 +51,23 @@ def test_step_clock_counts_only_steps_that_ran_the_model(tiny):
     assert len(clock.steps) == 5  # one forward a token
     assert all(total >= model > 0 for total, model in clock.steps)
     assert pytest.approx(sum(m for _, m in clock.steps)) == sum(clock.forwards)
+
+
+def test_events_the_policy_does_not_plan_on_build_no_block_view(tiny, monkeypatch):
+    """A node's end leaves arbor nothing to plan: the view's blocks (one per live block:
+    time in proportion to the whole tree) are not built for them, only for a memory threshold."""
+    from arbor_runtime import Runtime, SamplingParams
+    from arbor_runtime.memory import MemoryManager
+
+    built = []
+    real = MemoryManager._block_views
+    monkeypatch.setattr(MemoryManager, "_block_views", lambda self, hosted: built.append(1) or real(self, hosted))
+    rt = Runtime(tiny, policy="arbor", budget_tokens=4096)
+    root = rt.new_tree_ids(list(range(3, 40)))
+    kids = [rt.append_ids(root, [5, 6, 7, 8]) for _ in range(4)]
+    rt.expand_many([(k, 1) for k in kids], SamplingParams(max_new_tokens=4, temperature=0.0, stop_at_eos=False))
+    kinds = {r.kind for r in rt.memory.events.records}
+    assert "node_end" in kinds and "memory_threshold" not in kinds, kinds
+    assert built == []  # node ends only: nothing built
+    rt.memory.compress(10)  # a threshold: the policy plans, and reads every block
+    assert built == [1]

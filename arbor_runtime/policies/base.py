@@ -9,7 +9,7 @@ policy never moves tensors itself. Policies read the tree and per-block statisti
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
@@ -18,6 +18,9 @@ import torch
 from arbor_runtime.events import Event, MemoryThreshold
 from arbor_runtime.kv.block import BlockKV
 from arbor_runtime.tree import Node
+
+
+NO_TOKENS = torch.zeros(0, dtype=torch.long)  # a block's ``hosted`` when none of it is on the host (read only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +34,37 @@ class BlockView:
     node: Node
     kv: BlockKV
     active: bool
-    hosted: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    hosted: torch.Tensor = NO_TOKENS
+
+
+class LazyBlocks(Sequence):
+    """A view's blocks, built on first use: most events (a node's end, a branch switch) leave the policy
+    nothing to plan, and building a :class:`BlockView` of every live block for them would cost time in
+    proportion to the whole tree on every one. ``build()`` returns the list."""
+
+    __slots__ = ("_build", "_blocks")
+
+    def __init__(self, build: Callable[[], list[BlockView]]) -> None:
+        self._build, self._blocks = build, None
+
+    def _list(self) -> list[BlockView]:
+        if self._blocks is None:
+            self._blocks = self._build()
+        return self._blocks
+
+    def __getitem__(self, index):
+        return self._list()[index]
+
+    def __len__(self) -> int:
+        return len(self._list())
+
+    def __iter__(self) -> Iterator[BlockView]:
+        return iter(self._list())
+
+    @property
+    def built(self) -> bool:
+        """Whether the blocks were asked for (a policy that planned nothing never builds them)."""
+        return self._blocks is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +84,7 @@ class MemoryView:
             plan's ``keep`` of an active block is its whole residency (host tokens in it come back).
     """
 
-    blocks: list[BlockView]
+    blocks: Sequence[BlockView]  # a list, or the runtime's LazyBlocks (built on first use)
     active: frozenset[int]
     budget: int | None
     target: int
