@@ -147,10 +147,21 @@ def clean_run_dir(run_dir: Path) -> None:
         log.warning("run dir %s: %d torn or corrupt lines moved to *.jsonl.corrupt", run_dir, corrupt)
 
 
+def ignored(key: str) -> bool:
+    """Whether a flat settings key is one of :data:`IGNORED_KEYS` (or under one)."""
+    return any(key == i or key.startswith(i + ".") for i in IGNORED_KEYS)
+
+
 def fingerprint(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
-    """The fingerprint of a composed config (a short sha256) and the flat settings it hashes."""
+    """The fingerprint of a composed config (a short sha256) and the flat settings it hashes.
+
+    ``model.weights=auto`` is recorded as the format it picks for this model on this device (what the
+    results depend on): a run dir made before the setting existed (float32, ``dense``) resumes where auto
+    picks dense, and is refused, naming ``dense -> int4``, where auto picks the GGUF's int4."""
     flat = _flatten(OmegaConf.to_container(cfg, resolve=True))
-    kept = {k: v for k, v in flat.items() if not any(k == i or k.startswith(i + ".") for i in IGNORED_KEYS)}
+    kept = {k: v for k, v in flat.items() if not ignored(k)}
+    if kept.get("model.weights") == "auto":
+        kept["model.weights"] = _auto_weights(kept)
     digest = hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return digest, kept
 
@@ -168,7 +179,7 @@ def check_resume(run_dir: Path, cfg: DictConfig, task: Task | None = None, probl
     digest, settings = fingerprint(cfg)
     stored = read_fingerprint(run_dir)
     if has_results and stored is not None and not same_config(stored, digest, settings) and mode != "force":
-        changes = settings_diff(stored.get("settings", {}), settings)
+        changes = settings_diff(with_added_keys(stored.get("settings", {}), settings), settings)
         raise ConfigMismatch(
             f"run dir {run_dir} holds results of another config ({changes}); rerun with resume=force to add "
             "to it anyway, or pick another run_dir"
@@ -181,6 +192,18 @@ def check_resume(run_dir: Path, cfg: DictConfig, task: Task | None = None, probl
     record = {"fingerprint": digest, "settings": settings} | ({"data": data} if data is not None else {})
     path = run_dir / FINGERPRINT_FILE
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+
+
+def _auto_weights(settings: dict[str, Any]) -> str:
+    """The format ``model.weights=auto`` picks for the settings' model and device ("auto" when they do not
+    name one that resolves: that error is the model loader's to give)."""
+    from arbor_runtime.loading import ModelSpecError, auto_weights, resolve_device
+
+    try:
+        device = resolve_device(settings.get("model.device"))
+        return auto_weights(str(settings["model.spec"]), device, settings.get("model.dtype"))
+    except (ModelSpecError, KeyError, OSError, RuntimeError, ValueError):
+        return "auto"
 
 
 def same_config(stored: dict[str, Any], digest: str, settings: dict[str, Any]) -> bool:
@@ -196,8 +219,9 @@ def same_config(stored: dict[str, Any], digest: str, settings: dict[str, Any]) -
 
 def with_added_keys(old: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     """Stored settings ``old`` with each key of :data:`ADDED_KEYS` that ``settings`` has and they predate
-    read as its old value."""
-    return {k: v for k, v in ADDED_KEYS.items() if k in settings and k not in old} | old
+    read as its old value, and without the keys a fingerprint no longer records (:data:`IGNORED_KEYS`)."""
+    kept = {k: v for k, v in old.items() if not ignored(k)}
+    return {k: v for k, v in ADDED_KEYS.items() if k in settings and k not in kept} | kept
 
 
 def as_json(settings: dict[str, Any]) -> str:

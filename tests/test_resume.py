@@ -126,8 +126,38 @@ def test_a_run_dir_written_before_a_key_was_added_resumes_at_its_old_value(data_
     del record["settings"]["verifier.lookahead"]
     path.write_text(json.dumps(record | {"fingerprint": "written-before"}))
     assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=903", "verifier.lookahead=1")) == 2
-    assert "verifier.lookahead: null -> 1" in capsys.readouterr().err
+    assert "verifier.lookahead: 0 -> 1" in capsys.readouterr().err  # the old value it was read as
     assert len(lines(tmp_path)) == 2  # nothing was added
+
+
+def test_a_run_dir_from_before_model_weights_resumes_where_auto_picks_what_it_ran(data_dir, tmp_path):
+    """A record without ``model.weights`` (float32, ``dense``) and with a key fingerprints no longer hold
+    (``policy.reference_may_differ``): the tiny model's rerun at ``weights=auto`` (dense there) resumes it."""
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=901"), Console(width=100)) == 0
+    path = tmp_path / FINGERPRINT_FILE
+    record = json.loads(path.read_text())
+    assert record["settings"]["model.weights"] == "dense"  # auto, recorded as what it picked
+    del record["settings"]["model.weights"]
+    record["settings"]["policy.reference_may_differ"] = []
+    path.write_text(json.dumps(record | {"fingerprint": "written-before"}))
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=902"), Console(width=100)) == 0
+    assert [json.loads(line)["index"] for line in lines(tmp_path)] == [900, 901]
+
+
+def test_a_float32_run_dir_is_refused_where_auto_now_picks_int4(tmp_path):
+    """The default model's old run dirs ran float32: at ``weights=auto`` (int4 on a CPU) the rerun is
+    refused naming the change, before any model loads; ``model.weights=dense`` resumes them."""
+    from arbor_cli.resume import ConfigMismatch, check_resume
+
+    new = compose_config(["model=smollm2", "model.device=cpu", f"run_dir={tmp_path}"])
+    _, settings = fingerprint(new)
+    assert settings["model.weights"] == "int4"
+    old = {k: v for k, v in settings.items() if k != "model.weights"}
+    (tmp_path / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": "written-before", "settings": old}))
+    (tmp_path / RESULTS_FILE).write_text('{"index": 900}\n')
+    with pytest.raises(ConfigMismatch, match='model.weights: "dense" -> "int4"'):
+        check_resume(tmp_path, new)
+    check_resume(tmp_path, compose_config(["model=smollm2", "model.device=cpu", "model.weights=dense"]))
 
 
 def test_resume_false_refuses_a_dir_with_results(data_dir, tmp_path, capsys):
