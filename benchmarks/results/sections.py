@@ -290,6 +290,9 @@ SECTIONS: tuple[Section, ...] = (
     Section("e2e-lookahead-game24"),  # issue 50's third widening, at its own reference (one runtime code)
     Section("e2e-widen-gsm8k", claims=(CONFIGL,)),
     Section("speed", claims=(SPEED,)),
+    Section("weights", optional=True),  # issue 64: model.weights, what each format costs and keeps
+    Section("peer", optional=True),  # issue 64: llama.cpp on the same GGUF (needs the peer extra to rerun)
+    Section("step-overhead", optional=True),  # issue 64: the runtime's own time a step, by tree size and rows
     Section("controllers"),
     Section("make-results-full", optional=True),
     Section("make-results-quick", optional=True),
