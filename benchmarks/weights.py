@@ -14,7 +14,9 @@ the machine's conditions):
 
 ``python -m benchmarks.weights answers NAME FP32_RUN OTHER_RUN``: two ``arbor-solve`` run dirs of one
 search at two weight formats (every other setting equal), problem by problem: solved, gained / lost with
-the two-sided sign test, same answer, into the section's ``answers`` table (row ``NAME``).
+the two-sided sign test, same answer, into the section's ``answers`` table (row ``NAME``); its problems,
+one row each (index, both answers, both solved, both seconds), go to ``docs/data/weights/answers-NAME.jsonl``
+so every total can be recounted.
 
 Both write ``docs/data/weights/results.json`` (``--section``), keeping the other's table.
 """
@@ -155,6 +157,17 @@ ANSWER_COLUMNS = [
 ]
 
 
+def problem_rows(reference: Path, other: Path) -> list[dict[str, Any]]:
+    """The problems two run dirs share, one row each: index, each format's answer, solved and seconds."""
+    ref, oth = load_done(reference), load_done(other)
+    return [
+        {"index": i, "weights": oth[i].get("weights", "dense"), "answer_ref": ref[i].get("answer"),
+         "answer": oth[i].get("answer"), "solved_ref": bool(ref[i]["solved"]), "solved": bool(oth[i]["solved"]),
+         "seconds_ref": ref[i].get("seconds"), "seconds": oth[i].get("seconds"), "oom": bool(oth[i].get("oom"))}
+        for i in sorted(ref.keys() & oth.keys())
+    ]  # fmt: skip
+
+
 def answers(name: str, reference: Path, other: Path) -> dict[str, Any]:
     """One row of the answers table: ``other``'s run dir against ``reference``'s, problem by problem."""
     ref, oth = load_done(reference), load_done(other)
@@ -240,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.section:
         path = write_section_data(SECTION, rows, command, settings, title=TITLE, columns=columns, tables=tables)
         print(f"wrote {path}", file=sys.stderr)
+        if args.what == "answers" and not args.longctx:
+            per_problem = DATA / SECTION / f"answers-{args.name}.jsonl"
+            per_problem.write_text("".join(json.dumps(r) + "\n" for r in problem_rows(args.reference, args.other)))
+            print(f"wrote {per_problem}", file=sys.stderr)
     return 0
 
 

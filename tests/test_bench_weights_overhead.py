@@ -7,7 +7,7 @@ import json
 import pytest
 
 import benchmarks.step_overhead as step_overhead
-from benchmarks.weights import answers
+from benchmarks.weights import answers, problem_rows
 
 
 def run_dir(path, rows):
@@ -32,6 +32,10 @@ def test_answers_pair_two_runs_problem_by_problem(tmp_path):
     assert (row["problems"], row["solved_ref_n"], row["solved_n"]) == (3, 2, 2)  # problem 3: not in both
     assert (row["gained_n"], row["lost_n"], row["same_answer_n"], row["weights"]) == (1, 1, 1, "int4")
     assert row["x_seconds"] == 0.5
+    rows = problem_rows(ref, other)  # what the section commits: every total above recounts from them
+    assert [r["index"] for r in rows] == [0, 1, 2]
+    assert sum(r["solved"] for r in rows) == row["solved_n"] and sum(r["solved_ref"] for r in rows) == 2
+    assert sum(r["answer"] == r["answer_ref"] for r in rows) == row["same_answer_n"]
 
 
 def test_step_overhead_splits_each_step_into_model_and_own_time(capsys):
@@ -71,3 +75,22 @@ def test_events_the_policy_does_not_plan_on_build_no_block_view(tiny, monkeypatc
     assert built == []  # node ends only: nothing built
     rt.memory.compress(10)  # a threshold: the policy plans, and reads every block
     assert built == [1]
+
+
+def test_the_committed_answers_table_recounts_from_its_rows():
+    """Every row of the weights section's answers table (long-context rows aside) recounts from the
+    per-problem rows committed beside it."""
+    from benchmarks.results.data import DATA
+
+    path = DATA / "weights" / "results.json"
+    table = json.loads(path.read_text())["tables"].get("answers", {"rows": []}) if path.is_file() else {"rows": []}
+    for row in table["rows"]:
+        if row["x_seconds"] is None:  # a long-context row: its items are the suites' own rows files
+            continue
+        rows = [json.loads(x) for x in (DATA / "weights" / f"answers-{row['search']}.jsonl").read_text().splitlines()]
+        assert len(rows) == row["problems"], row["search"]
+        assert sum(r["solved"] for r in rows) == row["solved_n"]
+        assert sum(r["solved_ref"] for r in rows) == row["solved_ref_n"]
+        assert sum(r["solved"] and not r["solved_ref"] for r in rows) == row["gained_n"]
+        assert sum(r["solved_ref"] and not r["solved"] for r in rows) == row["lost_n"]
+        assert sum(r["answer"] == r["answer_ref"] and not r["oom"] for r in rows) == row["same_answer_n"]

@@ -19,7 +19,6 @@ from arbor_runtime.events import Event, MemoryThreshold
 from arbor_runtime.kv.block import BlockKV
 from arbor_runtime.tree import Node
 
-
 NO_TOKENS = torch.zeros(0, dtype=torch.long)  # a block's ``hosted`` when none of it is on the host (read only)
 
 
