@@ -7,7 +7,9 @@ together, greedy, ``tokens`` tokens each. Every decode step's engine time is spl
 the model's forward (``ModelBackend.forward``: the layers and the tree attention's kernels, the GPU's part)
 and the rest, the runtime's own cost: scheduling and planning the step, building its batch (the context
 groups of every row's path), sampling, finishing rows, accounting. The table gives, per tree size, rows and
-policy, the median own cost per step, the blocks a step reads (the distinct blocks on its rows' paths) and
+policy, the median own cost per step, split into the sampling pass (the draw and each row's log-prob and
+entropy over the whole vocabulary: work in proportion to rows x vocabulary, one kernel on a GPU) and the
+rest (the runtime's bookkeeping), the blocks a step reads (the distinct blocks on its rows' paths) and
 the own cost per block read: a cost that grew with the tree rather than with what a step reads would show
 there. ``arbor`` runs with a budget of twice the tree's tokens (its bookkeeping on every event, nothing
 evicted); ``full`` with none.
@@ -26,7 +28,7 @@ from typing import Any
 
 import torch
 
-from arbor_runtime import Runtime, SamplingParams, load_model
+from arbor_runtime import Runtime, SamplingParams, generation, load_model
 from arbor_runtime.engine.core import Engine
 from benchmarks.results.data import write_section_data
 
@@ -39,6 +41,8 @@ COLUMNS = [
     {"key": "read", "header": "blocks a step reads", "fmt": "auto", "numeric": True},
     {"key": "own_ms", "header": "own ms a step (median)", "fmt": "{:.3f}", "numeric": True},
     {"key": "own_ms_max", "header": "max", "fmt": "{:.3f}", "numeric": True},
+    {"key": "sampling_ms", "header": "of which sampling", "fmt": "{:.3f}", "numeric": True},
+    {"key": "bookkeeping_ms", "header": "the rest (median)", "fmt": "{:.3f}", "numeric": True},
     {"key": "model_ms", "header": "model ms a step", "fmt": "{:.3f}", "numeric": True},
     {"key": "us_per_block", "header": "own us per block read", "fmt": "{:.1f}", "numeric": True},
     {"key": "steps", "header": "steps", "fmt": "auto", "numeric": True},
@@ -46,20 +50,29 @@ COLUMNS = [
 
 
 class StepClock:
-    """Times every engine step and every model forward inside it (both wrapped while inside ``with``)."""
+    """Times every engine step, every model forward inside it and every sampling pass (the draw and the
+    per-token statistics over the vocabulary: ``generation.sample_into``), all wrapped inside ``with``.
+    ``steps``: (seconds, model seconds, sampling seconds) per decode step."""
 
     def __init__(self, rt: Runtime) -> None:
-        self.rt, self.steps, self.forwards = rt, [], []
+        self.rt, self.steps, self.forwards, self.samplings = rt, [], [], []
 
     def __enter__(self) -> StepClock:
-        step, forward = Engine._step, self.rt.backend.forward
+        step, forward, sample = Engine._step, self.rt.backend.forward, generation.sample_into
         clock = self
 
         def timed_step(engine, *args, **kwargs):
-            before, start = len(clock.forwards), time.perf_counter()
+            before, sampled, start = len(clock.forwards), len(clock.samplings), time.perf_counter()
             out = step(engine, *args, **kwargs)
             if len(clock.forwards) > before:  # a decode step (steps that only planned are not counted)
-                clock.steps.append((time.perf_counter() - start, sum(clock.forwards[before:])))
+                spent = time.perf_counter() - start
+                clock.steps.append((spent, sum(clock.forwards[before:]), sum(clock.samplings[sampled:])))
+            return out
+
+        def timed_sample(*args, **kwargs):
+            start = time.perf_counter()
+            out = sample(*args, **kwargs)
+            clock.samplings.append(time.perf_counter() - start)
             return out
 
         def timed_forward(*args, **kwargs):
@@ -68,13 +81,13 @@ class StepClock:
             clock.forwards.append(time.perf_counter() - start)
             return out
 
-        self._restore = (step, forward)
-        Engine._step = timed_step
+        self._restore = (step, forward, sample)
+        Engine._step, generation.sample_into = timed_step, timed_sample
         self.rt.backend.forward = timed_forward
         return self
 
     def __exit__(self, *exc: object) -> None:
-        Engine._step, self.rt.backend.forward = self._restore
+        Engine._step, self.rt.backend.forward, generation.sample_into = self._restore
 
 
 def build_tree(rt: Runtime, blocks: int, depth: int, block_tokens: int, rng: random.Random) -> list:
@@ -101,11 +114,14 @@ def measure(loaded, policy: str, blocks: int, rows: int, args: argparse.Namespac
     read = len({n.id for leaf in chosen for n in leaf.path()})
     with StepClock(rt) as clock:
         rt.expand_many([(leaf, 1) for leaf in chosen], params)
-    own = [(total - model) * 1e3 for total, model in clock.steps]
-    model_ms = statistics.median(model * 1e3 for _, model in clock.steps)
+    own = [(total - model) * 1e3 for total, model, _ in clock.steps]
+    model_ms = statistics.median(model * 1e3 for _, model, _ in clock.steps)
+    sampling = [sampled * 1e3 for _, _, sampled in clock.steps]
+    bookkeeping = [(total - model - sampled) * 1e3 for total, model, sampled in clock.steps]
     return {
         "policy": policy, "blocks": blocks, "rows": len(chosen), "read": read,
-        "own_ms": statistics.median(own), "own_ms_max": max(own), "model_ms": model_ms,
+        "own_ms": statistics.median(own), "own_ms_max": max(own), "sampling_ms": statistics.median(sampling),
+        "bookkeeping_ms": statistics.median(bookkeeping), "model_ms": model_ms,
         "us_per_block": statistics.median(own) * 1e3 / read, "steps": len(own),
     }  # fmt: skip
 
@@ -129,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             for n in map(int, args.rows.split(",")):
                 rows.append(measure(loaded, policy, blocks, n, args))
                 r = rows[-1]
-                print(f"{policy} {blocks} blocks {r['rows']} rows: own {r['own_ms']:.3f} ms a step, "
-                      f"model {r['model_ms']:.3f} ms, {r['read']} blocks read", file=sys.stderr)  # fmt: skip
+                print(f"{policy} {blocks} blocks {r['rows']} rows: own {r['own_ms']:.3f} ms a step (sampling "
+                      f"{r['sampling_ms']:.3f}, the rest {r['bookkeeping_ms']:.3f}), model {r['model_ms']:.3f} ms, "
+                      f"{r['read']} blocks read", file=sys.stderr)  # fmt: skip
     if args.section:
         command = "python -m benchmarks.step_overhead " + " ".join(argv if argv is not None else sys.argv[1:])
         settings = {k: getattr(args, k) for k in ("depth", "block_tokens", "tokens", "threads")}

@@ -53,8 +53,10 @@ def test_step_clock_counts_only_steps_that_ran_the_model(tiny):
     with step_overhead.StepClock(rt) as clock:
         rt.expand(root, 2, SamplingParams(max_new_tokens=5, temperature=0.0, stop_at_eos=False))
     assert len(clock.steps) == 5  # one forward a token
-    assert all(total >= model > 0 for total, model in clock.steps)
-    assert pytest.approx(sum(m for _, m in clock.steps)) == sum(clock.forwards)
+    assert all(total >= model + sampled and model > 0 for total, model, sampled in clock.steps)
+    assert pytest.approx(sum(m for _, m, _ in clock.steps)) == sum(clock.forwards)
+    assert [sampled > 0 for _, _, sampled in clock.steps] == [True] * 4 + [False]  # the last step only ends rows
+    assert pytest.approx(sum(s for _, _, s in clock.steps)) == sum(clock.samplings)
 
 
 def test_events_the_policy_does_not_plan_on_build_no_block_view(tiny, monkeypatch):
