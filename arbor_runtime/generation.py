@@ -195,6 +195,8 @@ def postprocess(rows: Sequence[Row], logits: torch.Tensor, params: SamplingParam
             finished.append(row)
         else:
             going.append(i)
-    if going:
+    if len(going) == len(rows):  # the usual step: no row ended, so no (R, V) copy of the logits
+        sample_into(rows, logits, params, stop)
+    elif going:
         sample_into([rows[i] for i in going], logits[going], params, stop)
     return finished

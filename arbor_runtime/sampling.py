@@ -194,9 +194,13 @@ def token_stats(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tenso
     Returns:
         logprobs (B,), entropy (B,), both float32 (nats).
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = logp.gather(-1, tokens.view(-1, 1)).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(dim=-1)
+    x = logits.float()
+    z = x - x.amax(dim=-1, keepdim=True)
+    e = z.exp()  # the one pass of exp over the vocabulary (log_softmax, then exp of it, made two)
+    total = e.sum(dim=-1, keepdim=True)
+    log_total = total.log()
+    chosen = (z.gather(-1, tokens.view(-1, 1)) - log_total).squeeze(-1)  # log_softmax at the token
+    entropy = (log_total - (e * z).sum(dim=-1, keepdim=True) / total).squeeze(-1)  # log Z - E[z]
     return chosen, entropy
 
 
