@@ -15,7 +15,8 @@ the machine's conditions):
 ``python -m benchmarks.weights answers NAME FP32_RUN OTHER_RUN``: two ``arbor-solve`` run dirs of one
 search at two weight formats (every other setting equal), problem by problem: solved, gained / lost with
 the two-sided sign test, same answer, into the section's ``answers`` table (row ``NAME``); its problems,
-one row each (index, both answers, both solved, both seconds), go to ``docs/data/weights/answers-NAME.jsonl``
+one row each (index; each format's answer, solved, seconds, decoded tokens and code version), go to
+``docs/data/weights/answers-NAME.jsonl``
 so every total can be recounted.
 
 Both write ``docs/data/weights/results.json`` (``--section``), keeping the other's table.
@@ -163,7 +164,9 @@ def problem_rows(reference: Path, other: Path) -> list[dict[str, Any]]:
     return [
         {"index": i, "weights": oth[i].get("weights", "dense"), "answer_ref": ref[i].get("answer"),
          "answer": oth[i].get("answer"), "solved_ref": bool(ref[i]["solved"]), "solved": bool(oth[i]["solved"]),
-         "seconds_ref": ref[i].get("seconds"), "seconds": oth[i].get("seconds"), "oom": bool(oth[i].get("oom"))}
+         "seconds_ref": ref[i].get("seconds"), "seconds": oth[i].get("seconds"), "oom": bool(oth[i].get("oom")),
+         "decode_tokens_ref": ref[i].get("decode_tokens"), "decode_tokens": oth[i].get("decode_tokens"),
+         "code_ref": ref[i].get("code"), "code": oth[i].get("code")}
         for i in sorted(ref.keys() & oth.keys())
     ]  # fmt: skip
 
@@ -236,11 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--command", default="", help="the command that made this table (recorded)")
     args = ap.parse_args(argv)
     old = load_section(SECTION) if (DATA / SECTION / "results.json").is_file() else {"tables": {}, "settings": {}}
+    carried = None
     if args.what == "speed":
         rows = speed(args)
         tables = {k: v for k, v in old["tables"].items() if k != "main"}
         settings = old.get("settings", {}) | {"rounds": args.rounds, "tokens": args.tokens, "threads": args.threads}
-        command = args.command or "python -m benchmarks.weights speed " + " ".join(argv or sys.argv[1:])
+        command = args.command or "python -m benchmarks.weights " + " ".join(argv or sys.argv[1:])
         columns = SPEED_COLUMNS
     else:
         row = (answers_longctx if args.longctx else answers)(args.name, args.reference, args.other)
@@ -249,9 +253,13 @@ def main(argv: list[str] | None = None) -> int:
         tables["answers"] = {"columns": ANSWER_COLUMNS, "rows": [*kept, row]}
         rows, columns, settings = old["tables"].get("main", {}).get("rows", []), SPEED_COLUMNS, old.get("settings", {})
         command = old.get("command", "") + (f"; {args.command}" if args.command else "")
+        if rows and "measured" in old:  # the speed table is kept, not rerun: the page says when it was measured
+            carried = old.get("carried") or {"measured": old["measured"], "commit": old["commit"], "tables": ["main"]}
     print(json.dumps(rows if args.what == "speed" else tables["answers"]["rows"], indent=1, default=str))
     if args.section:
-        path = write_section_data(SECTION, rows, command, settings, title=TITLE, columns=columns, tables=tables)
+        path = write_section_data(
+            SECTION, rows, command, settings, title=TITLE, columns=columns, tables=tables, carried=carried
+        )
         print(f"wrote {path}", file=sys.stderr)
         if args.what == "answers" and not args.longctx:
             per_problem = DATA / SECTION / f"answers-{args.name}.jsonl"

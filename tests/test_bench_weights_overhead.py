@@ -96,3 +96,15 @@ def test_the_committed_answers_table_recounts_from_its_rows():
         assert sum(r["solved"] and not r["solved_ref"] for r in rows) == row["gained_n"]
         assert sum(r["solved_ref"] and not r["solved"] for r in rows) == row["lost_n"]
         assert sum(r["answer"] == r["answer_ref"] and not r["oom"] for r in rows) == row["same_answer_n"]
+
+
+def test_the_weights_sections_game24_search_decodes_nothing_as_its_notes_say():
+    """docs/notes/weights.md says the Game of 24 search decodes nothing (why int4 is no faster there): every
+    committed problem row, both formats, decoded no token."""
+    from benchmarks.results.data import DATA, REPO
+
+    notes = (REPO / "docs" / "notes" / "weights.md").read_text()
+    path = DATA / "weights" / "answers-game24.jsonl"
+    if "decodes nothing" in notes:
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        assert rows and all(r["decode_tokens"] == 0 and r["decode_tokens_ref"] == 0 for r in rows)
