@@ -254,7 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         rows, columns, settings = old["tables"].get("main", {}).get("rows", []), SPEED_COLUMNS, old.get("settings", {})
         command = old.get("command", "") + (f"; {args.command}" if args.command else "")
         if rows and "measured" in old:  # the speed table is kept, not rerun: the page says when it was measured
-            carried = old.get("carried") or {"measured": old["measured"], "commit": old["commit"], "tables": ["main"]}
+            carried = old.get("carried") or {
+                "measured": old["measured"],
+                "commit": old["commit"],
+                "tables": ["main"],
+                "facts": [],
+            }
     print(json.dumps(rows if args.what == "speed" else tables["answers"]["rows"], indent=1, default=str))
     if args.section:
         path = write_section_data(
