@@ -172,7 +172,10 @@ def test_ctrl_c_ends_in_one_line_saying_what_is_kept_and_how_to_resume(data_dir,
     """Ctrl-C was a 110-line KeyboardInterrupt traceback (the rows were kept and resume was exact)."""
     run_dir = tmp_path / "run"
     cmd = [*SOLVE, *base(data_dir, run_dir, end=930)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A terminal's Ctrl-C: SIGINT handled as the shell's foreground job would be (a suite started in the
+    # background inherits SIGINT ignored, and Python then never raises KeyboardInterrupt)
+    restore = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=restore)
     end = time.monotonic() + 120
     while not (run_dir / RESULTS_FILE).is_file() or not (run_dir / RESULTS_FILE).read_text().count("\n"):
         assert time.monotonic() < end and proc.poll() is None
