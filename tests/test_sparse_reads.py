@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from arbor_runtime import Runtime, SamplingParams
@@ -228,3 +229,16 @@ def test_the_listed_smollm2_fingerprint_is_the_shipped_models(smollm2):
 
     assert dense_layers_for(smollm2.model) == [7]
     assert DENSE_LAYERS[model_fingerprint(smollm2.model)].source == "docs/data/longctx-layer7"
+
+
+@pytest.mark.parametrize("name", ["lychee", "quest"])
+def test_a_sparse_read_runs_on_int4_weights_and_bfloat16_kv(name):
+    """The CLI's default on CPU is int4 weights with bfloat16 KV: a sparse read takes the torch path there
+    and reads its budget, not the whole context."""
+    from arbor_runtime import load_model
+
+    lm = load_model("tiny-random", weights="int4")
+    assert lm.weights == "int4"
+    rt, leaf = generate(lm, SPARSE[name](**SMALL))
+    assert rt.store.pool.shape.dtype == torch.bfloat16 and len(leaf.token_ids) == GREEDY.max_new_tokens
+    assert 0.0 < rt.metrics.sparse_read_fraction < 1.0
