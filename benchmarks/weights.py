@@ -159,7 +159,8 @@ ANSWER_COLUMNS = [
 
 
 def problem_rows(reference: Path, other: Path) -> list[dict[str, Any]]:
-    """The problems two run dirs share, one row each: index, each format's answer, solved and seconds."""
+    """The problems two run dirs share, one row each: index, each format's answer, solved, seconds, decoded
+    tokens and code version."""
     ref, oth = load_done(reference), load_done(other)
     return [
         {"index": i, "weights": oth[i].get("weights", "dense"), "answer_ref": ref[i].get("answer"),
@@ -173,20 +174,22 @@ def problem_rows(reference: Path, other: Path) -> list[dict[str, Any]]:
 
 def answers(name: str, reference: Path, other: Path) -> dict[str, Any]:
     """One row of the answers table: ``other``'s run dir against ``reference``'s, problem by problem."""
-    ref, oth = load_done(reference), load_done(other)
-    shared = sorted(ref.keys() & oth.keys())
-    if not shared:
-        raise SystemExit(f"{reference} and {other} share no problem")
-    weights = {str(oth[i].get("weights", "dense")) for i in shared}
-    solved_ref = sum(bool(ref[i]["solved"]) for i in shared)
-    solved = sum(bool(oth[i]["solved"]) for i in shared)
-    gained = sum(bool(oth[i]["solved"]) and not ref[i]["solved"] for i in shared)
-    lost = sum(not oth[i]["solved"] and bool(ref[i]["solved"]) for i in shared)
-    same = sum(oth[i].get("answer") == ref[i].get("answer") and not oth[i].get("oom") for i in shared)
-    ratios = [float(oth[i]["seconds"]) / float(ref[i]["seconds"]) for i in shared if float(ref[i]["seconds"] or 0)]
-    n = len(shared)
+    return answers_row(name, problem_rows(reference, other), f"{reference} and {other}")
+
+
+def answers_row(name: str, rows: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    """The answers table's row of :func:`problem_rows`' ``rows`` (every total recounts from them)."""
+    if not rows:
+        raise SystemExit(f"{where} share no problem")
+    solved_ref = sum(r["solved_ref"] for r in rows)
+    solved = sum(r["solved"] for r in rows)
+    gained = sum(r["solved"] and not r["solved_ref"] for r in rows)
+    lost = sum(r["solved_ref"] and not r["solved"] for r in rows)
+    same = sum(r["answer"] == r["answer_ref"] and not r["oom"] for r in rows)
+    ratios = [float(r["seconds"]) / float(r["seconds_ref"]) for r in rows if float(r["seconds_ref"] or 0)]
+    n = len(rows)
     return {
-        "search": name, "weights": ",".join(sorted(weights)), "problems": n,
+        "search": name, "weights": ",".join(sorted({str(r["weights"]) for r in rows})), "problems": n,
         "solved_ref": format_rate(solved_ref, n), "solved": format_rate(solved, n), "solved_n": solved,
         "solved_ref_n": solved_ref, "gained_n": gained, "lost_n": lost,
         "vs_ref": f"+{gained} / -{lost} (p {sign_test(gained, lost):.2g})",
@@ -239,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--command", default="", help="the command that made this table (recorded)")
     args = ap.parse_args(argv)
     old = load_section(SECTION) if (DATA / SECTION / "results.json").is_file() else {"tables": {}, "settings": {}}
-    carried = None
+    carried = pairs = None
     if args.what == "speed":
         rows = speed(args)
         tables = {k: v for k, v in old["tables"].items() if k != "main"}
@@ -247,7 +250,13 @@ def main(argv: list[str] | None = None) -> int:
         command = args.command or "python -m benchmarks.weights " + " ".join(argv or sys.argv[1:])
         columns = SPEED_COLUMNS
     else:
-        row = (answers_longctx if args.longctx else answers)(args.name, args.reference, args.other)
+        pairs = None if args.longctx else problem_rows(args.reference, args.other)
+        where = f"{args.reference} and {args.other}"
+        row = (
+            answers_longctx(args.name, args.reference, args.other)
+            if pairs is None
+            else answers_row(args.name, pairs, where)
+        )
         kept = [r for r in old["tables"].get("answers", {}).get("rows", []) if r["search"] != args.name]
         tables = {k: v for k, v in old["tables"].items() if k not in ("main", "answers")}
         tables["answers"] = {"columns": ANSWER_COLUMNS, "rows": [*kept, row]}
@@ -266,9 +275,9 @@ def main(argv: list[str] | None = None) -> int:
             SECTION, rows, command, settings, title=TITLE, columns=columns, tables=tables, carried=carried
         )
         print(f"wrote {path}", file=sys.stderr)
-        if args.what == "answers" and not args.longctx:
+        if args.what == "answers" and pairs is not None:
             per_problem = DATA / SECTION / f"answers-{args.name}.jsonl"
-            per_problem.write_text("".join(json.dumps(r) + "\n" for r in problem_rows(args.reference, args.other)))
+            per_problem.write_text("".join(json.dumps(r) + "\n" for r in pairs))
             print(f"wrote {per_problem}", file=sys.stderr)
     return 0
 
