@@ -60,11 +60,6 @@ class LazyBlocks(Sequence):
     def __iter__(self) -> Iterator[BlockView]:
         return iter(self._list())
 
-    @property
-    def built(self) -> bool:
-        """Whether the blocks were asked for (a policy that planned nothing never builds them)."""
-        return self._blocks is not None
-
 
 @dataclass(frozen=True, slots=True)
 class MemoryView:
