@@ -28,6 +28,7 @@ import torch
 
 from arbor_runtime.errors import KVBudgetExceeded
 from arbor_runtime.plans import AdmitPlan, Retention, RoomPlan
+from arbor_runtime.policies.base import PIN_PARTS
 from arbor_runtime.tree import PROMPT, Entry, demand_tokens, ordered_path_nodes, path_ids
 
 if TYPE_CHECKING:
@@ -235,7 +236,8 @@ class MemoryPlanner:
         return chosen
 
     def _parts(self, ends: Sequence[Node]) -> list[dict[int, torch.Tensor]]:
-        """The four parts of :meth:`pinned` (block id -> held block-local tokens) over ``ends``."""
+        """The parts of :meth:`pinned` the policy keeps in its ``pins`` (block id -> held block-local tokens)
+        over ``ends``, in :data:`~arbor_runtime.policies.base.PIN_PARTS` order."""
         sinks, frontier, prompt, parent = {}, {}, {}, {}
         for end in ends:
             path = [n for n in end.kv_path() if n.id in self.store]
@@ -251,7 +253,8 @@ class MemoryPlanner:
             below = [n for n in reversed(path) if n.kind != PROMPT]
             for part, node in zip((frontier, parent), below[:2], strict=False):
                 part[node.id] = torch.arange(self.store.get(node.id).length)
-        return [self._held(p) for p in (sinks, frontier, prompt, parent)]
+        parts = dict(zip(PIN_PARTS, (sinks, frontier, prompt, parent), strict=True))
+        return [self._held(parts[name]) for name in PIN_PARTS if name in self.caps.pins]
 
     def _held(self, part: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
         """``part`` less the tokens no tier holds (dropped for good), empty entries left out."""

@@ -17,11 +17,18 @@ from arbor_cli.build import USER_ERRORS, build, compose_config
 from arbor_cli.provenance import code_version
 from arbor_cli.report import fit_table
 from arbor_cli.results import Column, write_csv, write_jsonl
-from arbor_runtime import load_model
+from arbor_runtime import build_policy, load_model
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.policies import POLICIES
 from benchmarks.plots import memory_panels, plot_memory
-from benchmarks.replay import DEFAULT_FRACTIONS, DEFAULT_POLICIES, budgets_for, compare_policies, trace_fields
+from benchmarks.replay import (
+    DEFAULT_FRACTIONS,
+    DEFAULT_POLICIES,
+    budgets_for,
+    compare_policies,
+    policy_variant,
+    trace_fields,
+)  # fmt: skip
 from benchmarks.report import replay_table, speed_table
 from benchmarks.speed import speed_compare
 from benchmarks.trace import Trace, load_trace, record_trace
@@ -236,10 +243,18 @@ def _model_for(trace: Trace, args: argparse.Namespace) -> LoadedModel:
 
 
 def policy_names(text: str) -> list[str]:
+    """Comma-separated policies, each a name or a variant ``NAME:FIELD=VALUE...`` (checked now: the
+    fields exist, their values build the policy)."""
     names = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in names if p not in POLICIES]
+    bad = [p for p in names if p.split(":")[0] not in POLICIES]
     if bad or not names:
         raise ValueError(f"--policies {text!r}: unknown {bad}; valid: {', '.join(sorted(POLICIES))}")
+    for spec in names:
+        name, fields = policy_variant(spec)
+        try:
+            build_policy(name, **fields)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"--policies {spec!r}: {exc}") from None
     return names
 
 

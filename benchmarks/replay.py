@@ -21,12 +21,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any, NamedTuple
 
 import torch
 
 from arbor_runtime import BudgetError, KVBudgetExceeded, Node, Runtime, build_policy
 from arbor_runtime.loading import LoadedModel
+from arbor_runtime.policies import POLICIES
 from benchmarks.trace import ReplayOp, Trace
 
 log = logging.getLogger(__name__)
@@ -151,7 +153,8 @@ class ReplayRun:
         return self.error is not None
 
     def start(self, loaded: LoadedModel) -> None:
-        policy = build_policy(self.policy, budget_tokens=self.budget_tokens, **self.policy_kwargs)
+        name, fields = policy_variant(self.policy)
+        policy = build_policy(name, budget_tokens=self.budget_tokens, **fields, **self.policy_kwargs)
         self.rt = Runtime(loaded, policy=policy)
         self.rt.logits_hook = self._hook
 
@@ -331,6 +334,49 @@ def compare_policies(
         if on_group is not None:
             on_group(",".join(names))
     return out
+
+
+def policy_variant(spec: str) -> tuple[str, dict[str, Any]]:
+    """A policy name with fields set, ``NAME[:FIELD=VALUE...]`` (``arbor:msve=off``,
+    ``arbor:topology=false:pins=sinks+parent``), as the name and its fields, each value read as the
+    field's default is typed: a switch by its words (true/false, on/off, ...), a number, a list of
+    ``+``-joined items (``pins=`` is the empty list), else text. ValueError naming what is wrong."""
+    name, *settings = spec.split(":")
+    if name not in POLICIES:
+        raise ValueError(f"policy {spec!r}: unknown {name!r}; valid: {', '.join(sorted(POLICIES))}")
+    defaults = {f.name: f.default for f in dataclass_fields(POLICIES[name]) if f.init}
+    out: dict[str, Any] = {}
+    for setting in settings:
+        key, eq, text = setting.partition("=")
+        if not eq or key not in defaults or key == "budget_tokens":
+            valid = ", ".join(sorted(k for k in defaults if k != "budget_tokens"))
+            raise ValueError(f"policy {spec!r}: {setting!r} is not FIELD=VALUE of {name}; fields: {valid}")
+        out[key] = _typed(text, defaults[key], f"policy {spec!r}: {key}")
+    return name, out
+
+
+def _typed(text: str, default: Any, where: str) -> Any:
+    """``text`` read as ``default`` is typed (see :func:`policy_variant`)."""
+    if isinstance(default, bool):
+        from arbor_cli.switches import parse_switch
+
+        return parse_switch(text, where)
+    if isinstance(default, tuple | list):
+        return [item for item in text.split("+") if item]
+    if isinstance(default, int | float) or (default is None and _is_number(text)):
+        try:
+            return int(text) if text.lstrip("-").isdigit() else float(text)
+        except ValueError:
+            raise ValueError(f"{where}={text!r} is not a number") from None
+    return None if text in ("null", "none", "None") else text
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def trace_fields(trace: Trace) -> dict[str, Any]:

@@ -70,6 +70,17 @@ def fit_floors(floors: Sequence[int], weights: Sequence[float], capacity: int) -
     return floors
 
 
+def whole_blocks(sizes: Sequence[int], weights: Sequence[float], capacity: int) -> list[int]:
+    """Tokens each block keeps when blocks stay whole or leave: by weight, highest first (ties: the
+    earlier block), each kept whole while it fits what ``capacity`` has left, else 0."""
+    weights = finite_weights(weights)
+    out, left = [0] * len(sizes), capacity
+    for i in sorted(range(len(sizes)), key=lambda i: -weights[i]):
+        if sizes[i] <= left:
+            out[i], left = sizes[i], left - sizes[i]
+    return out
+
+
 def top_tokens(kept: torch.Tensor, scores: torch.Tensor, must: torch.Tensor, count: int) -> torch.Tensor:
     """Choose ``count`` of the ``kept`` block-local indices: all of ``must`` first, then by score.
 

@@ -20,17 +20,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from arbor_runtime.events import BranchSwitch, Event
-from arbor_runtime.policies.allocation import fit_floors, top_tokens, water_fill
+from arbor_runtime.policies.allocation import fit_floors, top_tokens, water_fill, whole_blocks
 from arbor_runtime.policies.base import BlockView, Capabilities, MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.kvp import KVPScores
-from arbor_runtime.policies.msve import MSVEWeights, block_values
+from arbor_runtime.policies.msve import SIGNALS, MSVEWeights, block_values
 
 TOKEN_SCORERS = ("attention", "kvp")
+#: ``msve``: every signal (the calibration as fitted), none (every block the same value), or one alone
+MSVE_MODES = ("all", "off", *SIGNALS)
+#: the pins ``pins`` may leave out (the frontier block always stays: the row writes below it)
+OPTIONAL_PINS = ("sinks", "question", "parent")
 
 
 @dataclass(slots=True)
@@ -52,6 +57,16 @@ class ArborPolicy(Policy):
         vocab_size: for entropy normalization (set by the runtime).
         degrade: below the floor keep running, token-extracting the active path (see the module
             docstring); False: the all-or-nothing ArborKV of the paper (an OOM below the floor).
+        msve: the value signals read (:data:`MSVE_MODES`): ``all``; ``off`` (every inactive block the
+            same value); or one of search, uncertainty, attention, depth alone (the calibration's weight
+            for it, the others 0). The parts below are switches for the ablation (issue 65).
+        topology: inactive blocks' retention decays by ``distance_decay`` per edge from the active
+            path; False: by value alone.
+        extract: inside an inactive block the best tokens stay (token-extractive); False: whole blocks
+            stay or leave, highest weight first while they fit.
+        offload: evicted spans wait on the host tier and come back (lazy rehydration); False: they are
+            dropped (no rehydration), and a path made whole again is recomputed.
+        pins: which of :data:`OPTIONAL_PINS` the planner pins below the floor (with the frontier block).
         weights: the MSVE weights read from ``calibration`` (not a constructor argument).
     """
 
@@ -68,6 +83,11 @@ class ArborPolicy(Policy):
     token_scorer: str = "attention"
     kvp_weights: str | None = None
     degrade: bool = True
+    msve: str = "all"
+    topology: bool = True
+    extract: bool = True
+    offload: bool = True
+    pins: Sequence[str] = OPTIONAL_PINS
     weights: MSVEWeights = field(init=False, repr=False)
     kvp: KVPScores | None = field(init=False, repr=False, default=None)
 
@@ -83,17 +103,28 @@ class ArborPolicy(Policy):
                 f"host_budget_tokens={host!r} must be an integer >= 0, or None (the runtime's default: half "
                 "the available host memory)"
             )
-        if not isinstance(self.degrade, bool):
-            raise ValueError(f"arbor degrade={self.degrade!r} must be true or false")
+        for switch in ("degrade", "topology", "extract", "offload"):
+            if not isinstance(getattr(self, switch), bool):
+                raise ValueError(f"arbor {switch}={getattr(self, switch)!r} must be true or false")
+        if self.msve not in MSVE_MODES:
+            raise ValueError(f"arbor msve={self.msve!r}; valid: {', '.join(MSVE_MODES)}")
+        self.pins = _pins(self.pins)
+        if not self.offload and host:
+            raise ValueError(f"arbor host_budget_tokens={host} caps a host tier that offload=false does not use")
         if isinstance(self.sink_tokens, bool) or not isinstance(self.sink_tokens, int) or self.sink_tokens < 0:
             raise ValueError(f"arbor sink_tokens={self.sink_tokens!r} must be a number of tokens >= 0")
-        self.weights = MSVEWeights.load(self.calibration)
+        weights = MSVEWeights.load(self.calibration)
+        self.weights = weights if self.msve == "all" else weights.only(None if self.msve == "off" else self.msve)
         self.kvp = KVPScores(self.kvp_weights) if self.token_scorer == "kvp" else None
 
     @property
     def capabilities(self) -> Capabilities:
-        """Arbor's, with ``degrades`` and the sinks the planner pins below the floor."""
-        return replace(self.CAPABILITIES, degrades=self.degrade, sink_tokens=self.sink_tokens)
+        """Arbor's, with ``degrades``, what the planner pins below the floor, and whether evicted
+        spans wait on the host tier."""
+        pins = frozenset({"frontier", *self.pins})
+        return replace(
+            self.CAPABILITIES, degrades=self.degrade, sink_tokens=self.sink_tokens, offload=self.offload, pins=pins
+        )
 
     def bind(self, model) -> None:
         """Called by the runtime with its model: loads the KVP weights when tokens are chosen by KVP."""
@@ -115,22 +146,36 @@ class ArborPolicy(Policy):
         sizes = [b.kv.kept_tokens for b in inactive]
         if sum(sizes) <= capacity:
             return None
+        decay = self.distance_decay if self.topology else 1.0
+        weights = [values[b.node.id] * decay ** _distance(b, view.active) for b in inactive]
+        plan = RetentionPlan()
+        if self.extract:
+            self._extract(plan, view, inactive, weights, capacity)
+        else:
+            for b, n, size in zip(inactive, whole_blocks(sizes, weights, capacity), sizes, strict=True):
+                if n < size:
+                    plan.keep[b.node.id] = b.kv.kept[:0].cpu()
+        # lowest value first: under a host cap the planner forgets host spans in this order
+        plan.host_order = sorted((b.node.id for b in view.blocks), key=lambda i: values.get(i, 0.0))
+        return plan
+
+    def _extract(
+        self, plan: RetentionPlan, view: MemoryView, inactive: list[BlockView], weights: list[float], capacity: int
+    ) -> None:
+        """Into ``plan``: each inactive block's share of ``capacity`` (water-filled by ``weights`` above
+        its protected tokens), filled with its best tokens."""
+        sizes = [b.kv.kept_tokens for b in inactive]
         protected = [self._protected(b) for b in inactive]
-        weights = [values[b.node.id] * self.distance_decay ** _distance(b, view.active) for b in inactive]
         floors = [
             min(max(int(torch.isin(b.kv.kept.cpu(), p).sum()), int(self.min_ratio * s)), s)
             for b, p, s in zip(inactive, protected, sizes, strict=True)
         ]
         floors = fit_floors(floors, weights, capacity)
         alloc = water_fill(sizes, floors, weights, capacity)
-        plan = RetentionPlan()
         scores = self.kvp.block_token_scores(view) if self.kvp is not None else {}
         for b, n, size, must in zip(inactive, alloc, sizes, protected, strict=True):
             if n < size:
                 plan.keep[b.node.id] = top_tokens(b.kv.kept, scores.get(b.node.id, _token_values(b)), must, n)
-        # lowest value first: under a host cap the planner forgets host spans in this order
-        plan.host_order = sorted((b.node.id for b in view.blocks), key=lambda i: values.get(i, 0.0))
-        return plan
 
     def _below_floor(self, view: MemoryView) -> RetentionPlan:
         """Every inactive block leaves; the active path keeps its pinned tokens and its best other
@@ -164,6 +209,20 @@ class ArborPolicy(Policy):
 
 
 _EMPTY = torch.zeros(0, dtype=torch.long)
+
+
+def _pins(pins) -> tuple[str, ...]:
+    """``pins`` (a list, also Hydra's) as a tuple of :data:`OPTIONAL_PINS`, each once."""
+    if isinstance(pins, str) or not isinstance(pins, Iterable):
+        raise ValueError(f"arbor pins={pins!r} must be a list of: {', '.join(OPTIONAL_PINS)} (e.g. [sinks,parent])")
+    out = tuple(pins)
+    bad = [p for p in out if p not in OPTIONAL_PINS]
+    if bad or len(set(out)) != len(out):
+        what = f"{bad[0]!r} is not a pin" if bad else "names a pin twice"
+        raise ValueError(
+            f"arbor pins={list(out)}: {what}; valid: {', '.join(OPTIONAL_PINS)} (the frontier always stays)"
+        )
+    return out
 
 
 def _token_values(b: BlockView) -> torch.Tensor:

@@ -22,6 +22,10 @@ from arbor_runtime.tree import Node
 NO_TOKENS = torch.zeros(0, dtype=torch.long)  # a block's ``hosted`` when none of it is on the host (read only)
 
 
+#: what the planner may pin of a path below the floor, in the order it pins them as room allows
+PIN_PARTS = ("sinks", "frontier", "question", "parent")
+
+
 @dataclass(frozen=True, slots=True)
 class BlockView:
     """A live block as a policy sees it: its node (text, value, entropies, depth) and its KV record.
@@ -136,6 +140,8 @@ class Capabilities:
             keeps the rest of the path by value, on the device or brought back from the host
             (``MemoryView.pinned``); a prompt larger than the budget is prefilled in chunks.
         sink_tokens: first tokens of each root pinned below the floor (with ``degrades``).
+        pins: which of :data:`PIN_PARTS` the planner pins below the floor (with ``degrades``); arbor's
+            ``policy.pins`` takes some away to measure what each is worth (the frontier always stays).
         stats_on_pressure: the policy's plans need attention statistics only once memory is short:
             a forward records them only when resident KV is within reach of the threshold (the
             planner's :meth:`~arbor_runtime.planner.MemoryPlanner.records_statistics`), never without a
@@ -152,6 +158,7 @@ class Capabilities:
     shrinks_active_path: bool | None = None
     degrades: bool = False
     sink_tokens: int = 0
+    pins: frozenset[str] = frozenset(PIN_PARTS)
     stats_on_pressure: bool = False
 
     def __post_init__(self) -> None:

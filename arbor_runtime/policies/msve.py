@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from arbor_runtime.policies.base import BlockView
@@ -69,6 +69,13 @@ class MSVEWeights:
         if bad is not None:
             raise ValueError(f"calibration {path}: weight {bad}={weights[bad]!r} is not a number")
         return cls(**{k: float(v) for k, v in weights.items()})
+
+    def only(self, signal: str | None) -> MSVEWeights:
+        """The same calibration reading one signal of :data:`SIGNALS` (the others' weights 0); ``None``:
+        no signal (every block the same value, ``sigmoid(bias)``)."""
+        if signal is not None and signal not in SIGNALS:
+            raise ValueError(f"MSVE signal {signal!r}; valid: {', '.join(SIGNALS)}")
+        return replace(self, **{s: getattr(self, s) if s == signal else 0.0 for s in SIGNALS})
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
