@@ -112,7 +112,7 @@ ROWS_FILE = "rows.jsonl"
 #: what a section's ``rows.jsonl`` holds of each problem of each table row (the totals recount from these)
 ROW_FIELDS = (
     "index", "answer", "solved", "agree", "nodes_as_full", "seconds", "peak_device_tokens", "peak_device_bytes",
-    "pool_bytes", "oom", "budget_tokens", "floor_tokens", "rehydrations", "code",
+    "pool_bytes", "oom", "budget_tokens", "floor_tokens", "rehydrations", "code", "weights",
 )  # fmt: skip
 
 
@@ -216,6 +216,13 @@ def row_codes(run_dirs: Iterable[Path]) -> dict[str, int]:
     return dict(counts.most_common())
 
 
+def weights_used(run_dirs: Iterable[Path]) -> str:
+    """The model weight formats the results rows of ``run_dirs`` ran with (``model.weights`` as resolved,
+    e.g. ``int4``), joined; ``not recorded`` for rows older than the switch (float32 then)."""
+    found = {str(row.get("weights") or UNRECORDED) for d in run_dirs for row in load_done(d).values()}
+    return ", ".join(sorted(found))
+
+
 def measured_by(codes: dict[str, int]) -> dict[str, Any]:
     """The section's commit fields from :func:`row_codes`: ``commit`` the code of most rows (None when
     no row names one); ``row_codes`` (each code's rows) too unless every row names that one code."""
@@ -242,8 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(" | ".join(str(r[k]) if not isinstance(r[k], float) else f"{r[k]:.2f}" for k, _, _ in COLUMNS))
     if args.section:
         columns = [{"key": k, "header": h, "fmt": f, "numeric": f != "text"} for k, h, f in COLUMNS]
-        settings = dict(s.split("=", 1) for s in args.setting)
         dirs = [args.full] + [run_dir for d in args.sweeps for *_, run_dir in sweep_runs(d)]
+        settings = {"weights": weights_used(dirs)} | dict(s.split("=", 1) for s in args.setting)
         extra = measured_by(row_codes(dirs)) | {"title": args.title, "columns": columns}
         path = write_section_data(args.section, rows, args.command, settings, **extra)
         write_jsonl(path.with_name(ROWS_FILE), per_problem)  # every total above recounts from these

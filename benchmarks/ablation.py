@@ -1,0 +1,156 @@
+"""What each part of arbor buys: arbor's variants (one part switched off each) against its default, replayed.
+
+Reads the ``replay.jsonl`` files of ``scripts/replay_trace.py`` run with arbor's variants in ``--policies``
+(``arbor:msve=off``, ``arbor:topology=false``, ``arbor:extract=false``, ``arbor:offload=false``,
+``arbor:pins=...``; docs/policies.md, "Arbor's parts") beside ``arbor`` and ``random``, and summarises per
+task, budget and variant over the trees: top-1 agreement with full and mean KL(full || variant) per position,
+rehydrated and recomputed tokens, and seconds. The paired table sets each variant against arbor's default on
+the same trees (per-tree differences, their mean and 95% Student-t interval); a variant whose every tree
+scored what the default scored is marked ``identical``.
+
+    python -m benchmarks.ablation REPLAY_JSONL [REPLAY_JSONL ...] [--section ablation] --command "..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.floor import _ci, _columns, _kl, _listed, by_setting, read
+from benchmarks.results.stats import mean_interval
+
+DEFAULT = "arbor"
+#: a KL difference this small is float rounding (a path read in another slot order), not a difference
+KL_ROUNDING = 1e-6
+#: the main table: (key, header, fmt)
+COLUMNS = (
+    ("task", "task", "text"), ("budget", "budget", "text"), ("policy", "variant", "text"),
+    ("trees", "trees", "auto"), ("top1", "top-1 agreement [95% CI]", "text"), ("kl", "mean KL [95% CI]", "text"),
+    ("rehydrated", "rehydrated tokens", "{:.0f}"), ("recomputed", "recomputed tokens", "{:.0f}"),
+    ("seconds", "seconds", "{:.1f}"), ("oom", "OOM", "auto"),
+)  # fmt: skip
+PAIRED_COLUMNS = (
+    ("task", "task", "text"), ("budget", "budget", "text"), ("policy", "variant", "text"),
+    ("trees", "trees", "auto"), ("top1_diff", "top-1 - default [95% CI]", "text"),
+    ("kl_diff", "KL - default [95% CI]", "text"), ("rehydrated_diff", "rehydrated tokens - default [95% CI]", "text"),
+    ("seconds_ratio", "seconds / default", "{:.2f}"), ("verdict", "fidelity against the default", "text"),
+)  # fmt: skip
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    return statistics.mean(float(r.get(key) or 0.0) for r in rows)
+
+
+def summary_rows(groups: dict[tuple[str, float, str], dict[str, dict]]) -> list[dict[str, Any]]:
+    """One row per task, budget (large to small) and variant (the default and random first)."""
+    out = []
+    for (task, frac, policy), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1], _order(kv[0][2]))):
+        rows = list(runs.values())
+        top1, kl = [float(r["top1_agreement"] or 0.0) for r in rows], [_kl(r) for r in rows]
+        out.append({
+            "task": task, "budget": f"{frac:g}x", "fraction": frac, "policy": policy, "trees": len(rows),
+            "top1": _ci(top1), "top1_mean": statistics.mean(top1), "kl": _ci(kl), "kl_mean": statistics.mean(kl),
+            "rehydrated": _mean(rows, "rehydrated_tokens"), "recomputed": _mean(rows, "recomputed_tokens"),
+            "seconds": _mean(rows, "seconds"), "oom": sum(bool(r.get("oom")) for r in rows),
+        })  # fmt: skip
+    return out
+
+
+def against_default(groups: dict[tuple[str, float, str], dict[str, dict]]) -> list[dict[str, Any]]:
+    """Every variant (and random) minus arbor's default on the trees both replayed, per task and budget."""
+    out = []
+    for (task, frac, policy), mine in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1], _order(kv[0][2]))):
+        base = groups.get((task, frac, DEFAULT), {})
+        trees = sorted(set(mine) & set(base))
+        if policy == DEFAULT or not trees:
+            continue
+        d_top = [float(mine[t]["top1_agreement"] or 0) - float(base[t]["top1_agreement"] or 0) for t in trees]
+        d_kl = [_kl(mine[t]) - _kl(base[t]) for t in trees]
+        d_reh = [
+            float(mine[t].get("rehydrated_tokens") or 0) - float(base[t].get("rehydrated_tokens") or 0) for t in trees
+        ]
+        secs = sum(float(mine[t]["seconds"]) for t in trees) / max(sum(float(base[t]["seconds"]) for t in trees), 1e-9)
+        out.append({
+            "task": task, "budget": f"{frac:g}x", "fraction": frac, "policy": policy, "trees": len(trees),
+            "top1_diff": _ci(d_top), "kl_diff": _ci(d_kl), "rehydrated_diff": _ci(d_reh, 0), "seconds_ratio": secs,
+            "verdict": verdict(d_top, d_kl),
+        })  # fmt: skip
+    return out
+
+
+def verdict(d_top: list[float], d_kl: list[float]) -> str:
+    """``identical`` (every tree the same top-1 agreement and a KL within :data:`KL_ROUNDING` of the
+    default's), ``worse`` / ``better`` (top-1 or KL beyond the 95% interval that way, neither the other
+    way), ``mixed``, or ``no difference`` (within both intervals; also one tree, which has no interval)."""
+    if all(abs(d) < 1e-12 for d in d_top) and all(abs(d) < KL_ROUNDING for d in d_kl):
+        return "identical"
+    if len(d_top) < 2:
+        return "no difference"
+    _, top_lo, top_hi = mean_interval(d_top)
+    _, kl_lo, kl_hi = mean_interval(d_kl)
+    worse = top_hi < 0 or kl_lo > 0
+    better = top_lo > 0 or kl_hi < 0
+    return "mixed" if worse and better else "worse" if worse else "better" if better else "no difference"
+
+
+def facts(summary: list[dict], paired: list[dict]) -> dict[str, Any]:
+    """What the prose cites: trees per task, and per verdict the variants and budgets that got it."""
+    variants = [r for r in paired if r["policy"] != "random"]
+    out: dict[str, Any] = {
+        "trees": _words([f"{n} {t}" for t, n in sorted({(r["task"], r["trees"]) for r in summary})]),
+        "fractions": _listed(sorted({r["fraction"] for r in summary}, reverse=True)),
+        "settings": len(variants),
+        "default_oom": sum(r["oom"] for r in summary if r["policy"] == DEFAULT),
+    }
+    for word in ("identical", "no difference", "worse", "better", "mixed"):
+        hits = [r for r in variants if r["verdict"] == word]
+        out[word.replace(" ", "_")] = len(hits)
+        out[f"{word.replace(' ', '_')}_where"] = _words(
+            [f"{r['policy']} on {r['task']} at {r['budget']}" for r in hits]
+        )
+    out["default_at_least_as_good"] = sum(r["verdict"] in ("identical", "no difference", "worse") for r in variants)
+    return out
+
+
+def _words(items: list[str]) -> str:
+    """``a, b and c``."""
+    return ", ".join(items[:-1]) + (" and " if len(items) > 1 else "") + items[-1] if items else ""
+
+
+def _order(policy: str) -> tuple[int, str]:
+    return (0 if policy == DEFAULT else 1 if policy == "random" else 2, policy)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from benchmarks.results.data import write_section_data
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.ablation", description=__doc__.split("\n")[0])
+    ap.add_argument("replays", type=Path, nargs="+", help="replay.jsonl files of scripts/replay_trace.py")
+    ap.add_argument("--section", default=None, help="write docs/data/<section>/results.json (else print only)")
+    ap.add_argument("--title", default="What each part of arbor buys: its variants replayed against its default")
+    ap.add_argument("--command", default="", help="the commands that made the replay files (recorded)")
+    ap.add_argument("--setting", action="append", default=[], help="KEY=VALUE recorded in the section's settings")
+    args = ap.parse_args(argv)
+    rows = read(args.replays)
+    groups = by_setting(rows)
+    summary, paired = summary_rows(groups), against_default(groups)
+    for r in paired:
+        print(" | ".join(str(r[k]) if not isinstance(r[k], float) else f"{r[k]:.2f}" for k, _, _ in PAIRED_COLUMNS))
+    if args.section:
+        codes = sorted({str(r.get("code")) for r in rows if r.get("code")})
+        settings = dict(s.split("=", 1) for s in args.setting)
+        tables = {"vs_default": {"columns": _columns(PAIRED_COLUMNS), "rows": paired}}
+        extra = {"commit": codes[0]} if len(codes) == 1 else {}
+        path = write_section_data(
+            args.section, summary, args.command, settings, title=args.title, columns=_columns(COLUMNS),
+            tables=tables, facts=facts(summary, paired), **extra,
+        )  # fmt: skip
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
