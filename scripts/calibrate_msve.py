@@ -11,6 +11,7 @@ from the hub (see README: Data).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 
 from arbor_cli.build import build, compose_config  # noqa: E402
-from arbor_runtime.policies.msve import DEFAULT_CALIBRATION  # noqa: E402
+from arbor_runtime.policies.msve import DEFAULT_CALIBRATION, SIGNALS  # noqa: E402
 from research.msve.calibrate import collect, write_calibration  # noqa: E402
 
 
@@ -50,7 +51,16 @@ def main() -> None:
     ap.add_argument("--breadth", type=int, default=2)
     ap.add_argument("--outcome-pairs", type=int, default=8, help="verifier-outcome samples per tree")
     ap.add_argument("--out", default=str(DEFAULT_CALIBRATION))
+    ap.add_argument(
+        "--samples", default=None, help="also write every sample here (JSONL: task, tree, signals, effects)"
+    )
+    ap.add_argument("--refit", default=None, help="fit the samples of an earlier --samples file (no model, no search)")
     args = ap.parse_args()
+    if args.refit:
+        samples = read_samples(Path(args.refit))
+        record = write_calibration(samples, Path(args.out), {"refit_of": args.refit, "model": args.model})
+        Console().print(summary(args.out, record))
+        return
     # game24_oracle: the values the shipped calibration was fitted with (verifier-outcome drops)
     runs = [
         ("game24", args.game24, ["verifier=game24_oracle"]),
@@ -66,10 +76,36 @@ def main() -> None:
                 samples += collect(setup, progress, outcome_pairs=args.outcome_pairs)
     meta = {"model": args.model, "game24_rows": args.game24, "gsm8k_train_rows": args.gsm8k}
     meta |= {"n_generate": args.n_generate, "breadth": args.breadth, "outcome_pairs": args.outcome_pairs}
+    if args.samples:
+        Path(args.samples).write_text("".join(json.dumps(s) + "\n" for s in samples))
     record = write_calibration(samples, Path(args.out), meta)
-    Console().print(
-        f"wrote {args.out}: {record['n_samples']} samples, R^2={record['r2']:.3f}, weights {record['weights']}"
-    )
+    Console().print(summary(args.out, record))
+
+
+def read_samples(path: Path) -> list[dict]:
+    """The samples of a ``--samples`` file (JSONL)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summary(out: str, record: dict) -> str:
+    """One line per fit: in-sample r², then train / held-out r² per task and signal."""
+    lines = [
+        f"wrote {out}: {record['n_samples']} samples, in-sample R^2={record['r2']:.3f}, weights {record['weights']}"
+    ]
+    for task, entry in ((record.get("held_out") or {}).get("tasks") or {}).items():
+        fits = ", ".join(
+            f"{name} {_r2(entry[name]['train_r2'])}/{_r2(entry[name]['held_out_r2'])}"
+            for name in ("all", *SIGNALS) if name in entry
+        )  # fmt: skip
+        lines.append(
+            f"  {task}: {entry['train_trees']} train / {entry['held_out_trees']} held-out trees; "
+            f"r² train/held-out: {fits}"
+        )
+    return "\n".join(lines)
+
+
+def _r2(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":

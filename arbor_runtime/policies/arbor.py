@@ -58,8 +58,9 @@ class ArborPolicy(Policy):
         degrade: below the floor keep running, token-extracting the active path (see the module
             docstring); False: the all-or-nothing ArborKV of the paper (an OOM below the floor).
         msve: the value signals read (:data:`MSVE_MODES`): ``all``; ``off`` (every inactive block the
-            same value); or one of search, uncertainty, attention, depth alone (the calibration's weight
-            for it, the others 0). The parts below are switches for the ablation (issue 65).
+            same value); or one of search, uncertainty, attention, depth alone (that signal's own fit
+            from the calibration's ``single``, else its weight in the full fit; the others 0).
+            The parts below are switches for the ablation (issue 65).
         topology: inactive blocks' retention decays by ``distance_decay`` per edge from the active
             path; False: by value alone.
         extract: inside an inactive block the best tokens stay (token-extractive); False: whole blocks
@@ -113,8 +114,11 @@ class ArborPolicy(Policy):
             raise ValueError(f"arbor host_budget_tokens={host} caps a host tier that offload=false does not use")
         if isinstance(self.sink_tokens, bool) or not isinstance(self.sink_tokens, int) or self.sink_tokens < 0:
             raise ValueError(f"arbor sink_tokens={self.sink_tokens!r} must be a number of tokens >= 0")
-        weights = MSVEWeights.load(self.calibration)
-        self.weights = weights if self.msve == "all" else weights.only(None if self.msve == "off" else self.msve)
+        if self.msve in SIGNALS:
+            self.weights = MSVEWeights.alone(self.calibration, self.msve)
+        else:
+            weights = MSVEWeights.load(self.calibration)
+            self.weights = weights if self.msve == "all" else weights.only(None)
         self.kvp = KVPScores(self.kvp_weights) if self.token_scorer == "kvp" else None
 
     @property

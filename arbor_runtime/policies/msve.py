@@ -70,6 +70,20 @@ class MSVEWeights:
             raise ValueError(f"calibration {path}: weight {bad}={weights[bad]!r} is not a number")
         return cls(**{k: float(v) for k, v in weights.items()})
 
+    @classmethod
+    def alone(cls, path: str | Path | None, signal: str) -> MSVEWeights:
+        """The weights of ``signal`` fitted alone, as the calibration file's ``single`` holds them
+        (``scripts/calibrate_msve.py`` writes it); a file without it: its weights :meth:`only` that signal."""
+        weights = cls.load(path).only(signal)
+        path = DEFAULT_CALIBRATION if path is None else Path(path).expanduser()
+        if not path.is_file():
+            return weights
+        single = json.loads(path.read_text()).get("single") or {}
+        fitted = single.get(signal) if isinstance(single, dict) else None
+        if not isinstance(fitted, dict):
+            return weights
+        return cls.only(cls(**{k: float(v) for k, v in fitted.items() if k in ("bias", signal)}), signal)
+
     def only(self, signal: str | None) -> MSVEWeights:
         """The same calibration reading one signal of :data:`SIGNALS` (the others' weights 0); ``None``:
         no signal (every block the same value, ``sigmoid(bias)``)."""

@@ -23,6 +23,7 @@ from arbor_runtime.policies.msve import SIGNALS, signals
 from arbor_runtime.tasks.base import Task
 from arbor_runtime.verifiers.base import Verifier
 from research.msve.calibration import fit_weights, leave_one_out, regenerate
+from research.msve.heldout import report
 
 
 def collect(setup: Setup, progress: Progress | None = None, outcome_pairs: int = 8) -> list[dict[str, Any]]:
@@ -33,8 +34,8 @@ def collect(setup: Setup, progress: Progress | None = None, outcome_pairs: int =
     for problem in setup.problems:
         rt = setup.runtime(problem, policy="arbor")  # no budget: records attention, evicts nothing
         setup.controller(rt).solve(problem)
-        samples += tree_samples(rt)
-        samples += outcome_samples(rt, task, verifier, problem, outcome_pairs)
+        tree = tree_samples(rt) + outcome_samples(rt, task, verifier, problem, outcome_pairs)
+        samples += [{"task": task.name, "tree": problem.index} | s for s in tree]  # the held-out split is by tree
         if progress:
             progress.advance(bar)
     return samples
@@ -91,13 +92,21 @@ def _zscores(xs: list[float]) -> list[float]:
 
 
 def write_calibration(samples, path: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    weights, r2 = fit_weights([s["signals"] for s in samples], effects(samples))
+    """Fit every signal on every sample (the weights arbor loads) and each signal alone (``single``: what
+    ``policy.msve=<signal>`` loads), judge the fits on held-out trees when the samples name their trees
+    (:mod:`research.msve.heldout`), and write it all to ``path``. Returns the record."""
+    targets = effects(samples)
+    features = [s["signals"] for s in samples]
+    weights, r2 = fit_weights(features, targets)
+    single = {name: fit_weights(features, targets, only=name)[0].to_dict() for name in SIGNALS}
     record = {
         "weights": weights.to_dict(),
+        "single": {name: {k: v for k, v in w.items() if k in ("bias", name)} for name, w in single.items()},
         "signals": list(SIGNALS),
         "r2": r2,
         "n_samples": len(samples),
         "n_outcome_samples": sum(s["outcome"] is not None for s in samples),
+        "held_out": report(samples, targets) if all("tree" in s for s in samples) else None,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         **meta,
     }

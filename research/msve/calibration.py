@@ -94,17 +94,22 @@ def _forward_over(rt: Runtime, groups: list[Group], ids: list[int], start_pos: i
     return rt.backend.forward(batch, torch.tensor([ids]), positions, logits_to_keep)[0]
 
 
-def fit_weights(features: list[tuple[float, ...]], effects: list[float]) -> tuple[MSVEWeights, float]:
+def fit_weights(
+    features: list[tuple[float, ...]], effects: list[float], only: str | None = None
+) -> tuple[MSVEWeights, float]:
     """Least squares of standardized effects on the signals (with a bias).
 
     Args:
         features: per sample, the signals in :data:`SIGNALS` order; effects: LL drops.
+        only: fit that one signal alone (a bias and its weight; the other weights 0).
     Returns:
         the weights and the fit's R^2.
     """
     if len(effects) < len(SIGNALS) + 2:
         raise ValueError(f"calibration needs at least {len(SIGNALS) + 2} samples, got {len(effects)}")
     x = torch.tensor(features, dtype=torch.float64)
+    if only is not None:
+        x = x * torch.tensor([float(name == only) for name in SIGNALS], dtype=torch.float64)
     y = torch.tensor(effects, dtype=torch.float64)
     y = (y - y.mean()) / (y.std() + 1e-12)
     design = torch.cat([torch.ones(len(y), 1, dtype=torch.float64), x], dim=1)
