@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from fixtures.tiny_llama import tiny_llama
@@ -26,7 +28,18 @@ from arbor_runtime.policies.kvp_weights import (
 )
 from research.kvp.collect import Sequence, collect, future_attention, read_shards, record_tensors
 from research.kvp.texts import solve24, training_texts
-from research.kvp.train import LOSS_FNS, LOSSES, TrainConfig, evaluate, head_tensors, retained_auc, train
+from research.kvp.train import (
+    LOSS_FNS,
+    LOSSES,
+    TrainConfig,
+    evaluate,
+    head_tensors,
+    plackett_luce_log_prob,
+    ranking_auc,
+    retained_auc,
+    rloo_loss,
+    train,
+)  # fmt: skip
 
 SHAPE = ScorerShape(layers=2, kv_heads=2, head_dim=16, embed=8, hidden=8)
 PARAMS = SamplingParams(max_new_tokens=6, temperature=1.0)
@@ -97,8 +110,12 @@ def test_a_few_training_steps_lower_the_loss(tiny, loss):
     seqs = tiny_sequences(tiny, 3)
     shape = scorer_shape_of(tiny.model, embed=8, hidden=8)
 
-    def mean_loss(scorer):
+    def mean_loss(scorer):  # rloo's loss is a sampled surrogate: what it raises is the retained-mass AUC
         with torch.no_grad():
+            if loss == "rloo":
+                return (
+                    -sum(float(retained_auc(scorer(*head_tensors(s)[:3]), head_tensors(s)[3]).mean()) for s in seqs) / 3
+                )
             return sum(float(LOSS_FNS[loss](scorer(*head_tensors(s)[:3]), head_tensors(s)[3])) for s in seqs) / 3
 
     before = mean_loss(KVPScorer(shape, seed=0))
@@ -298,3 +315,23 @@ def test_scripts_collect_train_bench_and_render_the_section(tmp_path, data_dir, 
         assert len(rep["losses"]) <= 120 and points == rep["losses"]  # a short run keeps every step
         aucs = [(p["step"], p["kvp_head_auc"]) for p in mine if p["kvp_head_auc"] is not None]
         assert aucs == [(step, e["kvp/head_auc"]) for step, e in rep["evals"]]
+
+
+def test_plackett_luce_log_probs_sum_to_one_over_every_ranking():
+    scores = torch.tensor([[0.5, -1.0, 2.0]])
+    orders = torch.tensor(list(itertools.permutations(range(3)))).unsqueeze(1)  # (6, 1, 3)
+    probs = plackett_luce_log_prob(scores, orders).exp()
+    assert float(probs.sum()) == pytest.approx(1.0, abs=1e-6)
+    best = torch.tensor([[[2, 0, 1]]])  # by score: the most likely ranking
+    assert float(plackett_luce_log_prob(scores, best).exp()) == pytest.approx(float(probs.max()), abs=1e-7)
+
+
+def test_rloo_ranks_the_oracle_at_reward_one_and_its_gradient_raises_the_attended_tokens():
+    target = torch.tensor([[0.6, 0.3, 0.05, 0.05] * 5]) / 5  # (1, 20), rows sum to 1
+    oracle = target.argsort(dim=-1, descending=True).unsqueeze(0)
+    assert float(ranking_auc(oracle, target)) == pytest.approx(float(retained_auc(torch.log(target), target)))
+    torch.manual_seed(0)
+    scores = torch.zeros(1, 20, requires_grad=True)
+    rloo_loss(scores, target, samples=256).backward()
+    heavy, light = target[0] > 0.1, target[0] < 0.02
+    assert float(scores.grad[0][heavy].mean()) < 0 < float(scores.grad[0][light].mean())  # descent raises the heavy

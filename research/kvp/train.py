@@ -2,8 +2,13 @@
 
 Objective. KVP's reward is the holistic one: the future attention mass a head retains when it
 keeps its top-scored tokens, summed over budgets 10%..90% of the context (the area under the
-retained-mass curve). The paper optimises it with RLOO over Plackett-Luce rankings; here two
-ranking losses aim at the same quantity without sampling (``--loss``):
+retained-mass curve). Three objectives aim at it (``--loss``): the paper's, which samples, and two
+differentiable surrogates that do not:
+
+- ``rloo``: the paper's estimator. Each head's scores define a Plackett-Luce distribution over rankings;
+  :data:`RLOO_SAMPLES` rankings are drawn per head (Gumbel perturbation, then sort), each rewarded with its
+  retained-mass AUC over budgets 10..90% normalised by the oracle ranking's, and the policy gradient
+  uses the leave-one-out mean of the other samples' rewards as each one's baseline (REINFORCE leave-one-out).
 
 - ``listnet``: cross-entropy between each head's normalised future attention ``t`` and
   ``softmax(s)`` (reported as KL(t || softmax(s))). Its minimiser is ``s = log t + c``, which
@@ -32,7 +37,9 @@ from arbor_runtime.policies.kvp_scorer import KVPScorer, ScorerShape, pooled_tok
 from research.kvp.collect import Sequence
 
 BUDGETS = tuple(round(0.1 * i, 1) for i in range(1, 10))
-LOSSES = ("listnet", "budgets")
+LOSSES = ("listnet", "budgets", "rloo")
+#: rankings drawn per head and step by ``rloo`` (each one's baseline is the mean of the others)
+RLOO_SAMPLES = 8
 
 
 def head_tensors(seq: Sequence) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -63,9 +70,39 @@ def budgets_loss(scores: torch.Tensor, target: torch.Tensor, temperature: float 
     return -total / len(BUDGETS)
 
 
+def plackett_luce_log_prob(scores: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Log-probability of each ranking under Plackett-Luce with ``scores`` (G, C): ``order`` (S, G, C)
+    lists token indices best first. Returns (S, G): sum over ranks j of s_j - logsumexp(s_j, s_j+1, ...)."""
+    ranked = scores.unsqueeze(0).expand(order.shape[0], -1, -1).gather(-1, order)
+    rest = torch.logcumsumexp(ranked.flip(-1), dim=-1).flip(-1)
+    return (ranked - rest).sum(-1)
+
+
+def ranking_auc(order: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Retained-mass AUC (budgets 10..90%) of rankings ``order`` (S, G, C) of heads' ``target`` (G, C): (S, G)."""
+    cum = target.unsqueeze(0).expand(order.shape[0], -1, -1).gather(-1, order).cumsum(-1)
+    c = target.shape[-1]
+    picks = torch.tensor([max(1, math.ceil(b * c)) - 1 for b in BUDGETS])
+    return cum[..., picks].mean(-1)
+
+
+def rloo_loss(scores: torch.Tensor, target: torch.Tensor, samples: int = RLOO_SAMPLES) -> torch.Tensor:
+    """REINFORCE leave-one-out over Plackett-Luce rankings (the KVP paper's objective). (G, C) each.
+
+    The reward of a ranking is its retained-mass AUC over the oracle's (1 for the best ranking); the
+    loss is minus the mean of advantage x log-probability (its gradient is the policy gradient)."""
+    gumbel = -torch.log(-torch.log(torch.rand(samples, *scores.shape).clamp(1e-20, 1.0)))
+    order = (scores.detach().unsqueeze(0) + gumbel).argsort(dim=-1, descending=True)  # (S, G, C)
+    oracle = ranking_auc(target.argsort(dim=-1, descending=True).unsqueeze(0), target)  # (1, G)
+    reward = ranking_auc(order, target) / oracle.clamp_min(1e-12)
+    baseline = (reward.sum(0, keepdim=True) - reward) / (samples - 1)
+    return -((reward - baseline).detach() * plackett_luce_log_prob(scores, order)).mean()
+
+
 LOSS_FNS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "listnet": listnet_loss,
     "budgets": budgets_loss,
+    "rloo": rloo_loss,
 }
 
 
@@ -123,7 +160,7 @@ def evaluate(scorer: KVPScorer, seqs: list[Sequence], baselines: tuple[str, ...]
 
 @dataclass(slots=True)
 class TrainConfig:
-    """Training settings: loss (listnet | budgets), epochs over the training sequences, Adam lr
+    """Training settings: loss (listnet | budgets | rloo), epochs over the training sequences, Adam lr
     (cosine to 10%), weight decay, gradient clip, evaluation every ``eval_every`` steps, seed."""
 
     loss: str = "listnet"
