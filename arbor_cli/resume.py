@@ -59,7 +59,12 @@ RESUME_MODES = (True, False, "force")
 #: settings added to the shipped configs after run dirs were written, each with the value that behaves
 #: as the runtime did before it existed: stored settings without the key read as that value, so a run
 #: made before the key was added resumes when the rerun leaves it there (and refuses when it does not)
-ADDED_KEYS: dict[str, Any] = {"verifier.lookahead": 0, "verifier.trial_values": "model", "model.weights": "dense"}
+ADDED_KEYS: dict[str, Any] = {
+    "verifier.lookahead": 0, "verifier.trial_values": "model", "model.weights": "dense",
+    # arbor's parts, switchable since issue 65: every one on, as arbor always ran before
+    "policy.msve": "all", "policy.topology": True, "policy.extract": True, "policy.offload": True,
+    "policy.pins": ["sinks", "question", "parent"],
+}  # fmt: skip
 
 
 class ConfigMismatch(ValueError):

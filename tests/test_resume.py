@@ -172,3 +172,22 @@ def test_fingerprint_ignores_paths_slices_and_output_switches(tmp_path):
     assert fingerprint(compose_config(["task=gsm8k", *same, "save_trees=false", f"run_dir={tmp_path}"]))[0] == base
     for other in ("task.max_steps=3", "policy=arbor", "controller=dfs", "model=tiny-random", "verifier=llm_value"):
         assert fingerprint(compose_config(["task=gsm8k", other]))[0] != base, other
+
+
+def test_an_arbor_run_dir_from_before_its_switches_resumes_with_every_part_on(data_dir, tmp_path, capsys):
+    """Arbor's part switches (issue 65) were added to conf/policy/arbor.yaml after run dirs were made: a dir
+    without them resumes when they stay on, and a rerun that switches one off is refused naming it."""
+    arbor = ("policy=arbor", "policy.budget_tokens=4000")
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=901", *arbor), Console(width=100)) == 0
+    path = tmp_path / FINGERPRINT_FILE
+    record = json.loads(path.read_text())
+    for key in ("policy.msve", "policy.topology", "policy.extract", "policy.offload", "policy.pins"):
+        assert record["settings"].pop(key) == ADDED_KEYS[key]
+    path.write_text(json.dumps(record | {"fingerprint": "written-before"}))
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=902", *arbor), Console(width=100)) == 0
+    assert [json.loads(line)["index"] for line in lines(tmp_path)] == [900, 901]
+    record = json.loads(path.read_text())
+    del record["settings"]["policy.offload"]
+    path.write_text(json.dumps(record | {"fingerprint": "written-before"}))
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=903", *arbor, "policy.offload=false")) == 2
+    assert "policy.offload: true -> false" in capsys.readouterr().err
