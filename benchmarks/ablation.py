@@ -96,11 +96,16 @@ def verdict(d_top: list[float], d_kl: list[float]) -> str:
     return "mixed" if worse and better else "worse" if worse else "better" if better else "no difference"
 
 
-def facts(summary: list[dict], paired: list[dict]) -> dict[str, Any]:
+def facts(
+    groups: dict[tuple[str, float, str], dict[str, dict]], summary: list[dict], paired: list[dict]
+) -> dict[str, Any]:
     """What the prose cites: trees per task, and per verdict the variants and budgets that got it."""
     variants = [r for r in paired if r["policy"] != "random"]
+    trees: dict[str, set[str]] = {}
+    for (task, _, _), runs in groups.items():
+        trees.setdefault(task, set()).update(runs)
     out: dict[str, Any] = {
-        "trees": _words([f"{n} {t}" for t, n in sorted({(r["task"], r["trees"]) for r in summary})]),
+        "trees": _words([f"{len(names)} {task}" for task, names in sorted(trees.items())]),
         "fractions": _listed(sorted({r["fraction"] for r in summary}, reverse=True)),
         "settings": len(variants),
         "default_oom": sum(r["oom"] for r in summary if r["policy"] == DEFAULT),
@@ -146,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = {"commit": codes[0]} if len(codes) == 1 else {}
         path = write_section_data(
             args.section, summary, args.command, settings, title=args.title, columns=_columns(COLUMNS),
-            tables=tables, facts=facts(summary, paired), **extra,
+            tables=tables, facts=facts(groups, summary, paired), **extra,
         )  # fmt: skip
         print(f"wrote {path}")
     return 0

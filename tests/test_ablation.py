@@ -60,7 +60,7 @@ def test_verdicts(d_top, d_kl, want):
 
 def test_facts_count_each_verdict_and_leave_random_out():
     groups = by_setting(replay_rows())
-    got = facts(summary_rows(groups), against_default(groups))
+    got = facts(groups, summary_rows(groups), against_default(groups))
     assert (got["settings"], got["identical"], got["worse"], got["no_difference"]) == (3, 1, 1, 1)
     assert got["worse_where"] == "arbor:pins= on game24 at 0.5x" and got["trees"] == "4 game24"
     assert got["default_at_least_as_good"] == 3
