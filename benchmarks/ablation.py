@@ -107,6 +107,14 @@ def facts(
     out: dict[str, Any] = {
         "trees": _words([f"{len(names)} {task}" for task, names in sorted(trees.items())]),
         "fractions": _listed(sorted({r["fraction"] for r in summary}, reverse=True)),
+        # the budgets every variant and random ran at, and those only the variants acting on inactive blocks did
+        "blind_fractions": _listed(sorted({r["fraction"] for r in summary if r["policy"] == "random"}, reverse=True)),
+        "room_fractions": _listed(
+            sorted(
+                {r["fraction"] for r in summary} - {r["fraction"] for r in summary if r["policy"] == "random"},
+                reverse=True,
+            )
+        ),
         "settings": len(variants),
         "default_oom": sum(r["oom"] for r in summary if r["policy"] == DEFAULT),
     }
