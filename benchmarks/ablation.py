@@ -37,6 +37,7 @@ PAIRED_COLUMNS = (
     ("trees", "trees", "auto"), ("top1_diff", "top-1 - default [95% CI]", "text"),
     ("kl_diff", "KL - default [95% CI]", "text"), ("rehydrated_diff", "rehydrated tokens - default [95% CI]", "text"),
     ("seconds_ratio", "seconds / default", "{:.2f}"), ("verdict", "fidelity against the default", "text"),
+    ("rehydrated_verdict", "tokens brought back", "text"),
 )  # fmt: skip
 
 
@@ -76,7 +77,7 @@ def against_default(groups: dict[tuple[str, float, str], dict[str, dict]]) -> li
         out.append({
             "task": task, "budget": f"{frac:g}x", "fraction": frac, "policy": policy, "trees": len(trees),
             "top1_diff": _ci(d_top), "kl_diff": _ci(d_kl), "rehydrated_diff": _ci(d_reh, 0), "seconds_ratio": secs,
-            "verdict": verdict(d_top, d_kl),
+            "verdict": verdict(d_top, d_kl), "rehydrated_verdict": cost_verdict(d_reh),
         })  # fmt: skip
     return out
 
@@ -94,6 +95,17 @@ def verdict(d_top: list[float], d_kl: list[float]) -> str:
     worse = top_hi < 0 or kl_lo > 0
     better = top_lo > 0 or kl_hi < 0
     return "mixed" if worse and better else "worse" if worse else "better" if better else "no difference"
+
+
+def cost_verdict(d_reh: list[float]) -> str:
+    """Tokens brought back from the host against the default's: ``more`` / ``fewer`` beyond the 95% interval,
+    ``same`` (every tree the same count), else ``no difference``."""
+    if all(d == 0 for d in d_reh):
+        return "same"
+    if len(d_reh) < 2:
+        return "no difference"
+    _, lo, hi = mean_interval(d_reh)
+    return "more" if lo > 0 else "fewer" if hi < 0 else "no difference"
 
 
 def facts(
@@ -124,6 +136,10 @@ def facts(
         out[f"{word.replace(' ', '_')}_where"] = _words(
             [f"{r['policy']} on {r['task']} at {r['budget']}" for r in hits]
         )
+    for word in ("more", "fewer"):
+        hits = [r for r in variants if r["rehydrated_verdict"] == word]
+        out[f"rehydrates_{word}"] = len(hits)
+        out[f"rehydrates_{word}_where"] = _words([f"{r['policy']} on {r['task']} at {r['budget']}" for r in hits])
     out["default_at_least_as_good"] = sum(r["verdict"] in ("identical", "no difference", "worse") for r in variants)
     return out
 

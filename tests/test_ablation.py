@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.ablation import against_default, facts, main, summary_rows, verdict
+from benchmarks.ablation import against_default, cost_verdict, facts, main, summary_rows, verdict
 from benchmarks.floor import by_setting
 from benchmarks.results.data import load_section
 
@@ -64,6 +64,22 @@ def test_facts_count_each_verdict_and_leave_random_out():
     assert (got["settings"], got["identical"], got["worse"], got["no_difference"]) == (3, 1, 1, 1)
     assert got["worse_where"] == "arbor:pins= on game24 at 0.5x" and got["trees"] == "4 game24"
     assert got["default_at_least_as_good"] == 3
+    assert got["rehydrates_more"] == 1 and got["rehydrates_more_where"] == "arbor:extract=false on game24 at 0.5x"
+    assert got["rehydrates_fewer"] == 2  # pins= and msve=off rehydrated nothing, the default 10 a tree
+
+
+@pytest.mark.parametrize(
+    ("d_reh", "want"),
+    [
+        ([0, 0, 0], "same"),
+        ([10, 12, 11], "more"),
+        ([-5, -6, -4], "fewer"),
+        ([10, -10, 1], "no difference"),
+        ([3], "no difference"),
+    ],
+)
+def test_cost_verdicts(d_reh, want):
+    assert cost_verdict(d_reh) == want
 
 
 def test_the_section_is_written_from_the_replay_files(tmp_path, monkeypatch):
