@@ -106,6 +106,27 @@ def readme_demo() -> tuple[str, ...]:
     return str(end - start), "24", str(start), str(end - 1), str(budget)
 
 
+def readme_ablation() -> tuple[str, ...]:
+    """README: the ablation's trees per task, and its claims as the data says them: no variant more faithful
+    than the default anywhere; without the host tier and without the question pin, worse at some budget of
+    each task; MSVE, topology and extraction identical in fidelity everywhere (else the check fails)."""
+    facts, rows = section("ablation")["facts"], table("ablation", "vs_default")
+    trees = dict(reversed(part.split(" ")) for part in facts["trees"].replace(" and ", ", ").split(", "))
+
+    def worse_on_each_task(policy: str) -> bool:
+        return all(
+            any(r["policy"] == policy and r["task"] == t and r["verdict"] == "worse" for r in rows) for t in trees
+        )
+
+    parts = ("arbor:msve=off", "arbor:topology=false", "arbor:extract=false")
+    holds = (
+        facts["better"] == 0 and facts["mixed"] == 0
+        and worse_on_each_task("arbor:offload=false") and worse_on_each_task("arbor:pins=sinks+parent")
+        and all(r["verdict"] == "identical" for r in rows if r["policy"] in parts)
+    )  # fmt: skip
+    return (trees["game24"], "24", trees["gsm8k"]) if holds else ("the README's claims no longer hold",)
+
+
 def policies_dense_below() -> tuple[str, ...]:
     """docs/policies.md: no read share kept 95% of dense's answers at 2K or 4K at over 1.05x dense's speed
     (the suite), so decode is dense below ``dense_below``; the defaults' figures are on 180 items at 8K."""
@@ -408,6 +429,7 @@ CHECKS: dict[str, Callable[[], tuple[str, ...]]] = {
     "shipped_layer": shipped_layer,
     "seed1_shipped": seed1_shipped,
     "seed1_readme": seed1_readme,
+    "readme_ablation": readme_ablation,
     "seed1_held_out": seed1_held_out,
     "policies_rerank": policies_rerank,
     "kvp_retained_up_to_70": kvp_retained_up_to_70,
