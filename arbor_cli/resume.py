@@ -62,7 +62,7 @@ RESUME_MODES = (True, False, "force")
 ADDED_KEYS: dict[str, Any] = {
     "verifier.lookahead": 0, "verifier.trial_values": "model", "model.weights": "dense",
     # arbor's parts, switchable since issue 65: every one on, as arbor always ran before
-    "policy.msve": "all", "policy.topology": True, "policy.extract": True, "policy.offload": True,
+    "policy.msve": "all", "policy.topology": True, "policy.extract": True, "policy.host_tier": True,
     "policy.pins": ["sinks", "question", "parent"],
 }  # fmt: skip
 

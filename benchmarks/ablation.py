@@ -1,7 +1,7 @@
 """What each part of arbor buys: arbor's variants (one part switched off each) against its default, replayed.
 
 Reads the ``replay.jsonl`` files of ``scripts/replay_trace.py`` run with arbor's variants in ``--policies``
-(``arbor:msve=off``, ``arbor:topology=false``, ``arbor:extract=false``, ``arbor:offload=false``,
+(``arbor:msve=off``, ``arbor:topology=false``, ``arbor:extract=false``, ``arbor:host_tier=false``,
 ``arbor:pins=...``; docs/policies.md, "Arbor's parts") beside ``arbor`` and ``random``, and summarises per
 task, budget and variant over the trees: top-1 agreement with full and mean KL(full || variant) per position,
 rehydrated and recomputed tokens, and seconds. The paired table sets each variant against arbor's default on
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.floor import _ci, _columns, _kl, _listed, by_setting, read
+from benchmarks.floor import by_setting, ci_text, columns_spec, kl_of, listed, read
 from benchmarks.results.stats import mean_interval
 
 DEFAULT = "arbor"
@@ -50,10 +50,11 @@ def summary_rows(groups: dict[tuple[str, float, str], dict[str, dict]]) -> list[
     out = []
     for (task, frac, policy), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1], _order(kv[0][2]))):
         rows = list(runs.values())
-        top1, kl = [float(r["top1_agreement"] or 0.0) for r in rows], [_kl(r) for r in rows]
+        top1, kl = [float(r["top1_agreement"] or 0.0) for r in rows], [kl_of(r) for r in rows]
         out.append({
             "task": task, "budget": f"{frac:g}x", "fraction": frac, "policy": policy, "trees": len(rows),
-            "top1": _ci(top1), "top1_mean": statistics.mean(top1), "kl": _ci(kl), "kl_mean": statistics.mean(kl),
+            "top1": ci_text(top1), "top1_mean": statistics.mean(top1),
+            "kl": ci_text(kl), "kl_mean": statistics.mean(kl),
             "rehydrated": _mean(rows, "rehydrated_tokens"), "recomputed": _mean(rows, "recomputed_tokens"),
             "seconds": _mean(rows, "seconds"), "oom": sum(bool(r.get("oom")) for r in rows),
         })  # fmt: skip
@@ -69,14 +70,15 @@ def against_default(groups: dict[tuple[str, float, str], dict[str, dict]]) -> li
         if policy == DEFAULT or not trees:
             continue
         d_top = [float(mine[t]["top1_agreement"] or 0) - float(base[t]["top1_agreement"] or 0) for t in trees]
-        d_kl = [_kl(mine[t]) - _kl(base[t]) for t in trees]
+        d_kl = [kl_of(mine[t]) - kl_of(base[t]) for t in trees]
         d_reh = [
             float(mine[t].get("rehydrated_tokens") or 0) - float(base[t].get("rehydrated_tokens") or 0) for t in trees
         ]
         secs = sum(float(mine[t]["seconds"]) for t in trees) / max(sum(float(base[t]["seconds"]) for t in trees), 1e-9)
         out.append({
             "task": task, "budget": f"{frac:g}x", "fraction": frac, "policy": policy, "trees": len(trees),
-            "top1_diff": _ci(d_top), "kl_diff": _ci(d_kl), "rehydrated_diff": _ci(d_reh, 0), "seconds_ratio": secs,
+            "top1_diff": ci_text(d_top), "kl_diff": ci_text(d_kl), "rehydrated_diff": ci_text(d_reh, 0),
+            "seconds_ratio": secs,
             "verdict": verdict(d_top, d_kl), "rehydrated_verdict": cost_verdict(d_reh),
         })  # fmt: skip
     return out
@@ -118,10 +120,10 @@ def facts(
         trees.setdefault(task, set()).update(runs)
     out: dict[str, Any] = {
         "trees": _words([f"{len(names)} {task}" for task, names in sorted(trees.items())]),
-        "fractions": _listed(sorted({r["fraction"] for r in summary}, reverse=True)),
+        "fractions": listed(sorted({r["fraction"] for r in summary}, reverse=True)),
         # the budgets every variant and random ran at, and those only the variants acting on inactive blocks did
-        "blind_fractions": _listed(sorted({r["fraction"] for r in summary if r["policy"] == "random"}, reverse=True)),
-        "room_fractions": _listed(
+        "blind_fractions": listed(sorted({r["fraction"] for r in summary if r["policy"] == "random"}, reverse=True)),
+        "room_fractions": listed(
             sorted(
                 {r["fraction"] for r in summary} - {r["fraction"] for r in summary if r["policy"] == "random"},
                 reverse=True,
@@ -171,10 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.section:
         codes = sorted({str(r.get("code")) for r in rows if r.get("code")})
         settings = dict(s.split("=", 1) for s in args.setting)
-        tables = {"vs_default": {"columns": _columns(PAIRED_COLUMNS), "rows": paired}}
+        tables = {"vs_default": {"columns": columns_spec(PAIRED_COLUMNS), "rows": paired}}
         extra = {"commit": codes[0]} if len(codes) == 1 else {}
         path = write_section_data(
-            args.section, summary, args.command, settings, title=args.title, columns=_columns(COLUMNS),
+            args.section, summary, args.command, settings, title=args.title, columns=columns_spec(COLUMNS),
             tables=tables, facts=facts(groups, summary, paired), **extra,
         )  # fmt: skip
         print(f"wrote {path}")

@@ -61,12 +61,12 @@ def by_setting(rows: Sequence[dict]) -> dict[tuple[str, float, str], dict[str, d
     return out
 
 
-def _ci(values: list[float], digits: int = 3) -> str:
+def ci_text(values: list[float], digits: int = 3) -> str:
     mean, lo, hi = mean_interval(values)
     return f"{mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def _kl(row: dict) -> float:
+def kl_of(row: dict) -> float:
     return float(row["mean_kl"]) if row.get("mean_kl") is not None else float("nan")
 
 
@@ -76,10 +76,11 @@ def summary_rows(groups: dict[tuple[str, float, str], dict[str, dict]]) -> list[
     for (task, frac, policy), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1], _order(kv[0][2]))):
         rows = list(runs.values())
         top1 = [float(r["top1_agreement"] or 0.0) for r in rows]
-        kl = [_kl(r) for r in rows]
+        kl = [kl_of(r) for r in rows]
         out.append({
             "task": task, "budget": f"{frac:g}x", "fraction": frac, "policy": policy, "trees": len(rows),
-            "top1": _ci(top1), "top1_mean": statistics.mean(top1), "kl": _ci(kl), "kl_mean": statistics.mean(kl),
+            "top1": ci_text(top1), "top1_mean": statistics.mean(top1),
+            "kl": ci_text(kl), "kl_mean": statistics.mean(kl),
             "oom": sum(bool(r.get("oom")) for r in rows),
             "peak_x_budget": max(float(r["peak_device_tokens"] or 0) / float(r["budget_tokens"]) for r in rows),
             "rehydrations": statistics.mean(float(r.get("rehydrations") or 0) for r in rows),
@@ -96,12 +97,12 @@ def paired(
     if not trees:
         return None
     d_top = [float(a[t]["top1_agreement"] or 0) - float(b[t]["top1_agreement"] or 0) for t in trees]
-    d_kl = [_kl(a[t]) - _kl(b[t]) for t in trees]
+    d_kl = [kl_of(a[t]) - kl_of(b[t]) for t in trees]
     mean, lo, hi = mean_interval(d_top)
     beyond = "better" if lo > 0 else "worse" if hi < 0 else "no"
     return {
         "task": task, "budget": f"{frac:g}x", "fraction": frac, "policy": mine, "against": theirs,
-        "trees": len(trees), "top1_diff": _ci(d_top), "top1_diff_mean": mean, "kl_diff": _ci(d_kl),
+        "trees": len(trees), "top1_diff": ci_text(d_top), "top1_diff_mean": mean, "kl_diff": ci_text(d_kl),
         "beyond": beyond,
     }  # fmt: skip
 
@@ -142,11 +143,11 @@ def facts(summary: list[dict], best: list[dict]) -> dict[str, Any]:
         "arbor_below_best": sum(r["beyond"] == "worse" for r in best),
         "settings": len(best),
         "max_peak_x_budget": max((r["peak_x_budget"] for r in summary), default=None),
-        "fractions": _listed(sorted({r["fraction"] for r in summary}, reverse=True)),
+        "fractions": listed(sorted({r["fraction"] for r in summary}, reverse=True)),
     }
 
 
-def _listed(values: list[float]) -> str:
+def listed(values: list[float]) -> str:
     """``0.5, 0.25 and 0.1``."""
     words = [f"{v:g}" for v in values]
     return ", ".join(words[:-1]) + (" and " if len(words) > 1 else "") + words[-1] if words else ""
@@ -157,7 +158,7 @@ def _order(policy: str) -> int:
     return ranked.index(policy) if policy in ranked else len(ranked)
 
 
-def _columns(spec) -> list[dict]:
+def columns_spec(spec) -> list[dict]:
     return [{"key": k, "header": h, "fmt": f, "numeric": f != "text"} for k, h, f in spec]
 
 
@@ -183,12 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         codes = sorted({str(r.get("code")) for r in rows if r.get("code")})
         settings = dict(s.split("=", 1) for s in args.setting)
         tables = {
-            "vs_best": {"columns": _columns(PAIRED_COLUMNS), "rows": best},
-            "vs_random": {"columns": _columns(PAIRED_COLUMNS), "rows": random},
+            "vs_best": {"columns": columns_spec(PAIRED_COLUMNS), "rows": best},
+            "vs_random": {"columns": columns_spec(PAIRED_COLUMNS), "rows": random},
         }
         extra = {"commit": codes[0]} if len(codes) == 1 else {}
         path = write_section_data(
-            args.section, summary, args.command, settings, title=args.title, columns=_columns(COLUMNS),
+            args.section, summary, args.command, settings, title=args.title, columns=columns_spec(COLUMNS),
             tables=tables, facts=facts(summary, best), **extra,
         )  # fmt: skip
         print(f"wrote {path}")

@@ -172,7 +172,7 @@ python -m benchmarks.floor $OUT/floor/replay-0/replay.jsonl $OUT/floor/replay-1/
   # (none used to calibrate MSVE) replayed under arbor's default, one variant per part switched off and random,
   # at 0.5, 0.25 and 0.1 of each tree's peak; two lanes side by side (GSM8K's traces, then Game of 24's, dealt to
   # both); benchmarks/ablation.py pairs every variant with the default tree by tree (docs/data/ablation)
-  ab=(--threads 1 --policies "random,arbor,arbor:msve=off,arbor:topology=false,arbor:extract=false,arbor:offload=false,arbor:pins=question+parent,arbor:pins=sinks+parent,arbor:pins=sinks+question"
+  ab=(--threads 1 --policies "random,arbor,arbor:msve=off,arbor:topology=false,arbor:extract=false,arbor:host_tier=false,arbor:pins=question+parent,arbor:pins=sinks+parent,arbor:pins=sinks+question"
     --fractions 0.5,0.25,0.1 --together --resume)
   ablation_record() {
     OMP_NUM_THREADS=1 "$PYTHON" scripts/record_trace.py --threads 1 --out "$OUT/ablation/traces" \

@@ -121,7 +121,7 @@ def readme_ablation() -> tuple[str, ...]:
     parts = ("arbor:msve=off", "arbor:topology=false", "arbor:extract=false")
     holds = (
         facts["better"] == 0 and facts["mixed"] == 0
-        and worse_on_each_task("arbor:offload=false") and worse_on_each_task("arbor:pins=sinks+parent")
+        and worse_on_each_task("arbor:host_tier=false") and worse_on_each_task("arbor:pins=sinks+parent")
         and all(r["verdict"] == "identical" for r in rows if r["policy"] in parts)
     )  # fmt: skip
     return (trees["game24"], "24", trees["gsm8k"], "95%") if holds else ("the README's claims no longer hold",)

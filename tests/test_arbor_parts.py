@@ -1,7 +1,7 @@
 """Arbor's parts, each switchable (issue 65): every switch changes what it should and nothing else breaks.
 
 MSVE (``policy.msve``: all, off, or one signal alone), topology (``policy.topology``: distance decay),
-token extraction (``policy.extract``), rehydration (``policy.offload``) and the pins below the floor
+token extraction (``policy.extract``), rehydration (``policy.host_tier``) and the pins below the floor
 (``policy.pins``). Plans are checked on plain bookkeeping; rehydration and extraction also on the tiny
 model under a budget, where the budget must hold whatever is switched off.
 """
@@ -143,7 +143,7 @@ def test_the_planner_pins_only_what_the_policy_names(pins, want):
         ({"pins": ["frontier"]}, "'frontier' is not a pin; valid: sinks, question, parent"),
         ({"pins": "sinks"}, "arbor pins='sinks' must be a list of: sinks, question, parent"),
         ({"pins": ["parent", "parent"]}, "names a pin twice"),
-        ({"offload": False, "host_budget_tokens": 64}, "host_budget_tokens=64 caps a host tier that offload=false"),
+        ({"host_tier": False, "host_budget_tokens": 64}, "host_budget_tokens=64 caps a host tier that host_tier=false"),
     ],
 )
 def test_misused_switches_are_one_line_naming_the_value(args, message):
@@ -153,9 +153,9 @@ def test_misused_switches_are_one_line_naming_the_value(args, message):
 
 def test_the_switches_reach_the_policy_from_the_command_line(data_dir):
     over = ("policy=arbor", "policy.msve=depth", "policy.topology=false", "policy.extract=false",
-            "policy.offload=false", "policy.pins=[parent]", f"paths.data_dir={data_dir}")  # fmt: skip
+            "policy.host_tier=false", "policy.pins=[parent]", f"paths.data_dir={data_dir}")  # fmt: skip
     policy = PolicyFactory(compose_cfg(*over).policy, []).build(None)
-    assert (policy.msve, policy.topology, policy.extract, policy.offload) == ("depth", False, False, False)
+    assert (policy.msve, policy.topology, policy.extract, policy.host_tier) == ("depth", False, False, False)
     assert policy.capabilities.pins == {"frontier", "parent"} and not policy.capabilities.offload
     default = PolicyFactory(compose_cfg("policy=arbor", f"paths.data_dir={data_dir}").policy, []).build(None)
     assert default.capabilities.pins == {"sinks", "frontier", "question", "parent"} and default.capabilities.offload
@@ -176,7 +176,7 @@ def budgeted(tiny, on_op=None, **switches) -> Runtime:
 def test_without_rehydration_nothing_waits_on_the_host_and_paths_are_recomputed(tiny):
     default = budgeted(tiny)
     assert default.metrics.rehydrations > 0 and default.metrics.peak_host_tokens > 0
-    rt = budgeted(tiny, offload=False)
+    rt = budgeted(tiny, host_tier=False)
     m = rt.metrics
     assert m.rehydrations == 0 and m.rehydrated_tokens == 0 and m.peak_host_tokens == 0
     assert m.recomputed_tokens > 0 and m.dropped_tokens == m.evicted_tokens
@@ -203,7 +203,7 @@ def test_without_extraction_every_block_is_whole_or_gone(tiny):
 
 @pytest.mark.parametrize(
     "switches",
-    [{"msve": "off"}, {"msve": "search"}, {"topology": False}, {"extract": False}, {"offload": False}, {"pins": []}],
+    [{"msve": "off"}, {"msve": "search"}, {"topology": False}, {"extract": False}, {"host_tier": False}, {"pins": []}],
     ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()),
 )
 def test_every_switch_keeps_the_budget_and_its_events_replay(tiny, switches):

@@ -226,20 +226,20 @@ def test_bench_rehydrate_rows_become_the_rehydrate_section(tmp_path):
 
 
 def test_replay_takes_policy_variants_and_names_each_in_its_rows(tiny, trace, tmp_path, capsys):
-    """``--policies arbor,arbor:offload=false``: one run each, the variant named as given; a variant that
+    """``--policies arbor,arbor:host_tier=false``: one run each, the variant named as given; a variant that
     names no field, or a value its policy refuses, is one line before any replay."""
     from benchmarks.cli import replay_main
 
     path = trace.save(tmp_path / "t.json")
     peak = budgets_for(trace, [0.3])[0.3]
-    argv = [str(path), "--policies", "arbor,arbor:offload=false:pins=", "--fractions", "0.3", "--together"]
+    argv = [str(path), "--policies", "arbor,arbor:host_tier=false:pins=", "--fractions", "0.3", "--together"]
     assert replay_main([*argv, "--out", str(tmp_path / "r")]) == 0
     rows = [json.loads(line) for line in (tmp_path / "r" / "replay.jsonl").read_text().splitlines()]
     runs = {r["policy"]: r for r in rows if r["budget_fraction"] == 0.3}
-    assert set(runs) == {"arbor", "arbor:offload=false:pins="} and all(
+    assert set(runs) == {"arbor", "arbor:host_tier=false:pins="} and all(
         r["budget_tokens"] == peak for r in runs.values()
     )
-    assert runs["arbor:offload=false:pins="]["peak_host_tokens"] == 0 and runs["arbor"]["peak_host_tokens"] > 0
+    assert runs["arbor:host_tier=false:pins="]["peak_host_tokens"] == 0 and runs["arbor"]["peak_host_tokens"] > 0
     for spec, message in (
         ("arbor:msve=loud", "msve='loud'; valid: all, off"),
         ("arbor:colour=red", "'colour=red' is not"),

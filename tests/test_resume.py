@@ -181,13 +181,13 @@ def test_an_arbor_run_dir_from_before_its_switches_resumes_with_every_part_on(da
     assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=901", *arbor), Console(width=100)) == 0
     path = tmp_path / FINGERPRINT_FILE
     record = json.loads(path.read_text())
-    for key in ("policy.msve", "policy.topology", "policy.extract", "policy.offload", "policy.pins"):
+    for key in ("policy.msve", "policy.topology", "policy.extract", "policy.host_tier", "policy.pins"):
         assert record["settings"].pop(key) == ADDED_KEYS[key]
     path.write_text(json.dumps(record | {"fingerprint": "written-before"}))
     assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=902", *arbor), Console(width=100)) == 0
     assert [json.loads(line)["index"] for line in lines(tmp_path)] == [900, 901]
     record = json.loads(path.read_text())
-    del record["settings"]["policy.offload"]
+    del record["settings"]["policy.host_tier"]
     path.write_text(json.dumps(record | {"fingerprint": "written-before"}))
-    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=903", *arbor, "policy.offload=false")) == 2
-    assert "policy.offload: true -> false" in capsys.readouterr().err
+    assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=903", *arbor, "policy.host_tier=false")) == 2
+    assert "policy.host_tier: true -> false" in capsys.readouterr().err

@@ -65,7 +65,7 @@ class ArborPolicy(Policy):
             path; False: by value alone.
         extract: inside an inactive block the best tokens stay (token-extractive); False: whole blocks
             stay or leave, highest weight first while they fit.
-        offload: evicted spans wait on the host tier and come back (lazy rehydration); False: they are
+        host_tier: evicted spans wait on the host tier and come back (lazy rehydration); False: they are
             dropped (no rehydration), and a path made whole again is recomputed.
         pins: which of :data:`OPTIONAL_PINS` the planner pins below the floor (with the frontier block).
         weights: the MSVE weights read from ``calibration`` (not a constructor argument).
@@ -87,7 +87,7 @@ class ArborPolicy(Policy):
     msve: str = "all"
     topology: bool = True
     extract: bool = True
-    offload: bool = True
+    host_tier: bool = True
     pins: Sequence[str] = OPTIONAL_PINS
     weights: MSVEWeights = field(init=False, repr=False)
     kvp: KVPScores | None = field(init=False, repr=False, default=None)
@@ -104,14 +104,14 @@ class ArborPolicy(Policy):
                 f"host_budget_tokens={host!r} must be an integer >= 0, or None (the runtime's default: half "
                 "the available host memory)"
             )
-        for switch in ("degrade", "topology", "extract", "offload"):
+        for switch in ("degrade", "topology", "extract", "host_tier"):
             if not isinstance(getattr(self, switch), bool):
                 raise ValueError(f"arbor {switch}={getattr(self, switch)!r} must be true or false")
         if self.msve not in MSVE_MODES:
             raise ValueError(f"arbor msve={self.msve!r}; valid: {', '.join(MSVE_MODES)}")
         self.pins = _pins(self.pins)
-        if not self.offload and host:
-            raise ValueError(f"arbor host_budget_tokens={host} caps a host tier that offload=false does not use")
+        if not self.host_tier and host:
+            raise ValueError(f"arbor host_budget_tokens={host} caps a host tier that host_tier=false does not use")
         if isinstance(self.sink_tokens, bool) or not isinstance(self.sink_tokens, int) or self.sink_tokens < 0:
             raise ValueError(f"arbor sink_tokens={self.sink_tokens!r} must be a number of tokens >= 0")
         if self.msve in SIGNALS:
@@ -127,7 +127,7 @@ class ArborPolicy(Policy):
         spans wait on the host tier."""
         pins = frozenset({"frontier", *self.pins})
         return replace(
-            self.CAPABILITIES, degrades=self.degrade, sink_tokens=self.sink_tokens, offload=self.offload, pins=pins
+            self.CAPABILITIES, degrades=self.degrade, sink_tokens=self.sink_tokens, offload=self.host_tier, pins=pins
         )
 
     def bind(self, model) -> None:
