@@ -240,6 +240,7 @@ def test_replay_takes_policy_variants_and_names_each_in_its_rows(tiny, trace, tm
         r["budget_tokens"] == peak for r in runs.values()
     )
     assert runs["arbor:host_tier=false:pins="]["peak_host_tokens"] == 0 and runs["arbor"]["peak_host_tokens"] > 0
+    capsys.readouterr()  # what the replay printed (and any logging of earlier tests' handlers): not this check's
     for spec, message in (
         ("arbor:msve=loud", "msve='loud'; valid: all, off"),
         ("arbor:colour=red", "'colour=red' is not"),
