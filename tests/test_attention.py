@@ -9,6 +9,7 @@ from arbor_runtime import Runtime, SamplingParams
 from arbor_runtime.attention import Kernel, attention_mass, attention_reference, merge_partials
 from arbor_runtime.attention import tree as tree_attention
 from arbor_runtime.attention.call import AttentionCall
+from arbor_runtime.attention.merge import RowPartials
 from arbor_runtime.attention.tree import TreeBatch
 from arbor_runtime.batch import Group, Piece
 from arbor_runtime.kv import DevicePool, KVShape
@@ -36,6 +37,38 @@ def test_merge_of_split_keys_equals_attention_over_the_concatenation():
     for lo, hi in ((7, 8), (8, 30), (30, 40)):  # uneven parts, one of a single key
         out, lse = merge_partials(out, lse, *sdpa(q, k[:, :, lo:hi], v[:, :, lo:hi]))
     assert (out - ref_o).abs().max() < TOL and (lse - ref_s).abs().max() < TOL
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 8])
+def test_buffered_row_merge_equals_attention_over_each_rows_keys(capacity):
+    """Partials over subsets of the rows (a block read by the rows whose path holds it), merged a buffer
+    at a time, are attention over each row's own keys: rows that read a block twice or never, a partial
+    of every row, one over more rows than the buffer holds, a row that sees no key at all."""
+    torch.manual_seed(3)
+    rows, h, m, d = 5, 2, 3, 8
+    q = torch.randn(rows, h, m, d)
+    keys: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(rows)]
+    own_k, own_v = torch.randn(rows, h, 4, d), torch.randn(rows, h, 4, d)
+    out, lse = sdpa(q, own_k, own_v)
+    out[4], lse[4] = 0.0, float("-inf")  # row 4 sees no own key
+    partials = RowPartials(out, lse, capacity)
+    for step in range(12):
+        who = None if step == 5 else torch.randperm(4)[: 1 + step % 4]  # row 4 reads nothing
+        k, v = torch.randn(1, h, 1 + step, d), torch.randn(1, h, 1 + step, d)
+        picked = list(range(rows)) if who is None else who.tolist()
+        o, s = sdpa(q[picked], k.expand(len(picked), -1, -1, -1), v.expand(len(picked), -1, -1, -1))
+        if who is None:  # a row seeing no key gets out 0 and lse -inf from every partial
+            o[4], s[4] = 0.0, float("-inf")
+        for r in picked:
+            keys[r].append((k[0], v[0]))
+        partials.add(who, o, s)
+    got_o, got_s = partials.result()
+    for r in range(4):
+        k = torch.cat([own_k[r], *(kk for kk, _ in keys[r])], dim=1)
+        v = torch.cat([own_v[r], *(vv for _, vv in keys[r])], dim=1)
+        ref_o, ref_s = sdpa(q[r : r + 1], k[None], v[None])
+        assert (got_o[r] - ref_o[0]).abs().max() < TOL and (got_s[r] - ref_s[0]).abs().max() < TOL
+    assert torch.equal(got_o[4], torch.zeros(h, m, d)) and torch.isneginf(got_s[4]).all()
 
 
 @pytest.mark.parametrize("fast", KERNELS)

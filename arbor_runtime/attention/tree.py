@@ -38,7 +38,7 @@ import torch
 
 from arbor_runtime.attention.call import AttentionCall
 from arbor_runtime.attention.kernels import KEY_CHUNK, Kernel, attention_mass, capped_scores
-from arbor_runtime.attention.merge import merge_partials
+from arbor_runtime.attention.merge import RowPartials, merge_partials
 from arbor_runtime.attention.window import Visibility, decode_own_mask, own_window_mask, visibility
 from arbor_runtime.batch import Group, Piece
 from arbor_runtime.kv.pool import DevicePool, Extent
@@ -140,18 +140,19 @@ class TreeBatch:
         g = hq // hkv
         qg = query.reshape(r, hkv, g * q, d)  # query head h = kv * g + j: grouped, keys never repeated
         own = self._attend_own(layer, qg, query, key, value, call)
-        out, lse = own[0], own[1]
+        partials = RowPartials(own[0], own[1], MERGE_BUFFER_ROWS * r)
         scored: list[tuple[torch.Tensor, int, int, torch.Tensor]] = []  # a fused statistics pass's scores
         for i, grp in enumerate(self.groups):
             qf = _gather_queries(qg, grp.rows)  # (1, H_kv, rows * g * q, D)
             for read, mask in self._seen(i, call.window, g):  # one read's keys alive at a time
                 k, v = self._read_kv(layer, grp, read)
                 o, s = self.kernel(qf, k, v, call.scale, softcap=call.softcap, mask=mask)
-                out, lse = _merge_rows(out, lse, grp.rows, grp.n_rows, o, s)
+                partials.add(grp.rows, *_by_row(o, s, grp.n_rows))
                 if self.fused_stats:  # the scores while the keys are read; their mass once lse is final
                     scores = _masked(capped_scores(qf, k, call.scale, call.softcap), mask)
                     scored.append((self._flat_mass[i], read.offset, i, scores))
                 del k, v, o, s
+        out, lse = partials.result()
         if call.sinks is not None:
             out, lse = _merge_sinks(out, lse, call.sinks, q)
         if self.fused_stats:
@@ -304,6 +305,10 @@ class TreeBatch:
         self.own_mass = mass if self.own_mass is None else self.own_mass + mass
 
 
+#: row entries of context partials buffered before they are merged into the rows (x the batch's rows):
+#: one scatter merge per buffer instead of one merge per block read
+MERGE_BUFFER_ROWS = 2
+
 #: a block's pieces are read as packed copies when it has several and they average fewer tokens
 #: than this: each piece read in place costs a kernel call and a merge per layer (after evictions a
 #: block's kept tokens lie in dozens of short runs), a copy costs its bytes
@@ -394,15 +399,11 @@ def _merge_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, q: i
     return merge_partials(out, lse, torch.zeros_like(out), sink.expand(r, hkv, gq))
 
 
-def _merge_rows(out, lse, rows, n_rows, o, s):
-    """Merge a piece's partial (1, H_kv, rows * G, D) / (1, H_kv, rows * G) into the running rows."""
-    hkv, gq, d = out.shape[1], out.shape[2], out.shape[3]
-    o = o.view(hkv, n_rows, gq, d).transpose(0, 1)
-    s = s.view(hkv, n_rows, gq).transpose(0, 1)
-    if rows is None:
-        return merge_partials(out, lse, o, s)
-    mo, ms = merge_partials(out.index_select(0, rows), lse.index_select(0, rows), o, s)
-    return out.index_copy(0, rows, mo), lse.index_copy(0, rows, ms)
+def _by_row(o: torch.Tensor, s: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A read's partial (1, H_kv, rows * G, D) / (1, H_kv, rows * G), queries in the order of
+    :func:`_gather_queries`, as views (rows, H_kv, G, D) / (rows, H_kv, G)."""
+    hkv, d = o.shape[1], o.shape[3]
+    return o.view(hkv, n_rows, -1, d).transpose(0, 1), s.view(hkv, n_rows, -1).transpose(0, 1)
 
 
 def _rows_gather(pool: DevicePool, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
