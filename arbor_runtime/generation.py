@@ -16,11 +16,15 @@ from typing import Any
 
 import torch
 
-from arbor_runtime.attention.tree import TreeBatch, context_groups
+from arbor_runtime.attention.tree import Read, TreeBatch, context_groups, group_reads
+from arbor_runtime.batch import Group
 from arbor_runtime.grammar import Matcher, mask_logits
 from arbor_runtime.kv import Extent, KVStore
+from arbor_runtime.kv.block import layout_epoch
 from arbor_runtime.sampling import SamplingParams, sample_tokens, token_stats
 from arbor_runtime.tree import Node
+
+_NO_SLOTS = torch.zeros(0, dtype=torch.long)
 
 
 @dataclass(slots=True)
@@ -62,6 +66,8 @@ class Row:
     matcher: Matcher | None = None
     #: when it last joined the scheduler's waiting rows (metrics: wait_seconds)
     queued_at: float = field(default_factory=time.perf_counter)
+    #: (the extents, their slots) the last :meth:`slots` worked out
+    _slots_of: tuple[tuple[Extent, ...], torch.Tensor] = field(default=((), _NO_SLOTS), repr=False)
 
     def __post_init__(self) -> None:
         self.generator.manual_seed(self.seed)
@@ -79,8 +85,11 @@ class Row:
         return sum(e.length for e in self.extents)
 
     def slots(self, n: int) -> torch.Tensor:
-        """(n,) pool slots of the row's first n tokens."""
-        return torch.cat([torch.arange(e.start, e.end) for e in self.extents])[:n]
+        """(n,) pool slots of the row's first n tokens (the slots of its extents, kept until they change)."""
+        key = tuple(self.extents)
+        if key != self._slots_of[0]:
+            self._slots_of = (key, torch.cat([torch.arange(e.start, e.end) for e in key]))
+        return self._slots_of[1][:n]
 
     def add_slots(self, extents: Sequence[Extent], joins: Callable[[Extent, Extent], bool] | None = None) -> None:
         """Admitted slots: merged into the last extent when they continue it (``joins(last, ext)``:
@@ -149,15 +158,38 @@ def sample_into(rows: Sequence[Row], logits: torch.Tensor, params: SamplingParam
         row.stop_reason = stop.reason(row)
 
 
+class DecodeLayout:
+    """What a decode step's rows read (their paths' block ids, the context groups and how each group is
+    read), kept from one step to the next while the same rows run and no block's device layout changed
+    (:func:`~arbor_runtime.kv.block.layout_epoch`): a long expansion works it out once, not every step."""
+
+    def __init__(self) -> None:
+        self._rows: tuple[Row, ...] = ()
+        self._epoch = -1
+        self._value: tuple[list[list[int]], list[Group], list[list[Read]]] | None = None
+
+    def of(self, store: KVStore, rows: Sequence[Row]) -> tuple[list[list[int]], list[Group], list[list[Read]]]:
+        """(each row's context block ids in path order, the context groups, their reads)."""
+        epoch = layout_epoch()
+        same = len(rows) == len(self._rows) and all(a is b for a, b in zip(rows, self._rows, strict=True))
+        if self._value is None or epoch != self._epoch or not same:
+            contexts = [[n.id for n in row.owner.kv_path()] for row in rows]
+            groups = context_groups(store, contexts)
+            self._value = (contexts, groups, group_reads(groups, store.pool.device))
+            self._rows, self._epoch = tuple(rows), epoch
+        return self._value
+
+
 def decode_batch(
-    store: KVStore, rows: Sequence[Row], stats: bool, kernel
+    store: KVStore, rows: Sequence[Row], stats: bool, kernel, layout: DecodeLayout | None = None
 ) -> tuple[TreeBatch, torch.Tensor, torch.Tensor]:
     """The batch that feeds every row its newest unfed token.
 
     Returns the :class:`TreeBatch` (contexts = the rows' paths, read in place; own tokens = their
-    slots so far plus this step's), input ids (R, 1) and position ids (R, 1).
+    slots so far plus this step's), input ids (R, 1) and position ids (R, 1). ``layout``: what the
+    rows read, kept across steps (None: worked out for this step alone).
     """
-    contexts = [[n.id for n in row.owner.kv_path()] for row in rows]
+    contexts, groups, reads = (layout or DecodeLayout()).of(store, rows)
     width = max(r.fed + 1 for r in rows)
     own = torch.zeros(len(rows), width, dtype=torch.long)
     valid = torch.zeros(len(rows), width, dtype=torch.bool)
@@ -167,7 +199,7 @@ def decode_batch(
         own[i, slots.numel() :] = slots[0]
         valid[i, : slots.numel()] = True
     write = own.gather(1, torch.tensor([[r.fed] for r in rows]))  # (R, 1): this step's token
-    batch = TreeBatch(store.pool, context_groups(store, contexts), len(rows), 1, write, own, valid, stats, kernel)
+    batch = TreeBatch(store.pool, groups, len(rows), 1, write, own, valid, stats, kernel, reads=reads)
     batch.context_ids = contexts
     ids = torch.tensor([[r.tokens[r.fed]] for r in rows])
     pos = torch.tensor([[r.start_pos + r.fed] for r in rows])

@@ -63,6 +63,8 @@ class TreeBatch:
         kernel: the (out, lse) attention kernel.
         stats_from: only the queries of each row from this index on count in the statistics (an
             observation window: the last ``q - stats_from`` tokens of a prefill); 0 = all of them.
+        reads: :func:`group_reads` of ``groups`` when the caller kept them from an earlier batch over the
+            same layout (decode steps); None: worked out here.
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class TreeBatch:
         stats: bool = False,
         kernel: Kernel | None = None,
         stats_from: int = 0,
+        reads: list[list[Read]] | None = None,
     ) -> None:
         if not 0 <= stats_from < q or (stats_from and own_slots is not None):
             raise ValueError(f"stats_from={stats_from} must be in [0, q={q}), and 0 for a decode step")
@@ -94,7 +97,7 @@ class TreeBatch:
         self.own_valid = None if own_valid is None else own_valid.to(device)
         #: per group: how its pieces are read (:class:`Read`): each in place, or short pieces in packed
         #: copies (one kernel call and one merge instead of one per piece)
-        self._reads = [_reads(g.pieces, device) for g in groups]
+        self._reads = reads if reads is not None else group_reads(groups, device)
         self.stats = stats
         self.own_mass: torch.Tensor | None = None
         #: (R, q) long original positions of the new tokens, on the host: set by the backend before the
@@ -335,6 +338,11 @@ class Read:
     @property
     def packed(self) -> bool:
         return self.slots is not None
+
+
+def group_reads(groups: Sequence[Group], device: torch.device) -> list[list[Read]]:
+    """Per group, how its pieces are read (:func:`_reads`)."""
+    return [_reads(g.pieces, device) for g in groups]
 
 
 def _reads(pieces: Sequence[Piece], device: torch.device) -> list[Read]:

@@ -38,7 +38,7 @@ from arbor_runtime.engine.scheduler import PAGE, Scheduler
 from arbor_runtime.engine.turns import Demand
 from arbor_runtime.engine.work import Account, ExpandJob, Work
 from arbor_runtime.errors import NodeError
-from arbor_runtime.generation import Row, StopChecker, add_own_attention, decode_batch, postprocess
+from arbor_runtime.generation import DecodeLayout, Row, StopChecker, add_own_attention, decode_batch, postprocess
 from arbor_runtime.sampling import row_seed
 
 if TYPE_CHECKING:
@@ -87,6 +87,7 @@ class Engine:
         self.prefiller, self.metrics, self.oplog = prefiller, metrics, oplog
         #: carries out every plan of the scheduler
         self.executor = Executor(scheduler, memory, store, prefiller, accounts, self._fail)
+        self._layout = DecodeLayout()  # what the running rows read, kept across decode steps
         self.jobs: list[ExpandJob] = []
         self._pending: list[Work] = []
         self._cv = threading.Condition()
@@ -308,12 +309,12 @@ class Engine:
         self._rehydrate_wanted()
         # a window scores prefills only; arbor's rows are scored only within one thought of its floor
         stats = self.memory.planner.decode_statistics([(r.owner, r.stop.params.max_new_tokens) for r in self.running])
-        batch, ids, pos = decode_batch(self.store, self.running, stats, self.backend.kernel)
+        batch, ids, pos = decode_batch(self.store, self.running, stats, self.backend.kernel, self._layout)
         start = time.perf_counter()
         logits = self.backend.forward(batch, ids, pos)[:, -1]  # (R, V)
         if any(r.fed == 0 for r in self.running) and self._rehydrate_wanted():
             # a row's first decode step was a probe: what its retrieval wanted is back, run it again
-            batch, ids, pos = decode_batch(self.store, self.running, stats, self.backend.kernel)
+            batch, ids, pos = decode_batch(self.store, self.running, stats, self.backend.kernel, self._layout)
             logits = self.backend.forward(batch, ids, pos)[:, -1]
         self._charge_step(time.perf_counter() - start)
         self._progress = True
@@ -321,7 +322,8 @@ class Engine:
         add_own_attention(self.running, batch)
         finished = []
         for stop, idx in rows_by_stop(self.running).items():
-            finished += postprocess([self.running[i] for i in idx], logits[idx], stop.params, stop)
+            mine = logits if len(idx) == len(self.running) else logits[idx]  # one request: no (R, V) copy
+            finished += postprocess([self.running[i] for i in idx], mine, stop.params, stop)
         for row in finished:
             self.running.remove(row)
             self._finish_row(row)

@@ -8,6 +8,20 @@ import torch
 
 from arbor_runtime.kv.pool import Extent
 
+_layout_changes = 0
+
+
+def layout_epoch() -> int:
+    """A number that changes whenever any block's device layout may have changed (its segments set, a
+    block stored, released or split): what a reader that caches where blocks lie keys its cache on."""
+    return _layout_changes
+
+
+def layout_changed() -> None:
+    """Record a change of some block's device layout (see :func:`layout_epoch`)."""
+    global _layout_changes
+    _layout_changes += 1
+
 
 @dataclass(slots=True)
 class Segment:
@@ -91,6 +105,7 @@ class BlockKV:
     def set_segments(self, segments: list[Segment]) -> None:
         self.segments = [s for s in segments if s.length]
         self._kept = None
+        layout_changed()
 
     def slots_of(self, tokens: torch.Tensor) -> torch.Tensor:
         """Pool slots of the given retained block-local ``tokens`` (N,), in that order."""

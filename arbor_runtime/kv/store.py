@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from arbor_runtime.kv.block import BlockKV, Segment
+from arbor_runtime.kv.block import BlockKV, Segment, layout_changed
 from arbor_runtime.kv.host import HostTier
 from arbor_runtime.kv.pool import Extent
 from arbor_runtime.kv.prefetch import FencedPool, Prefetcher
@@ -114,11 +114,13 @@ class KVStore:
         if block_id in self._blocks:
             raise ValueError(f"block {block_id} is already in the store")
         self._blocks[block_id] = block
+        layout_changed()
         self._change("put", block_id, block.kept_tokens, 0)
 
     def pop(self, block_id: int) -> BlockKV:
         """Remove a block from every tier (its slots go back to the pool) and return its record."""
         block = self._blocks.pop(block_id)
+        layout_changed()
         for seg in block.segments:
             self.pool.free(seg.extent)
         host = self.host.drop(block_id)
@@ -148,6 +150,7 @@ class KVStore:
         blk.attention = blk.attention[at:].clone()
         hosted = self.host.split(block_id, prefix_id, at)
         self._blocks[prefix_id] = head
+        layout_changed()
         self._change("split", block_id, -head.kept_tokens, -hosted)
         self._change("split", prefix_id, head.kept_tokens, hosted)
 
