@@ -167,6 +167,33 @@ def test_tree_batch_equals_attention_over_each_rows_concatenated_path(fast, pack
     assert max(abs(got[s] - total_mass[s]) for s in got) < 1e-4
 
 
+@pytest.mark.parametrize("fast", KERNELS)
+def test_a_plain_decode_step_attends_its_own_tokens_through_the_kernel(fast):
+    """Rows that read every own slot, statistics off: the own tokens go through the attention kernel
+    (no scores kept), and each row still gets attention over its concatenated path."""
+    torch.manual_seed(5)
+    shape = KVShape(layers=1, kv_heads=2, head_dim=16, dtype=torch.float32, device=torch.device("cpu"))
+    pool = DevicePool(shape, 200, fixed=True)
+    pool.arenas[0].keys.normal_()
+    pool.arenas[0].values.normal_()
+    groups = [
+        Group(0, None, 2, [Piece(0, 0, torch.arange(40))]),
+        Group(1, torch.tensor([1]), 1, [Piece(1, 60, torch.arange(9))]),
+    ]
+    own = torch.tensor([[150, 151, 152, 153], [170, 171, 172, 173]])
+    valid = torch.ones(2, 4, dtype=torch.bool)
+    batch = TreeBatch(pool, groups, 2, 1, own[:, -1:], own, valid, stats=False, kernel=Kernel(shape.device, fast))
+    assert batch._own_plain
+    query, key, value = torch.randn(2, 6, 1, 16), torch.randn(2, 2, 1, 16), torch.randn(2, 2, 1, 16)
+    batch.update(key, value, 0)
+    out = batch.attend(0, query, key, value, AttentionCall(16**-0.5))
+    paths = [[*range(40), *range(150, 154)], [*range(40), *range(60, 69), *range(170, 174)]]
+    for r, slots in enumerate(paths):
+        k, v = (t.repeat_interleave(3, dim=0) for t in pool.gather_layer(0, torch.tensor(slots)))
+        ref, _ = sdpa(query[r : r + 1], k[None], v[None])
+        assert (out[r, 0] - ref[0, :, 0]).abs().max() < TOL
+
+
 def test_runtime_attributes_attention_to_blocks(tiny):
     rt = Runtime(tiny, policy="h2o")
     root = rt.new_tree("Input: 4 4 6 8\nSteps:\n")

@@ -95,6 +95,9 @@ class TreeBatch:
                 g.rows = g.rows.to(device)
         self.own_slots = None if own_slots is None else own_slots.to(device)
         self.own_valid = None if own_valid is None else own_valid.to(device)
+        #: a decode step whose rows all read every own slot and whose statistics are off: the own tokens
+        #: go through the attention kernel like any context read
+        self._own_plain = own_valid is not None and not stats and bool(own_valid.all())
         #: per group: how its pieces are read (:class:`Read`): each in place, or short pieces in packed
         #: copies (one kernel call and one merge instead of one per piece)
         self._reads = reads if reads is not None else group_reads(groups, device)
@@ -187,8 +190,9 @@ class TreeBatch:
         """Each row's own tokens: its generated tokens from the pool (decode) or causal new tokens.
 
         Returns (out, lse, extra): (R, H_kv, g*q, D), (R, H_kv, g*q) float32, and what the
-        statistics pass needs: the own scores (decode) or the (query, repeated keys, mask) of a prefill
-        (mask: (R, 1, q, q) bool under a window, else None = causal).
+        statistics pass needs: the own scores (decode; None when a plain step ran them through the kernel)
+        or the (query, repeated keys, mask) of a prefill (mask: (R, 1, q, q) bool under a window, else
+        None = causal).
         """
         if self.own_slots is None:
             g = query.shape[1] // key.shape[1]
@@ -198,6 +202,9 @@ class TreeBatch:
             r, hkv, gq, d = qg.shape  # o (R, Hq, q, D), s (R, Hq, q)
             return o.reshape(r, hkv, gq, d).float(), s.reshape(r, hkv, gq).float(), (query, k, mask)
         k, v = _rows_gather(self.pool, layer, self.own_slots)  # (R, H_kv, n, D) each
+        if self._own_plain and call.softcap is None and call.window is None:  # every slot seen, nothing scored
+            o, s = self.kernel(qg, k, v, call.scale)
+            return o.float(), s.float(), None
         scores = capped_scores(qg, k, call.scale, call.softcap)  # (R, H_kv, g*q, n)
         seen = decode_own_mask(self.own_valid, call.window)
         scores = scores.masked_fill(~seen[:, None, None, :], float("-inf"))
