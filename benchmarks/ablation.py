@@ -13,13 +13,11 @@ scored what the default scored is marked ``identical``.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from benchmarks.floor import by_setting, ci_text, columns_spec, kl_of, listed, read
+from benchmarks.floor import ReplaySection, by_setting, ci_text, kl_of, listed, replay_section_main
 from benchmarks.results.stats import mean_interval
 
 DEFAULT = "arbor"
@@ -119,7 +117,7 @@ def facts(
     for (task, _, _), runs in groups.items():
         trees.setdefault(task, set()).update(runs)
     out: dict[str, Any] = {
-        "trees": _words([f"{len(names)} {task}" for task, names in sorted(trees.items())]),
+        "trees": listed([f"{len(names)} {task}" for task, names in sorted(trees.items())]),
         "fractions": listed(sorted({r["fraction"] for r in summary}, reverse=True)),
         # the budgets every variant and random ran at, and those only the variants acting on inactive blocks did
         "blind_fractions": listed(sorted({r["fraction"] for r in summary if r["policy"] == "random"}, reverse=True)),
@@ -135,52 +133,32 @@ def facts(
     for word in ("identical", "no difference", "worse", "better", "mixed"):
         hits = [r for r in variants if r["verdict"] == word]
         out[word.replace(" ", "_")] = len(hits)
-        out[f"{word.replace(' ', '_')}_where"] = _words(
+        out[f"{word.replace(' ', '_')}_where"] = listed(
             [f"{r['policy']} on {r['task']} at {r['budget']}" for r in hits]
         )
     for word in ("more", "fewer"):
         hits = [r for r in variants if r["rehydrated_verdict"] == word]
         out[f"rehydrates_{word}"] = len(hits)
-        out[f"rehydrates_{word}_where"] = _words([f"{r['policy']} on {r['task']} at {r['budget']}" for r in hits])
+        out[f"rehydrates_{word}_where"] = listed([f"{r['policy']} on {r['task']} at {r['budget']}" for r in hits])
     out["default_at_least_as_good"] = sum(r["verdict"] in ("identical", "no difference", "worse") for r in variants)
     return out
-
-
-def _words(items: list[str]) -> str:
-    """``a, b and c``."""
-    return ", ".join(items[:-1]) + (" and " if len(items) > 1 else "") + items[-1] if items else ""
 
 
 def _order(policy: str) -> tuple[int, str]:
     return (0 if policy == DEFAULT else 1 if policy == "random" else 2, policy)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from benchmarks.results.data import write_section_data
-
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.ablation", description=__doc__.split("\n")[0])
-    ap.add_argument("replays", type=Path, nargs="+", help="replay.jsonl files of scripts/replay_trace.py")
-    ap.add_argument("--section", default=None, help="write docs/data/<section>/results.json (else print only)")
-    ap.add_argument("--title", default="What each part of arbor buys: its variants replayed against its default")
-    ap.add_argument("--command", default="", help="the commands that made the replay files (recorded)")
-    ap.add_argument("--setting", action="append", default=[], help="KEY=VALUE recorded in the section's settings")
-    args = ap.parse_args(argv)
-    rows = read(args.replays)
+def summarise(rows: list[dict]) -> ReplaySection:
+    """The ablation section of replay rows: each variant's fidelity, and each against arbor's default."""
     groups = by_setting(rows)
     summary, paired = summary_rows(groups), against_default(groups)
-    for r in paired:
-        print(" | ".join(str(r[k]) if not isinstance(r[k], float) else f"{r[k]:.2f}" for k, _, _ in PAIRED_COLUMNS))
-    if args.section:
-        codes = sorted({str(r.get("code")) for r in rows if r.get("code")})
-        settings = dict(s.split("=", 1) for s in args.setting)
-        tables = {"vs_default": {"columns": columns_spec(PAIRED_COLUMNS), "rows": paired}}
-        extra = {"commit": codes[0]} if len(codes) == 1 else {}
-        path = write_section_data(
-            args.section, summary, args.command, settings, title=args.title, columns=columns_spec(COLUMNS),
-            tables=tables, facts=facts(groups, summary, paired), **extra,
-        )  # fmt: skip
-        print(f"wrote {path}")
-    return 0
+    tables = {"vs_default": (PAIRED_COLUMNS, paired)}
+    return ReplaySection(summary, COLUMNS, tables, facts(groups, summary, paired), [(paired, PAIRED_COLUMNS)])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    title = "What each part of arbor buys: its variants replayed against its default"
+    return replay_section_main("benchmarks.ablation", title, summarise, argv)
 
 
 if __name__ == "__main__":

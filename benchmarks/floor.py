@@ -17,7 +17,8 @@ import argparse
 import json
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -147,9 +148,9 @@ def facts(summary: list[dict], best: list[dict]) -> dict[str, Any]:
     }
 
 
-def listed(values: list[float]) -> str:
-    """``0.5, 0.25 and 0.1``."""
-    words = [f"{v:g}" for v in values]
+def listed(values: Sequence[float | str]) -> str:
+    """``0.5, 0.25 and 0.1`` (numbers in their shortest form, words as they are)."""
+    words = [v if isinstance(v, str) else f"{v:g}" for v in values]
     return ", ".join(words[:-1]) + (" and " if len(words) > 1 else "") + words[-1] if words else ""
 
 
@@ -162,38 +163,63 @@ def columns_spec(spec) -> list[dict]:
     return [{"key": k, "header": h, "fmt": f, "numeric": f != "text"} for k, h, f in spec]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@dataclass(frozen=True)
+class ReplaySection:
+    """What one replay summary writes: ``tables`` (name -> (columns spec, rows)) beside its summary rows,
+    the lines it prints, and its facts."""
+
+    summary: list[dict]
+    columns: list[tuple[str, str, str]]
+    tables: dict[str, tuple[list[tuple[str, str, str]], list[dict]]]
+    facts: dict
+    printed: list[tuple[list[dict], list[tuple[str, str, str]]]]
+
+
+def replay_section_main(
+    prog: str, title: str, summarise: Callable[[list[dict]], ReplaySection], argv: Sequence[str] | None
+) -> int:
+    """The command line of a summary of replay files (scripts/replay_trace.py): read them, summarise,
+    print the summary's tables, and with ``--section`` write docs/data/<section>/results.json (the commit
+    of the rows when they all ran at one)."""
     from benchmarks.results.data import write_section_data
 
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.floor", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=f"python -m {prog}", description=title)
     ap.add_argument("replays", type=Path, nargs="+", help="replay.jsonl files of scripts/replay_trace.py")
     ap.add_argument("--section", default=None, help="write docs/data/<section>/results.json (else print only)")
-    ap.add_argument("--title", default="Below the floor, replayed: fidelity to full per policy and budget")
+    ap.add_argument("--title", default=title)
     ap.add_argument("--command", default="", help="the commands that made the replay files (recorded)")
     ap.add_argument("--setting", action="append", default=[], help="KEY=VALUE recorded in the section's settings")
     args = ap.parse_args(argv)
     rows = read(args.replays)
-    groups = by_setting(rows)
-    summary = summary_rows(groups)
-    best, random = versus_best(groups, summary), versus_random(groups, summary)
-    for r in summary:
-        print(" | ".join(str(r[k]) if not isinstance(r[k], float) else f"{r[k]:.2f}" for k, _, _ in COLUMNS))
-    for r in best:
-        print(" | ".join(str(r[k]) for k, _, _ in PAIRED_COLUMNS))
+    out = summarise(rows)
+    for printed, spec in out.printed:
+        for r in printed:
+            print(" | ".join(str(r[k]) if not isinstance(r[k], float) else f"{r[k]:.2f}" for k, _, _ in spec))
     if args.section:
         codes = sorted({str(r.get("code")) for r in rows if r.get("code")})
         settings = dict(s.split("=", 1) for s in args.setting)
-        tables = {
-            "vs_best": {"columns": columns_spec(PAIRED_COLUMNS), "rows": best},
-            "vs_random": {"columns": columns_spec(PAIRED_COLUMNS), "rows": random},
-        }
+        tables = {name: {"columns": columns_spec(spec), "rows": t} for name, (spec, t) in out.tables.items()}
         extra = {"commit": codes[0]} if len(codes) == 1 else {}
         path = write_section_data(
-            args.section, summary, args.command, settings, title=args.title, columns=columns_spec(COLUMNS),
-            tables=tables, facts=facts(summary, best), **extra,
+            args.section, out.summary, args.command, settings, title=args.title, columns=columns_spec(out.columns),
+            tables=tables, facts=out.facts, **extra,
         )  # fmt: skip
         print(f"wrote {path}")
     return 0
+
+
+def summarise(rows: list[dict]) -> ReplaySection:
+    """The floor section of replay rows: fidelity per policy and budget, against the best and against random."""
+    groups = by_setting(rows)
+    summary = summary_rows(groups)
+    best, random = versus_best(groups, summary), versus_random(groups, summary)
+    tables = {"vs_best": (PAIRED_COLUMNS, best), "vs_random": (PAIRED_COLUMNS, random)}
+    return ReplaySection(summary, COLUMNS, tables, facts(summary, best), [(summary, COLUMNS), (best, PAIRED_COLUMNS)])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    title = "Below the floor, replayed: fidelity to full per policy and budget"
+    return replay_section_main("benchmarks.floor", title, summarise, argv)
 
 
 if __name__ == "__main__":
