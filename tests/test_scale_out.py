@@ -92,6 +92,25 @@ def test_six_problems_on_two_actors_are_each_recorded_once(local_ray, data_dir, 
 
 
 @needs_ray
+def test_arbors_part_switches_reach_the_actors(local_ray, data_dir, tmp_path):
+    """policy.* switches travel with the policy the actors build: rehydration off and a pin subset give
+    on Ray the rows this process gives (no rehydration, recomputation instead), and differ from arbor's
+    default there."""
+    budget = ("policy=arbor", "policy.budget_tokens=620", "task.end=902")  # the prompt ~600 tokens: evicts
+    parts = (*budget, "policy.host_tier=false", "policy.msve=off", "policy.pins=[question]")
+    assert run(cfg(data_dir, tmp_path / "ray", *parts, *on_ray()), Console(width=150)) == 0
+    assert run(cfg(data_dir, tmp_path / "local", *parts), Console(width=150)) == 0
+    assert run(cfg(data_dir, tmp_path / "default", *budget, *on_ray()), Console(width=150)) == 0
+    got, local, default = rows(tmp_path / "ray"), rows(tmp_path / "local"), rows(tmp_path / "default")
+    keys = ("answer", "prefill_tokens", "evicted_tokens", "rehydrated_tokens", "recomputed_tokens", "peak_host_tokens")
+    for key in keys:
+        assert {i: r[key] for i, r in got.items()} == {i: r[key] for i, r in local.items()}, key
+    assert all(r["rehydrated_tokens"] == 0 and r["peak_host_tokens"] == 0 for r in got.values())
+    assert sum(r["recomputed_tokens"] for r in got.values()) > 0
+    assert sum(r["rehydrated_tokens"] for r in default.values()) > 0  # the default rehydrates instead
+
+
+@needs_ray
 def test_a_rerun_in_the_same_dir_searches_only_what_is_not_done(local_ray, data_dir, tmp_path, monkeypatch):
     assert run(cfg(data_dir, tmp_path, "task.start=900", "task.end=903", *on_ray()), Console(width=150)) == 0
     before = (tmp_path / RESULTS_FILE).read_text()
