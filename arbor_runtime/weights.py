@@ -17,12 +17,20 @@ reads. Formats (``load_model(weights=...)``, ``model.weights``):
   The output layer (tied to the embeddings in SmolLM2, a Q8_0 tensor in its GGUF) becomes int8 per
   output channel: 4-bit logits would move greedy choices.
 
+Batches (a prefill, a ``choose`` over many continuations, a decode step of many rows): the int4 and int8
+kernels read their codes once per row, so their time grows with the rows. A model whose linear layers take
+at most :data:`BATCH_COPY_MAX_BYTES` in bfloat16 keeps a bfloat16 copy of them (the codes dequantized with
+the kernels' own scales) where the CPU multiplies bfloat16 natively, and a call of :data:`BATCH_ROWS` rows or
+more multiplies by that copy (oneDNN's GEMM); fewer rows (a decode step of a few rows) read the codes.
+
 The formats run on CPU only (the CUDA kernels take other layouts); any other device is refused in one line
 (:func:`check_weights`). Embeddings, norms and the KV stay in bfloat16.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +44,14 @@ FORMATS = ("dense", "int8", "int4")
 GROUP = 32
 #: the activations' dtype under int8 / int4 weights (the kernels' fast path on CPU)
 ACTIVATIONS = torch.bfloat16
+#: rows (tokens) of one call from which a quantized layer with a bfloat16 copy multiplies by the copy:
+#: the int4 and int8 kernels read their codes once per row (their time grows with the rows), oneDNN's
+#: bfloat16 GEMM reuses each weight across rows. From 16 rows on the copy is the faster for every layer of
+#: SmolLM2 but its small k / v projections, at a few hundred rows 2-4x (``python -m benchmarks.weights batch``)
+BATCH_ROWS = 16
+#: a model keeps the bfloat16 copy when all of it takes at most this (SmolLM2-135M: 0.27 GB; an 8B model's
+#: 16 GB would not fit beside its int4 weights on a 24 GB machine, and runs its batches on the kernels)
+BATCH_COPY_MAX_BYTES = 2 << 30
 
 
 def check_weights(weights: str, device: str) -> None:
@@ -55,7 +71,7 @@ class Int8Linear(nn.Module):
     Buffers: ``codes`` (out, in) int8; ``scales`` (out,) bfloat16. Takes and returns (..., in) / (..., out)
     activations of any float dtype (computed in bfloat16)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, batch_copy: bool = False) -> None:
         super().__init__()
         w = weight.detach().float()
         scales = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
@@ -63,12 +79,17 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scales.to(ACTIVATIONS))
         self.register_buffer("bias", None if bias is None else bias.detach().to(ACTIVATIONS))
         self.in_features, self.out_features = w.shape[1], w.shape[0]
+        dense = self.codes.float() * self.scales.float()[:, None] if batch_copy else None
+        self.register_buffer("batch_weight", None if dense is None else dense.to(ACTIVATIONS))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(ACTIVATIONS)
-        y = torch._weight_int8pack_mm(flat, self.codes, self.scales)
-        if self.bias is not None:
-            y = y + self.bias
+        if self.batch_weight is not None and flat.shape[0] >= BATCH_ROWS:
+            y = nn.functional.linear(flat, self.batch_weight, self.bias)
+        else:
+            y = torch._weight_int8pack_mm(flat, self.codes, self.scales)
+            if self.bias is not None:
+                y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
@@ -80,7 +101,12 @@ class Int4Linear(nn.Module):
     :meth:`from_codes` (a GGUF's blocks as they are)."""
 
     def __init__(
-        self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bias: torch.Tensor | None
+        self,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        zeros: torch.Tensor,
+        bias: torch.Tensor | None,
+        batch_copy: bool = False,
     ) -> None:
         super().__init__()
         out_f, in_f = codes.shape
@@ -93,27 +119,38 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_and_zeros", both.transpose(0, 1).contiguous().to(ACTIVATIONS))
         self.register_buffer("bias", None if bias is None else bias.detach().to(ACTIVATIONS))
         self.in_features, self.out_features = in_f, out_f
+        dense = None
+        if batch_copy:  # the kernel's own numbers: its bfloat16 scales and zeros
+            scale, zero = (t.to(ACTIVATIONS).float()[..., None] for t in (scales, zeros))
+            groups = (codes.float() - 8).reshape(out_f, -1, GROUP)
+            dense = (groups * scale + zero).reshape(out_f, in_f)
+        self.register_buffer("batch_weight", None if dense is None else dense.to(ACTIVATIONS))
 
     @classmethod
-    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int4Linear:
+    def from_weight(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None = None, batch_copy: bool = False
+    ) -> Int4Linear:
         """Quantize ``weight`` (out, in): each group's min and max span the 16 codes."""
         w = weight.detach().float().reshape(weight.shape[0], -1, GROUP)
         low, high = w.amin(-1), w.amax(-1)
         scales = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
         codes = torch.round((w - low[..., None]) / scales[..., None]).clamp(0, 15).reshape(weight.shape)
-        return cls(codes, scales, low + 8 * scales, bias)
+        return cls(codes, scales, low + 8 * scales, bias, batch_copy)
 
     @classmethod
-    def from_codes(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> Int4Linear:
+    def from_codes(cls, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor, batch_copy: bool = False) -> Int4Linear:
         """Q4_1 blocks as they are: codes (out, in) in 0..15, each group's ``d`` and ``m`` (out, in / GROUP):
         ``W = d * q + m`` is the kernel's ``(q - 8) * d + (m + 8 d)``."""
-        return cls(codes, d.float(), m.float() + 8 * d.float(), None)
+        return cls(codes, d.float(), m.float() + 8 * d.float(), None, batch_copy)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(ACTIVATIONS)
-        y = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_and_zeros)
-        if self.bias is not None:
-            y = y + self.bias
+        if self.batch_weight is not None and flat.shape[0] >= BATCH_ROWS:
+            y = nn.functional.linear(flat, self.batch_weight, self.bias)
+        else:
+            y = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_and_zeros)
+            if self.bias is not None:
+                y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
@@ -125,15 +162,16 @@ def quantize_model(model: nn.Module, weights: str, gguf: Path | None = None) -> 
         return model
     blocks = gguf_blocks(gguf, model.config) if weights == "int4" and gguf is not None else {}
     head = model.get_output_embeddings()
+    copy = keeps_batch_copy(model)
     for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             if not isinstance(child, nn.Linear) or child is head:
                 continue
             full = f"{parent_name}.{name}".lstrip(".")
-            setattr(parent, name, _quantized(child, weights, blocks.get(full)))
+            setattr(parent, name, _quantized(child, weights, blocks.get(full), copy))
     model.to(ACTIVATIONS)  # embeddings, norms, rotary tables; the quantized buffers keep their dtypes
     if head is not None:  # its own int8 copy: a tied head leaves the embedding table as it is
-        int8_head = Int8Linear(head.weight, head.bias)
+        int8_head = Int8Linear(head.weight, head.bias, copy)
         model.set_output_embeddings(int8_head)
         model.config.tie_word_embeddings = False
     return model
@@ -144,13 +182,37 @@ def fits_int4(out_features: int, in_features: int) -> bool:
     return in_features % GROUP == 0 and out_features % 16 == 0
 
 
-def _quantized(linear: nn.Linear, weights: str, block: Any) -> nn.Module:
+@contextmanager
+def kernels_only(model: nn.Module) -> Iterator[None]:
+    """Inside, every quantized layer of ``model`` multiplies by its kernel however many rows a call has (what a
+    decode step of a few rows computes); the bfloat16 copies come back on leaving."""
+    saved = [(m, m.batch_weight) for m in model.modules() if getattr(m, "batch_weight", None) is not None]
+    for m, _ in saved:
+        m.batch_weight = None
+    try:
+        yield
+    finally:
+        for m, w in saved:
+            m.batch_weight = w
+
+
+def keeps_batch_copy(model: nn.Module) -> bool:
+    """Whether ``model``'s quantized layers keep a bfloat16 copy for batches of :data:`BATCH_ROWS` rows and
+    more: the CPU multiplies bfloat16 natively (oneDNN) and the copy of every linear layer (the output layer
+    included) takes at most :data:`BATCH_COPY_MAX_BYTES`."""
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return False
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    return 2 * linear <= BATCH_COPY_MAX_BYTES
+
+
+def _quantized(linear: nn.Linear, weights: str, block: Any, batch_copy: bool = False) -> nn.Module:
     """The layer in ``weights``' format; under int4, a shape its kernel cannot lay out stays int8."""
     if weights == "int8" or not fits_int4(linear.out_features, linear.in_features):
-        return Int8Linear(linear.weight, linear.bias)
+        return Int8Linear(linear.weight, linear.bias, batch_copy)
     if block is not None and linear.bias is None:
-        return Int4Linear.from_codes(*block)
-    return Int4Linear.from_weight(linear.weight, linear.bias)
+        return Int4Linear.from_codes(*block, batch_copy=batch_copy)
+    return Int4Linear.from_weight(linear.weight, linear.bias, batch_copy)
 
 
 #: GGUF llama tensor names -> the transformers module holding them (``{n}``: the layer)

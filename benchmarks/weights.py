@@ -8,7 +8,8 @@ the machine's conditions):
 - *decode tok/s*: the runtime's greedy expansion of ``--tokens`` tokens at batch 1 below the Game of 24
   ToT prompt of row 900 (``full``, after a warm-up expansion); min / median / max over the rounds;
 - *weight MB a token*: the bytes of the linear layers and the output layer, what a decode step reads;
-- fidelity against float32, teacher-forced on float32's greedy continuations of ``--tokens`` tokens below
+- fidelity against float32, teacher-forced (through the quantized kernels a decode step reads, not the
+  batches' bfloat16 copy) on float32's greedy continuations of ``--tokens`` tokens below
   four Game of 24 and four GSM8K prompts: *top-1 agreement* (the share of positions whose argmax is
   float32's) and the *mean KL(float32 || format)* of the next-token distributions.
 
@@ -19,12 +20,17 @@ one row each (index; each format's answer, solved, seconds, decoded tokens and c
 ``docs/data/weights/answers-NAME.jsonl``
 so every total can be recounted.
 
-Both write ``docs/data/weights/results.json`` (``--section``), keeping the other's table.
+``python -m benchmarks.weights batch``: a quantized layer's kernel against its bfloat16 copy (what a call of
+:data:`~arbor_runtime.weights.BATCH_ROWS` rows or more multiplies by), by rows, and each path's fidelity to
+float32; printed only.
+
+``speed`` and ``answers`` write ``docs/data/weights/results.json`` (``--section``), keeping the other's table.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -68,8 +74,8 @@ def weight_bytes(model: torch.nn.Module) -> int:
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
             total += module.weight.numel() * module.weight.element_size()
-        elif hasattr(module, "packed") or hasattr(module, "codes"):
-            total += sum(b.numel() * b.element_size() for b in module.buffers())
+        elif hasattr(module, "packed") or hasattr(module, "codes"):  # not the batches' bfloat16 copy
+            total += sum(b.numel() * b.element_size() for n, b in module.named_buffers() if n != "batch_weight")
     return total
 
 
@@ -94,6 +100,62 @@ def continuation_logprobs(model, tokenizer, prompt: str, continuation: list[int]
     return torch.log_softmax(logits.float(), dim=-1)
 
 
+def teacher_forced(loaded, texts: list[str], continuations: list[list[int]], kernels: bool = True) -> list:
+    """Each prompt's continuation log-probs; ``kernels``: through the quantized kernels a decode step reads
+    (a teacher-forced forward has many rows: without this it would multiply by the batches' bfloat16 copy)."""
+    from arbor_runtime.weights import kernels_only
+
+    with kernels_only(loaded.model) if kernels else contextlib.nullcontext():
+        return [
+            continuation_logprobs(loaded.model, loaded.tokenizer, t, c)
+            for t, c in zip(texts, continuations, strict=True)
+        ]
+
+
+def batch(args: argparse.Namespace) -> None:
+    """Prints the time of a quantized layer's kernel and of its bfloat16 copy by rows a call (interleaved
+    rounds, median), per layer shape of SmolLM2-135M int4, and the fidelity to float32 of each path,
+    teacher-forced on float32's greedy continuations below the eight prompts."""
+    from arbor_runtime import Runtime, SamplingParams, load_model
+    from arbor_runtime.weights import Int4Linear, Int8Linear, kernels_only
+
+    torch.set_num_threads(args.threads)
+    fp32, int4 = load_model("smollm2", device="cpu"), load_model("smollm2", device="cpu", weights="int4")
+    layers = {}
+    for m in int4.model.modules():
+        if isinstance(m, (Int4Linear, Int8Linear)) and m.batch_weight is not None:
+            layers.setdefault((type(m).__name__, m.out_features, m.in_features), m)
+    if not layers:
+        print("this machine keeps no bfloat16 copy (keeps_batch_copy): nothing to compare", file=sys.stderr)
+        return
+    rows_list = [int(r) for r in args.rows.split(",")]
+    times: dict[tuple, list[float]] = {}
+    for _ in range(args.rounds):
+        for key, m in layers.items():
+            for r in rows_list:
+                x = torch.randn(r, m.in_features, dtype=torch.bfloat16)
+                for path in ("kernel", "copy"):
+                    with kernels_only(m) if path == "kernel" else contextlib.nullcontext():
+                        m(x)
+                        start = time.perf_counter()
+                        for _ in range(3):
+                            m(x)
+                        times.setdefault((*key, r, path), []).append((time.perf_counter() - start) / 3 * 1e3)
+    print("layer | out x in | rows | kernel ms | copy ms | kernel / copy")
+    for key in layers:
+        for r in rows_list:
+            k, c = (statistics.median(times[(*key, r, p)]) for p in ("kernel", "copy"))
+            print(f"{key[0]} | {key[1]} x {key[2]} | {r} | {k:.3f} | {c:.3f} | {k / c:.2f}")
+    texts = prompts(args.data_dir)
+    greedy = SamplingParams(max_new_tokens=args.tokens, temperature=0.0, stop_at_eos=False)
+    reference = Runtime(fp32, policy="full")
+    continuations = [reference.expand(reference.new_tree(t), 1, greedy)[0].token_ids for t in texts]
+    ref = teacher_forced(fp32, texts, continuations)
+    for path, kernels in (("int4 kernels (decode)", True), ("int4 bfloat16 copy (batches)", False)):
+        agree, kl = fidelity(ref, teacher_forced(int4, texts, continuations, kernels=kernels))
+        print(f"{path}: top-1 agreement with float32 {agree:.3f}, mean KL(float32 || it) {kl:.4f}")
+
+
 def fidelity(reference: list[torch.Tensor], other: list[torch.Tensor]) -> tuple[float, float]:
     """(top-1 agreement, mean KL(reference || other)) over every position of every prompt."""
     ref, oth = torch.cat(reference), torch.cat(other)
@@ -112,10 +174,7 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
     greedy = SamplingParams(max_new_tokens=args.tokens, temperature=0.0, stop_at_eos=False)
     reference = Runtime(models["float32"], policy="full")
     continuations = [reference.expand(reference.new_tree(t), 1, greedy)[0].token_ids for t in texts]
-    logprobs = {
-        label: [continuation_logprobs(m.model, m.tokenizer, t, c) for t, c in zip(texts, continuations, strict=True)]
-        for label, m in models.items()
-    }
+    logprobs = {label: teacher_forced(m, texts, continuations) for label, m in models.items()}
     rates: dict[str, list[float]] = {label: [] for label in models}
     for round_ in range(args.rounds):
         for label, loaded in models.items():
@@ -232,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--tokens", type=int, default=64)
     sp.add_argument("--threads", type=int, default=1)
     sp.add_argument("--data-dir", default=None, help="the data folder (GSM8K prompts); null: the hub's")
+    bp = sub.add_parser("batch", help="a quantized layer's kernel against its bfloat16 copy, by rows (printed)")
+    bp.add_argument("--rows", default="1,4,8,16,64,256,540")
+    bp.add_argument("--rounds", type=int, default=3)
+    bp.add_argument("--tokens", type=int, default=64)
+    bp.add_argument("--threads", type=int, default=1)
+    bp.add_argument("--data-dir", default=None, help="the data folder (GSM8K prompts); null: the hub's")
     ap_answers = sub.add_parser("answers", help="two run dirs of one search at two weight formats")
     ap_answers.add_argument("name")
     ap_answers.add_argument("reference", type=Path)
@@ -241,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--section", action="store_true", help=f"write docs/data/{SECTION}/results.json")
         p.add_argument("--command", default="", help="the command that made this table (recorded)")
     args = ap.parse_args(argv)
+    if args.what == "batch":
+        batch(args)
+        return 0
     old = load_section(SECTION) if (DATA / SECTION / "results.json").is_file() else {"tables": {}, "settings": {}}
     carried = pairs = None
     if args.what == "speed":

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from arbor_runtime import Runtime, SamplingParams, load_model
+from arbor_runtime import weights as weight_formats
 from arbor_runtime.loading import auto_weights, inspect_model, resolve_weights
 from arbor_runtime.policies.kvp_weights import model_fingerprint
 from arbor_runtime.weights import GROUP, Int4Linear, Int8Linear, q4_1_blocks
@@ -57,6 +58,39 @@ def test_quantized_layers_compute_the_dense_product_to_rounding(layer):
     quantized = layer(weight)
     rel = 0.03 if isinstance(quantized, Int8Linear) else 0.15  # 255 levels a channel, 16 a group
     close_to_dense(quantized, weight, rel)
+
+
+@pytest.mark.parametrize("layer", [Int8Linear, Int4Linear.from_weight])
+def test_a_batch_multiplies_by_the_bfloat16_copy_and_a_few_rows_by_the_kernel(layer):
+    """From BATCH_ROWS rows on a layer with a copy computes with it (the kernels' own weights in bfloat16: the
+    kernel's product to bfloat16 rounding); below it, bit for bit what the layer without a copy computes."""
+    weight = torch.randn(64, 96, generator=torch.Generator().manual_seed(5)) * 0.05
+    plain, copied = layer(weight), layer(weight, batch_copy=True)
+    assert plain.batch_weight is None and copied.batch_weight.dtype == torch.bfloat16
+    few = torch.randn(weight_formats.BATCH_ROWS - 1, 96, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(copied(few), plain(few))
+    many = torch.randn(3, weight_formats.BATCH_ROWS, 96, generator=torch.Generator().manual_seed(7))
+    want, got = plain(many), copied(many)
+    assert got.shape == want.shape == (3, weight_formats.BATCH_ROWS, 64)
+    assert float((got - want).abs().max()) <= 0.02 * float(want.abs().max())
+    used = []
+    copied.batch_weight = copied.batch_weight.clone()
+    original = nn.functional.linear
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nn.functional, "linear", lambda *a, **k: used.append(1) or original(*a, **k))
+        copied(many), copied(few)
+    assert used == [1]  # the batch alone went through the copy
+
+
+def test_the_copy_is_kept_where_bfloat16_is_native_and_it_fits(monkeypatch):
+    model = nn.Sequential(nn.Linear(96, 64), nn.Linear(64, 32))
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert weight_formats.keeps_batch_copy(model) is native
+    monkeypatch.setattr(weight_formats, "BATCH_COPY_MAX_BYTES", 2 * (96 * 64 + 64 * 32) - 1)  # a byte short
+    assert not weight_formats.keeps_batch_copy(model)
+    monkeypatch.setattr(weight_formats, "BATCH_COPY_MAX_BYTES", 2 << 30)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert not weight_formats.keeps_batch_copy(model)
 
 
 def test_smollm2_int4_keeps_the_gguf_blocks_exactly(smollm2):
