@@ -359,12 +359,42 @@ def main(argv: list[str] | None = None) -> int:
         print("benchmarks.peer_tot: llama-cpp-python is not installed (pip install 'arbor-runtime[peer]' builds it "
               "from its sdist); nothing measured", file=sys.stderr)  # fmt: skip
         return 0
+    started = time.perf_counter()
     rows = run(args)
     summary = table(rows)
     for r in summary:
         print(f"{r['system']:18} {r['problems']} problems, solved {r['solved']}, {r['median_s']:.1f} s median, "
               f"{r['per_hour']:.0f}/h, x{r['x_llama']:.2f}")  # fmt: skip
+    if args.section:
+        write_section(args, rows, summary, time.perf_counter() - started, argv)
     return 0
+
+
+COLUMNS = [
+    {"key": "system", "header": "system", "fmt": "text", "numeric": False},
+    {"key": "problems", "header": "problems", "fmt": "auto", "numeric": True},
+    {"key": "solved", "header": "solved", "fmt": "auto", "numeric": True},
+    {"key": "min_s", "header": "s a problem min", "fmt": "{:.1f}", "numeric": True},
+    {"key": "median_s", "header": "median", "fmt": "{:.1f}", "numeric": True},
+    {"key": "max_s", "header": "max", "fmt": "{:.1f}", "numeric": True},
+    {"key": "per_hour", "header": "problems an hour", "fmt": "{:.0f}", "numeric": True},
+    {"key": "x_llama", "header": "x llama.cpp's faster way", "fmt": "{:.2f}", "numeric": True},
+]
+
+
+def write_section(args: argparse.Namespace, rows: list[dict], summary: list[dict], wall: float, argv) -> None:
+    """docs/data/peer-tot/results.json (the table) and rows.jsonl (every problem of every system)."""
+    import llama_cpp
+
+    from benchmarks.results.data import DATA, write_section_data
+
+    command = "python -m benchmarks.peer_tot " + " ".join(argv if argv is not None else sys.argv[1:])
+    settings = {"start": args.start, "problems": args.problems, "threads": args.threads,
+                "llama_cpp_python": llama_cpp.__version__, "wall_minutes": round(wall / 60, 1)}  # fmt: skip
+    path = write_section_data(SECTION, summary, command, settings, title=TITLE, columns=COLUMNS)
+    ordered = sorted(rows, key=lambda r: (r["index"], SYSTEMS.index(r["system"])))
+    (DATA / SECTION / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ordered))
+    print(f"wrote {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":
