@@ -293,6 +293,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("speed", claims=(SPEED,)),
     Section("weights", optional=True),  # issue 64: model.weights, what each format costs and keeps
     Section("peer", optional=True),  # issue 64: llama.cpp on the same GGUF (needs the peer extra to rerun)
+    Section("peer-tot", optional=True),  # issue 64: the CLI's ToT search, llama.cpp serving it two ways
     Section("step-overhead", optional=True),  # issue 64: the runtime's own time a step, by tree size and rows
     Section("controllers"),
     Section("make-results-full", optional=True),
