@@ -83,14 +83,15 @@ class Int8Linear(nn.Module):
         self.register_buffer("batch_weight", None if dense is None else dense.to(ACTIVATIONS))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(ACTIVATIONS)
+        flat = _as_activations(x.reshape(-1, self.in_features))
         if self.batch_weight is not None and flat.shape[0] >= BATCH_ROWS:
             y = nn.functional.linear(flat, self.batch_weight, self.bias)
         else:
             y = torch._weight_int8pack_mm(flat, self.codes, self.scales)
             if self.bias is not None:
                 y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 class Int4Linear(nn.Module):
@@ -144,14 +145,20 @@ class Int4Linear(nn.Module):
         return cls(codes, d.float(), m.float() + 8 * d.float(), None, batch_copy)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(ACTIVATIONS)
+        flat = _as_activations(x.reshape(-1, self.in_features))
         if self.batch_weight is not None and flat.shape[0] >= BATCH_ROWS:
             y = nn.functional.linear(flat, self.batch_weight, self.bias)
         else:
             y = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_and_zeros)
             if self.bias is not None:
                 y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def _as_activations(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in :data:`ACTIVATIONS` (a decode step calls every layer once a token: no call when it already is)."""
+    return x if x.dtype == ACTIVATIONS else x.to(ACTIVATIONS)
 
 
 def quantize_model(model: nn.Module, weights: str, gguf: Path | None = None) -> nn.Module:
