@@ -24,3 +24,14 @@ def test_the_table_compares_each_system_with_llama_cpp_in_its_round():
     assert rows["tree", "arbor (int4)"]["x_llama"] == 2.0  # a time: llama.cpp's over ours
     assert rows["decode", "llama.cpp"]["x_llama"] == 1.0 and rows["tree", "arbor (int4)"]["unit"] == "s"
     assert (rows["decode", "llama.cpp"]["min"], rows["decode", "llama.cpp"]["max"]) == (40.0, 60.0)
+
+
+def test_the_tot_workload_is_compared_with_llama_cpps_faster_way():
+    samples = {
+        ("tot", 1, "llama.cpp"): [60.0, 70.0],
+        ("tot", 1, "llama.cpp states"): [100.0, 120.0],
+        ("tot", 1, "arbor (int4)"): [25.0, 30.0],
+    }
+    rows = {r["system"]: r for r in peer.table(samples)}
+    assert rows["arbor (int4)"]["x_llama"] == 65.0 / 27.5 and rows["arbor (int4)"]["unit"] == "s"
+    assert rows["llama.cpp states"]["x_llama"] == 65.0 / 110.0 and rows["llama.cpp"]["x_llama"] == 1.0
