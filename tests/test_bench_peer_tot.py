@@ -144,3 +144,16 @@ def test_without_llama_cpp_it_says_how_to_install_and_measures_nothing(monkeypat
     monkeypatch.setattr(peer, "have_llama_cpp", lambda: False)
     assert peer_tot.main(["--problems", "1"]) == 0
     assert "pip install 'arbor-runtime[peer]'" in capsys.readouterr().err
+
+
+def test_the_committed_table_is_recounted_from_its_rows():
+    """docs/data/peer-tot: the table is what peer_tot.table makes of the committed per-problem rows."""
+    from benchmarks.results.data import DATA
+
+    folder = DATA / peer_tot.SECTION
+    if not (folder / "results.json").is_file():
+        return  # not measured yet in this checkout
+    table = json.loads((folder / "results.json").read_text())["tables"]["main"]["rows"]
+    rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+    assert len({(r["index"], r["system"]) for r in rows}) == len(rows)
+    assert peer_tot.table(rows) == table  # the same floats: JSON keeps every digit
