@@ -53,6 +53,15 @@ def have_llama_cpp() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+def llama_cpp_missing(prog: str) -> bool:
+    """Without llama-cpp-python: says how to install it (one line on stderr) and True; else False."""
+    if have_llama_cpp():
+        return False
+    print(f"{prog}: llama-cpp-python is not installed (pip install 'arbor-runtime[peer]' builds it "
+          "from its sdist); nothing measured", file=sys.stderr)  # fmt: skip
+    return True
+
+
 def prompt_text(data_dir: str | None) -> str:
     from arbor_cli.build import build_task, compose_config
 
@@ -186,15 +195,6 @@ def one(system, workload: str, ids: list[int], args: argparse.Namespace, round_:
     return system.tree(ids, args.thought)
 
 
-def tot_setup(data_dir: str | None, loaded, start: int, rounds: int):
-    """The CLI's Game of 24 ToT search (experiment=table1_game24, policy=full) over rows start.. (one a round),
-    on ``loaded``."""
-    from arbor_cli.build import build, compose_config
-
-    over = ["experiment=table1_game24", "policy=full", f"task.start={start}", f"task.end={start + rounds}"]
-    return build(compose_config([*over, *([f"paths.data_dir={data_dir}"] if data_dir else [])]), loaded=loaded)
-
-
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from arbor_runtime.loading import smollm2_gguf_path
 
@@ -211,8 +211,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             one(system, "decode", ids[system.name], argparse.Namespace(tokens=4, thought=4))
         workloads = WORKLOADS + (("tot",) if args.tot else ())
         if args.tot:
+            from benchmarks.peer_tot import search_setup
+
             for a in arbors:
-                a.setup = tot_setup(args.data_dir, a.loaded, args.tot_start, args.rounds)
+                a.setup = search_setup(args.data_dir, args.tot_start, args.rounds, loaded=a.loaded)
             llama.setup = arbors[0].setup  # the same task, verifier and tokenizer
             args.tot_problems = arbors[0].setup.problems
         for round_ in range(args.rounds):
@@ -261,9 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tot-start", type=int, default=900, help="the tot workload's first row")
     ap.add_argument("--section", action="store_true", help=f"write docs/data/{SECTION}/results.json")
     args = ap.parse_args(argv)
-    if not have_llama_cpp():
-        print("benchmarks.peer: llama-cpp-python is not installed (pip install 'arbor-runtime[peer]' builds it "
-              "from its sdist); nothing measured", file=sys.stderr)  # fmt: skip
+    if llama_cpp_missing("benchmarks.peer"):
         return 0
     rows = run(args)
     for r in rows:

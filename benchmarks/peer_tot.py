@@ -137,6 +137,7 @@ class LlamaRuntime:
         self._last: dict[int, np.ndarray] = {}  # node id -> (V,) logits after its last token (roots; states: all)
         self._state: dict[int, bytes] = {}  # states: node id -> its sequence's KV
         self._root_seq: dict[int, int] = {}  # batched: root id -> its sequence
+        self._pending: dict[int, tuple[bytes, np.ndarray]] = {}  # states: the last pass's KV kept for children
         seqs.clear()
 
     # ---- the Runtime surface ---------------------------------------------------------------
@@ -202,7 +203,7 @@ class LlamaRuntime:
     ) -> list[list[float]]:
         """Per continuation, its tokens' log-probs after ``node``'s path; the KV (states way) of those
         in ``save`` is kept for the child made of it (``into``: their choice indices)."""
-        self._pending: dict[int, tuple[bytes, np.ndarray]] = {}
+        self._pending = {}
         if self.way == "states":
             out = []
             for j, ids in enumerate(conts):
@@ -283,19 +284,21 @@ def _timed(controller, problem) -> dict[str, Any]:
     return {"seconds": seconds, "solved": bool(result.solved), "answer": result.answer, "steps": result.steps}
 
 
+def search_setup(data_dir: str | None, start: int, problems: int, loaded=None):
+    """The CLI's Game of 24 ToT search (``experiment=table1_game24``, ``policy=full``) over rows
+    ``start .. start + problems`` (``loaded``: a model loaded before, else the config's)."""
+    from arbor_cli.build import build, compose_config
+
+    over = ["experiment=table1_game24", "policy=full", f"task.start={start}", f"task.end={start + problems}"]
+    return build(compose_config([*over, *([f"paths.data_dir={data_dir}"] if data_dir else [])]), loaded=loaded)
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Per-problem rows of every system, problems interleaved (each problem runs on every system in turn)."""
-    from arbor_cli.build import build, compose_config
     from arbor_runtime.loading import smollm2_gguf_path
 
     torch.set_num_threads(args.threads)
-    over = [
-        "experiment=table1_game24",
-        "policy=full",
-        f"task.start={args.start}",
-        f"task.end={args.start + args.problems}",
-    ]
-    setup = build(compose_config([*over, *([f"paths.data_dir={args.data_dir}"] if args.data_dir else [])]))
+    setup = search_setup(args.data_dir, args.start, args.problems)
     seqs = LlamaSeqs(str(smollm2_gguf_path()), args.threads)
     tokenizer = setup.loaded.tokenizer
     done = _done(args.out)
@@ -353,11 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="folder of rows.jsonl (a rerun resumes it)")
     ap.add_argument("--section", action="store_true", help=f"write docs/data/{SECTION}/results.json")
     args = ap.parse_args(argv)
-    from benchmarks.peer import have_llama_cpp
+    from benchmarks.peer import llama_cpp_missing
 
-    if not have_llama_cpp():
-        print("benchmarks.peer_tot: llama-cpp-python is not installed (pip install 'arbor-runtime[peer]' builds it "
-              "from its sdist); nothing measured", file=sys.stderr)  # fmt: skip
+    if llama_cpp_missing("benchmarks.peer_tot"):
         return 0
     started = time.perf_counter()
     rows = run(args)
