@@ -65,7 +65,32 @@ def check_weights(weights: str, device: str) -> None:
         )
 
 
-class Int8Linear(nn.Module):
+class QuantizedLinear(nn.Module):
+    """What the int8 and int4 layers share: ``y = x W^T (+ bias)`` in bfloat16, by the subclass's ``kernel``
+    ((N, in) bfloat16 -> (N, out), no bias) over its codes, or by the bfloat16 copy ``batch_weight`` (when
+    the model keeps one) for a call of :data:`BATCH_ROWS` rows or more. Takes and returns (..., in) /
+    (..., out) of any float dtype."""
+
+    in_features: int
+    out_features: int
+    bias: torch.Tensor | None
+    batch_weight: torch.Tensor | None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if flat.dtype != ACTIVATIONS:  # a decode step calls every layer once a token: no call when it already is
+            flat = flat.to(ACTIVATIONS)
+        if self.batch_weight is not None and flat.shape[0] >= BATCH_ROWS:
+            y = nn.functional.linear(flat, self.batch_weight, self.bias)
+        else:
+            y = self.kernel(flat)
+            if self.bias is not None:
+                y = y + self.bias
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+class Int8Linear(QuantizedLinear):
     """``y = x W^T`` with W stored as int8 per output channel: ``W = q * scale`` (symmetric).
 
     Buffers: ``codes`` (out, in) int8; ``scales`` (out,) bfloat16. Takes and returns (..., in) / (..., out)
@@ -82,19 +107,12 @@ class Int8Linear(nn.Module):
         dense = self.codes.float() * self.scales.float()[:, None] if batch_copy else None
         self.register_buffer("batch_weight", None if dense is None else dense.to(ACTIVATIONS))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = _as_activations(x.reshape(-1, self.in_features))
-        if self.batch_weight is not None and flat.shape[0] >= BATCH_ROWS:
-            y = nn.functional.linear(flat, self.batch_weight, self.bias)
-        else:
-            y = torch._weight_int8pack_mm(flat, self.codes, self.scales)
-            if self.bias is not None:
-                y = y + self.bias
-        y = y.reshape(*x.shape[:-1], self.out_features)
-        return y if y.dtype == x.dtype else y.to(x.dtype)
+    def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        """(N, in) bfloat16 -> (N, out): the int8 kernel over the codes (no bias)."""
+        return torch._weight_int8pack_mm(flat, self.codes, self.scales)
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(QuantizedLinear):
     """``y = x W^T`` with W in groups of :data:`GROUP` input weights, ``W = (q - 8) * scale + zero``, q in 0..15.
 
     Buffers: ``packed`` (the CPU kernel's int4 layout of the (out, in) codes), ``scales_and_zeros``
@@ -144,21 +162,9 @@ class Int4Linear(nn.Module):
         ``W = d * q + m`` is the kernel's ``(q - 8) * d + (m + 8 d)``."""
         return cls(codes, d.float(), m.float() + 8 * d.float(), None, batch_copy)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = _as_activations(x.reshape(-1, self.in_features))
-        if self.batch_weight is not None and flat.shape[0] >= BATCH_ROWS:
-            y = nn.functional.linear(flat, self.batch_weight, self.bias)
-        else:
-            y = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_and_zeros)
-            if self.bias is not None:
-                y = y + self.bias
-        y = y.reshape(*x.shape[:-1], self.out_features)
-        return y if y.dtype == x.dtype else y.to(x.dtype)
-
-
-def _as_activations(x: torch.Tensor) -> torch.Tensor:
-    """``x`` in :data:`ACTIVATIONS` (a decode step calls every layer once a token: no call when it already is)."""
-    return x if x.dtype == ACTIVATIONS else x.to(ACTIVATIONS)
+    def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        """(N, in) bfloat16 -> (N, out): the int4 kernel over the packed codes (no bias)."""
+        return torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scales_and_zeros)
 
 
 def quantize_model(model: nn.Module, weights: str, gguf: Path | None = None) -> nn.Module:

@@ -117,13 +117,13 @@ def batch(args: argparse.Namespace) -> None:
     rounds, median), per layer shape of SmolLM2-135M int4, and the fidelity to float32 of each path,
     teacher-forced on float32's greedy continuations below the eight prompts."""
     from arbor_runtime import Runtime, SamplingParams, load_model
-    from arbor_runtime.weights import Int4Linear, Int8Linear, kernels_only
+    from arbor_runtime.weights import QuantizedLinear, kernels_only
 
     torch.set_num_threads(args.threads)
     fp32, int4 = load_model("smollm2", device="cpu"), load_model("smollm2", device="cpu", weights="int4")
     layers = {}
     for m in int4.model.modules():
-        if isinstance(m, (Int4Linear, Int8Linear)) and m.batch_weight is not None:
+        if isinstance(m, QuantizedLinear) and m.batch_weight is not None:
             layers.setdefault((type(m).__name__, m.out_features, m.in_features), m)
     if not layers:
         print("this machine keeps no bfloat16 copy (keeps_batch_copy): nothing to compare", file=sys.stderr)
