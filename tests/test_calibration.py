@@ -60,9 +60,14 @@ def test_calibration_script_writes_what_arbor_loads(tmp_path, data_dir):
     out = tmp_path / "msve.json"
     cmd = [sys.executable, str(REPO / "scripts" / "calibrate_msve.py"), "--model", "tiny-random"]
     cmd += ["--data-dir", str(data_dir), "--game24", "0:1", "--gsm8k", "0:2", "--n-generate", "2", "--out", str(out)]
+    cmd += ["--samples", str(tmp_path / "samples.jsonl")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads(out.read_text())
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    # the trees recorded attention (arbor without a budget does not): every signal varies over the samples
+    for i, name in enumerate(("search", "uncertainty", "attention", "depth")):
+        assert len({s["signals"][i] for s in samples}) > 1, name
     assert record["n_samples"] >= 6 and set(record["weights"]) == {
         "bias",
         "search",

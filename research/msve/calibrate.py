@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from rich.progress import Progress
 
 from arbor_cli.build import Setup
 from arbor_runtime import Runtime
+from arbor_runtime.policies import ArborPolicy
 from arbor_runtime.policies.base import BlockView
 from arbor_runtime.policies.msve import SIGNALS, signals
 from arbor_runtime.tasks.base import Task
@@ -26,13 +28,23 @@ from research.msve.calibration import fit_weights, leave_one_out, regenerate
 from research.msve.heldout import report
 
 
+@dataclass(slots=True)
+class RecordingArbor(ArborPolicy):
+    """Arbor that records attention statistics on every forward. Arbor itself records them only
+    within one operation of its floor (``Capabilities.stats_on_pressure``): a calibration tree, grown
+    without a budget, would leave every block's attention at zero and the attention signal nothing to
+    fit (every sample's attention density 0, its weight 0)."""
+
+    CAPABILITIES = replace(ArborPolicy.CAPABILITIES, stats_on_pressure=False)
+
+
 def collect(setup: Setup, progress: Progress | None = None, outcome_pairs: int = 8) -> list[dict[str, Any]]:
     """Samples from the configured search (BFS that keeps its pruned branches, in the calibration
     script) over the problems of ``setup`` (see :func:`tree_samples`)."""
     samples, task, verifier = [], setup.task, setup.verifier
     bar = progress.add_task(f"calibrate {task.name}", total=len(setup.problems)) if progress else None
     for problem in setup.problems:
-        rt = setup.runtime(problem, policy="arbor")  # no budget: records attention, evicts nothing
+        rt = setup.runtime(problem, policy=RecordingArbor())  # no budget: evicts nothing
         setup.controller(rt).solve(problem)
         tree = tree_samples(rt) + outcome_samples(rt, task, verifier, problem, outcome_pairs)
         samples += [{"task": task.name, "tree": problem.index} | s for s in tree]  # the held-out split is by tree
