@@ -2,6 +2,10 @@
 
 python scripts/calibrate_msve.py --model smollm2 --data-dir ../shared/data --game24 0:8 --gsm8k 0:4
 
+Each task's trees can be recorded by its own process (``--gsm8k 0:0`` / ``--game24 0:0``, each with
+``--samples``) and fitted together with ``--refit A.jsonl B.jsonl``; ``--section`` also writes the
+results page's section (docs/data/msve-calibration: the held-out table and every sample).
+
 Trees are grown by BFS that keeps its pruned branches, built from arbor-solve's config (the same
 tasks, verifiers and seeds): Game of 24 rows outside the 900-1000 test slice and GSM8K *train*
 questions. Without --data-dir, Game of 24 comes from the tree-of-thoughts-llm package and GSM8K
@@ -22,6 +26,7 @@ from rich.progress import Progress  # noqa: E402
 
 from arbor_cli.build import build, compose_config  # noqa: E402
 from arbor_runtime.policies.msve import DEFAULT_CALIBRATION, SIGNALS  # noqa: E402
+from research.msve import section  # noqa: E402
 from research.msve.calibrate import collect, write_calibration  # noqa: E402
 
 
@@ -54,12 +59,21 @@ def main() -> None:
     ap.add_argument(
         "--samples", default=None, help="also write every sample here (JSONL: task, tree, signals, effects)"
     )
-    ap.add_argument("--refit", default=None, help="fit the samples of an earlier --samples file (no model, no search)")
+    ap.add_argument(
+        "--refit", nargs="+", default=None, help="fit the samples of earlier --samples files (no model, no search)"
+    )
+    ap.add_argument(
+        "--baseline", default=str(DEFAULT_CALIBRATION),
+        help="a calibration judged beside the new fits on the same held-out trees (default: the shipped one, "
+        "read before --out is written; 'none' to skip)",
+    )  # fmt: skip
+    ap.add_argument("--section", action="store_true", help="also write docs/data/msve-calibration (results page)")
     args = ap.parse_args()
+    baseline = None if args.baseline == "none" else json.loads(Path(args.baseline).read_text())["weights"]
     if args.refit:
-        samples = read_samples(Path(args.refit))
-        record = write_calibration(samples, Path(args.out), {"refit_of": args.refit, "model": args.model})
-        Console().print(summary(args.out, record))
+        samples = [s for path in args.refit for s in read_samples(Path(path))]
+        meta = {"refit_of": " ".join(args.refit), "model": args.model} | meta_of(samples)
+        finish(args, samples, meta, baseline)
         return
     # game24_oracle: the values the shipped calibration was fitted with (verifier-outcome drops)
     runs = [
@@ -77,9 +91,33 @@ def main() -> None:
     meta = {"model": args.model, "game24_rows": args.game24, "gsm8k_train_rows": args.gsm8k}
     meta |= {"n_generate": args.n_generate, "breadth": args.breadth, "outcome_pairs": args.outcome_pairs}
     if args.samples:
-        Path(args.samples).write_text("".join(json.dumps(s) + "\n" for s in samples))
-    record = write_calibration(samples, Path(args.out), meta)
+        Path(args.samples).write_text("".join(json.dumps(s | {"search": meta}) + "\n" for s in samples))
+    finish(args, samples, meta, baseline)
+
+
+def finish(args: argparse.Namespace, samples: list[dict], meta: dict, baseline: dict | None) -> None:
+    """Fit, write --out (and the section with --section), print the summary."""
+    record = write_calibration(samples, Path(args.out), meta, baseline)
+    if args.section:
+        command = "python scripts/calibrate_msve.py " + " ".join(sys.argv[1:])
+        Console().print(f"wrote {section.write(record, samples, command, baseline)}")
     Console().print(summary(args.out, record))
+
+
+def meta_of(samples: list[dict]) -> dict:
+    """What the recording runs of refitted samples were (their ``search`` field: rows, n_generate,
+    breadth, outcome pairs), per task's rows; the fields the runs share once."""
+    runs = [json.loads(r) for r in {json.dumps(s["search"], sort_keys=True) for s in samples if s.get("search")}]
+    out: dict = {}
+    for key in ("game24_rows", "gsm8k_train_rows"):
+        spans = sorted({r[key] for r in runs if span(r[key])[1] > span(r[key])[0]})
+        if spans:
+            out[key] = ",".join(spans)
+    for key in ("model", "n_generate", "breadth", "outcome_pairs"):
+        values = sorted({r[key] for r in runs})
+        if values:
+            out[key] = values[0] if len(values) == 1 else values
+    return out
 
 
 def read_samples(path: Path) -> list[dict]:
@@ -95,7 +133,7 @@ def summary(out: str, record: dict) -> str:
     for task, entry in ((record.get("held_out") or {}).get("tasks") or {}).items():
         fits = ", ".join(
             f"{name} {_r2(entry[name]['train_r2'])}/{_r2(entry[name]['held_out_r2'])}"
-            for name in ("all", *SIGNALS) if name in entry
+            for name in ("all", *SIGNALS, "baseline") if name in entry
         )  # fmt: skip
         lines.append(
             f"  {task}: {entry['train_trees']} train / {entry['held_out_trees']} held-out trees; "

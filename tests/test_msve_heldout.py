@@ -10,6 +10,7 @@ import pytest
 
 from arbor_runtime.policies import ArborPolicy
 from arbor_runtime.policies.msve import SIGNALS, MSVEWeights
+from research.msve import section
 from research.msve.calibrate import write_calibration
 from research.msve.heldout import report, split_trees
 
@@ -58,3 +59,24 @@ def test_the_calibration_file_carries_the_held_out_report_and_each_signal_alone(
                                 depth=record["single"]["depth"]["depth"])  # fmt: skip
     assert alone != ArborPolicy(calibration=str(path)).weights.only("depth")  # its own fit, not the joint one's
     assert json.loads(path.read_text())["weights"] == ArborPolicy(calibration=str(path)).weights.to_dict()
+
+
+def test_a_baseline_is_judged_on_the_same_trees_without_refitting():
+    rows = samples()
+    truth = {"bias": 0.0, "search": 3.0, "uncertainty": 0.0, "attention": 0.0, "depth": 0.0}
+    scaled = truth | {"search": 30.0}  # ranks the same blocks, on the wrong scale
+    got = report(rows, [r["ll"] for r in rows], baseline=truth)["tasks"]["all"]["baseline"]
+    assert got["coef"] == truth and got["held_out_r2"] > 0.9 and got["held_out_corr"] > 0.9
+    off = report(rows, [r["ll"] for r in rows], baseline=scaled)["tasks"]["all"]["baseline"]
+    assert off["held_out_r2"] < 0 and off["held_out_corr"] == pytest.approx(got["held_out_corr"])
+
+
+def test_the_section_has_a_row_per_task_and_fit_with_its_coefficients():
+    rows = samples()
+    table = section.rows(report(rows, [r["ll"] for r in rows], baseline=MSVEWeights().to_dict()))
+    assert [(r["task"], r["fit"]) for r in table] == [
+        (task, section.LABELS[fit]) for task in ("game24", "gsm8k", "all") for fit in section.FITS
+    ]
+    alone = next(r for r in table if r["task"] == "all" and r["fit"] == "search alone")
+    assert set(alone) & set(SIGNALS) == {"search"} and alone["search"] == pytest.approx(3.0, rel=0.1)
+    assert next(r for r in table if r["fit"] == section.LABELS["baseline"])["depth"] == MSVEWeights().depth

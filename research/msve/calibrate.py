@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,13 @@ def collect(setup: Setup, progress: Progress | None = None, outcome_pairs: int =
     samples, task, verifier = [], setup.task, setup.verifier
     bar = progress.add_task(f"calibrate {task.name}", total=len(setup.problems)) if progress else None
     for problem in setup.problems:
+        started = time.perf_counter()
         rt = setup.runtime(problem, policy=RecordingArbor())  # no budget: evicts nothing
         setup.controller(rt).solve(problem)
         tree = tree_samples(rt) + outcome_samples(rt, task, verifier, problem, outcome_pairs)
-        samples += [{"task": task.name, "tree": problem.index} | s for s in tree]  # the held-out split is by tree
+        seconds = round(time.perf_counter() - started, 2)
+        # the held-out split is by tree
+        samples += [{"task": task.name, "tree": problem.index} | s | {"tree_seconds": seconds} for s in tree]
         if progress:
             progress.advance(bar)
     return samples
@@ -103,10 +107,11 @@ def _zscores(xs: list[float]) -> list[float]:
     return [(x - mean) / std for x in xs]
 
 
-def write_calibration(samples, path: Path, meta: dict[str, Any]) -> dict[str, Any]:
+def write_calibration(samples, path: Path, meta: dict[str, Any], baseline: dict | None = None) -> dict[str, Any]:
     """Fit every signal on every sample (the weights arbor loads) and each signal alone (``single``: what
     ``policy.msve=<signal>`` loads), judge the fits on held-out trees when the samples name their trees
-    (:mod:`research.msve.heldout`), and write it all to ``path``. Returns the record."""
+    (:mod:`research.msve.heldout`; ``baseline``: another calibration's weights judged beside them), and
+    write it all to ``path``. Returns the record."""
     targets = effects(samples)
     features = [s["signals"] for s in samples]
     weights, r2 = fit_weights(features, targets)
@@ -118,7 +123,7 @@ def write_calibration(samples, path: Path, meta: dict[str, Any]) -> dict[str, An
         "r2": r2,
         "n_samples": len(samples),
         "n_outcome_samples": sum(s["outcome"] is not None for s in samples),
-        "held_out": report(samples, targets) if all("tree" in s for s in samples) else None,
+        "held_out": report(samples, targets, baseline=baseline) if all("tree" in s for s in samples) else None,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         **meta,
     }

@@ -4,7 +4,10 @@ A calibration fitted and scored on the same samples says little (the shipped one
 319 samples of 12 trees). Here each task's trees are split (a seeded quarter held out, every sample of a
 tree on one side), the weights are fitted on the training trees only, and r² is reported on the training
 samples and on the held-out ones, for all the signals together and for each signal alone (its own fit:
-a bias and that one weight). The split, the fits and the scores are returned as JSON-friendly dicts.
+a bias and that one weight). A calibration fitted elsewhere (the shipped one) can be judged beside them on
+the same held-out trees (``baseline``). Beside r², each fit's Pearson correlation with the effect: MSVE
+ranks blocks through a sigmoid of the linear score, so a fit whose scale is off (one fitted on other
+trees) can rank well with a poor r². The split, the fits and the scores are JSON-friendly dicts.
 """
 
 from __future__ import annotations
@@ -49,13 +52,39 @@ def r2(features: torch.Tensor, y: torch.Tensor, coef: torch.Tensor) -> float | N
     return 1.0 - float(((y - pred) ** 2).sum()) / total if total > 0 else None
 
 
-def report(samples: Sequence[dict[str, Any]], targets: Sequence[float], seed: int = 0) -> dict[str, Any]:
+def correlation(features: torch.Tensor, y: torch.Tensor, coef: torch.Tensor) -> float | None:
+    """Pearson correlation of the fit ``coef``'s predictions with ``y``; None when either is constant."""
+    if len(y) < 2:
+        return None
+    pred = features @ coef[1:]
+    pc, yc = pred - pred.mean(), y - y.mean()
+    norm = float(pc.norm() * yc.norm())
+    return float(pc @ yc) / norm if norm > 0 else None
+
+
+def judged(features: torch.Tensor, y: torch.Tensor, coef: torch.Tensor, train: torch.Tensor, test: torch.Tensor):
+    """r² and correlation of the fit ``coef`` on the ``train`` and ``test`` (boolean (N,)) samples."""
+    held = bool(test.any())
+    return {
+        "train_r2": r2(features[train], y[train], coef),
+        "held_out_r2": r2(features[test], y[test], coef) if held else None,
+        "train_corr": correlation(features[train], y[train], coef),
+        "held_out_corr": correlation(features[test], y[test], coef) if held else None,
+    }
+
+
+def report(
+    samples: Sequence[dict[str, Any]], targets: Sequence[float], seed: int = 0, baseline: dict | None = None
+) -> dict[str, Any]:
     """Per task (and ``all`` tasks together): trees and samples on each side, and for the fit of every
-    signal and of each one alone (``search``, ...), its coefficients and train / held-out r².
+    signal and of each one alone (``search``, ...), its coefficients and train / held-out r² and
+    correlation.
 
     Args:
         samples: each with ``task``, ``tree`` and ``signals`` (in :data:`SIGNALS` order).
         targets: the fit target of each sample (:func:`research.msve.calibrate.effects`).
+        baseline: weights fitted elsewhere (``bias`` and one per signal: a calibration file's
+            ``weights``), judged as ``baseline`` on the same samples without refitting.
     """
     held = split_trees(samples, seed)
     x = torch.tensor([s["signals"] for s in samples], dtype=torch.float64)
@@ -76,8 +105,10 @@ def report(samples: Sequence[dict[str, Any]], targets: Sequence[float], seed: in
             coef = fit(x[train][:, cols], y[train])
             entry[name] = {
                 "coef": {"bias": float(coef[0]), **{SIGNALS[c]: float(w) for c, w in zip(cols, coef[1:], strict=True)}},
-                "train_r2": r2(x[train][:, cols], y[train], coef),
-                "held_out_r2": r2(x[test][:, cols], y[test], coef) if int(test.sum()) else None,
+                **judged(x[:, cols], y, coef, train, test),
             }
+        if baseline is not None:
+            coef = torch.tensor([baseline["bias"], *(baseline[s] for s in SIGNALS)], dtype=torch.float64)
+            entry["baseline"] = {"coef": dict(baseline), **judged(x, y, coef, train, test)}
         out["tasks"][task] = entry
     return out
