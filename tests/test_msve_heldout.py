@@ -12,6 +12,7 @@ from arbor_runtime.policies import ArborPolicy
 from arbor_runtime.policies.msve import SIGNALS, MSVEWeights
 from research.msve import section
 from research.msve.calibrate import write_calibration
+from research.msve.calibration import fit_weights
 from research.msve.heldout import report, split_trees
 
 
@@ -80,3 +81,38 @@ def test_the_section_has_a_row_per_task_and_fit_with_its_coefficients():
     alone = next(r for r in table if r["task"] == "all" and r["fit"] == "search alone")
     assert set(alone) & set(SIGNALS) == {"search"} and alone["search"] == pytest.approx(3.0, rel=0.1)
     assert next(r for r in table if r["fit"] == section.LABELS["baseline"])["depth"] == MSVEWeights().depth
+
+
+def test_the_committed_section_is_recounted_from_its_samples():
+    """docs/data/msve-calibration: every row of the table is what the held-out report makes of the
+    committed samples (targets from their effects, the same split, the baseline the settings name)."""
+    from benchmarks.results.data import DATA
+    from research.msve.calibrate import effects
+
+    folder = DATA / section.SECTION
+    assert (folder / "results.json").is_file()
+    data = json.loads((folder / "results.json").read_text())
+    rows = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines()]
+    got = section.rows(report(rows, effects(rows), data["settings"]["seed"], data["settings"]["baseline"]))
+    table = data["tables"]["main"]["rows"]
+    assert [(r["task"], r["fit"], sorted(r)) for r in got] == [(r["task"], r["fit"], sorted(r)) for r in table]
+    for mine, committed in zip(got, table, strict=True):  # least squares: the same up to the BLAS's rounding
+        for key, value in committed.items():
+            assert mine[key] == (pytest.approx(value, rel=1e-6, abs=1e-9) if isinstance(value, float) else value)
+    trees = {task: len({r["tree"] for r in rows if r["task"] == task}) for task in ("game24", "gsm8k")}
+    assert min(trees.values()) >= 40  # the issue's size: at least 40 trees per task
+    assert data["settings"]["collect_minutes"] == section.tree_minutes(rows)
+
+
+def test_a_signal_constant_over_the_samples_gets_no_weight_and_spoils_no_fit():
+    """GSM8K sets no search value: every block's search signal is the same. The other weights are fitted
+    as if it were absent (CPU's default least-squares driver answered such a design with ~1e-17 for all)."""
+    rows = samples()
+    for r in rows:
+        r["signals"][0] = 0.5
+        r["ll"] = 2 * r["signals"][1] + random.Random(r["signals"][2]).gauss(0, 0.05)
+    entry = report(rows, [r["ll"] for r in rows])["tasks"]["all"]
+    assert entry["all"]["coef"]["search"] == 0.0 and entry["all"]["coef"]["uncertainty"] == pytest.approx(2, rel=0.05)
+    assert entry["all"]["held_out_r2"] > 0.9
+    weights, r2 = fit_weights([r["signals"] for r in rows], [r["ll"] for r in rows])
+    assert weights.search == 0.0 and weights.uncertainty > 1 and r2 > 0.9

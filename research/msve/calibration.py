@@ -18,6 +18,7 @@ from arbor_runtime.policies.msve import SIGNALS, MSVEWeights
 from arbor_runtime.runtime import Runtime
 from arbor_runtime.sampling import SamplingParams
 from arbor_runtime.tree import Node
+from research.msve.heldout import fit
 
 
 def continuation_loglik(rt: Runtime, context: list[Node], leaf: Node) -> float:
@@ -112,9 +113,8 @@ def fit_weights(
         x = x * torch.tensor([float(name == only) for name in SIGNALS], dtype=torch.float64)
     y = torch.tensor(effects, dtype=torch.float64)
     y = (y - y.mean()) / (y.std() + 1e-12)
-    design = torch.cat([torch.ones(len(y), 1, dtype=torch.float64), x], dim=1)
-    coef = torch.linalg.lstsq(design, y.unsqueeze(1)).solution.squeeze(1)
-    pred = design @ coef
+    coef = fit(x, y)
+    pred = coef[0] + x @ coef[1:]
     r2 = 1.0 - float(((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum().clamp_min(1e-12))
     values = [float(c) if math.isfinite(float(c)) else 0.0 for c in coef]
     return MSVEWeights(bias=values[0], **dict(zip(SIGNALS, values[1:], strict=True))), r2

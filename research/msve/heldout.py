@@ -38,9 +38,19 @@ def split_trees(samples: Sequence[dict[str, Any]], seed: int = 0, share: float =
 
 
 def fit(features: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Least-squares coefficients (bias first) of ``y`` (N,) on ``features`` (N, k), float64."""
-    design = torch.cat([torch.ones(len(y), 1, dtype=torch.float64), features], dim=1)
-    return torch.linalg.lstsq(design, y.unsqueeze(1)).solution.squeeze(1)
+    """Least-squares coefficients (bias first) of ``y`` (N,) on ``features`` (N, k), float64, (k + 1,).
+
+    A feature constant over the samples cannot be told from the bias (a task that sets no search value
+    gives every block the same one): its weight is 0 and the others are fitted without it. The
+    rank-revealing driver (``gelsd``) is named because CPU's default (``gelsy``) answers a design with
+    such a column with coefficients of about 1e-17, every one of them."""
+    varying = (features.amax(0) - features.amin(0)) > 0 if len(y) else torch.zeros(features.shape[1], dtype=bool)
+    design = torch.cat([torch.ones(len(y), 1, dtype=torch.float64), features[:, varying]], dim=1)
+    solution = torch.linalg.lstsq(design, y.unsqueeze(1), driver="gelsd").solution.squeeze(1)
+    coef = torch.zeros(features.shape[1] + 1, dtype=torch.float64)
+    coef[0] = solution[0]
+    coef[1:][varying] = solution[1:]
+    return coef
 
 
 def r2(features: torch.Tensor, y: torch.Tensor, coef: torch.Tensor) -> float | None:
