@@ -76,7 +76,10 @@ def test_the_section_has_a_row_per_task_and_fit_with_its_coefficients():
     rows = samples()
     table = section.rows(report(rows, [r["ll"] for r in rows], baseline=MSVEWeights().to_dict()))
     assert [(r["task"], r["fit"]) for r in table] == [
-        (task, section.LABELS[fit]) for task in ("game24", "gsm8k", "all") for fit in section.FITS
+        (task, section.LABELS[fit])
+        for task in ("game24", "gsm8k", "all")
+        for fit in section.FITS
+        if (task, fit) != ("all", "joint")
     ]
     alone = next(r for r in table if r["task"] == "all" and r["fit"] == "search alone")
     assert set(alone) & set(SIGNALS) == {"search"} and alone["search"] == pytest.approx(3.0, rel=0.1)

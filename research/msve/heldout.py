@@ -88,7 +88,8 @@ def report(
 ) -> dict[str, Any]:
     """Per task (and ``all`` tasks together): trees and samples on each side, and for the fit of every
     signal and of each one alone (``search``, ...), its coefficients and train / held-out r² and
-    correlation.
+    correlation. Each task also judges ``joint``: the fit of every signal on all tasks' training trees
+    (one set of weights for every task, as arbor loads it) on that task's samples.
 
     Args:
         samples: each with ``task``, ``tree`` and ``signals`` (in :data:`SIGNALS` order).
@@ -100,6 +101,8 @@ def report(
     x = torch.tensor([s["signals"] for s in samples], dtype=torch.float64)
     y = torch.tensor(list(targets), dtype=torch.float64)
     out: dict[str, Any] = {"seed": seed, "held_out_share": HELD_OUT_SHARE, "tasks": {}}
+    every = torch.tensor([(s["task"], s["tree"]) not in held for s in samples])
+    joint = fit(x[every], y[every]) if int(every.sum()) >= len(SIGNALS) + 2 else None
     for task in [*sorted({s["task"] for s in samples}), "all"]:
         mine = [task in ("all", s["task"]) for s in samples]
         test = torch.tensor([m and (s["task"], s["tree"]) in held for m, s in zip(mine, samples, strict=True)])
@@ -117,6 +120,9 @@ def report(
                 "coef": {"bias": float(coef[0]), **{SIGNALS[c]: float(w) for c, w in zip(cols, coef[1:], strict=True)}},
                 **judged(x[:, cols], y, coef, train, test),
             }
+        if joint is not None and task != "all":
+            entry["joint"] = {"coef": dict(zip(("bias", *SIGNALS), joint.tolist(), strict=True))}
+            entry["joint"] |= judged(x, y, joint, train, test)
         if baseline is not None:
             coef = torch.tensor([baseline["bias"], *(baseline[s] for s in SIGNALS)], dtype=torch.float64)
             entry["baseline"] = {"coef": dict(baseline), **judged(x, y, coef, train, test)}
