@@ -27,7 +27,7 @@ from rich.progress import Progress  # noqa: E402
 from arbor_cli.build import build, compose_config  # noqa: E402
 from arbor_runtime.policies.msve import DEFAULT_CALIBRATION, SIGNALS  # noqa: E402
 from research.msve import section  # noqa: E402
-from research.msve.calibrate import collect, write_calibration  # noqa: E402
+from research.msve.calibrate import calibration_record, collect, save  # noqa: E402
 
 
 def span(text: str) -> tuple[int, int]:
@@ -96,11 +96,13 @@ def main() -> None:
 
 
 def finish(args: argparse.Namespace, samples: list[dict], meta: dict, baseline: dict | None) -> None:
-    """Fit, write --out (and the section with --section), print the summary."""
-    record = write_calibration(samples, Path(args.out), meta, baseline)
+    """Fit, write --out (and the section with --section, first: its commit is the code that fitted, before
+    --out changes a tracked file), print the summary."""
+    record = calibration_record(samples, meta, baseline)
     if args.section:
         command = "python scripts/calibrate_msve.py " + " ".join(sys.argv[1:])
         Console().print(f"wrote {section.write(record, samples, command, baseline)}")
+    save(record, Path(args.out))
     Console().print(summary(args.out, record))
 
 

@@ -282,6 +282,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("e2e-gsm8k", claims=(E2E,)),
     Section("replay"),
     Section("floor", optional=True, claims=FLOOR),
+    Section("msve-calibration"),  # issue 65: MSVE's fit judged on held-out trees, every signal alone
     Section("ablation", optional=True),  # issue 65: arbor's parts, each switched off, against its default
     Section("overhead", optional=True),
     Section("memory-steps"),

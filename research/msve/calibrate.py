@@ -108,10 +108,21 @@ def _zscores(xs: list[float]) -> list[float]:
 
 
 def write_calibration(samples, path: Path, meta: dict[str, Any], baseline: dict | None = None) -> dict[str, Any]:
+    """:func:`calibration_record` written to ``path``; returns the record."""
+    return save(calibration_record(samples, meta, baseline), path)
+
+
+def save(record: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Write a calibration record (the JSON arbor loads) to ``path``; returns it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def calibration_record(samples, meta: dict[str, Any], baseline: dict | None = None) -> dict[str, Any]:
     """Fit every signal on every sample (the weights arbor loads) and each signal alone (``single``: what
-    ``policy.msve=<signal>`` loads), judge the fits on held-out trees when the samples name their trees
-    (:mod:`research.msve.heldout`; ``baseline``: another calibration's weights judged beside them), and
-    write it all to ``path``. Returns the record."""
+    ``policy.msve=<signal>`` loads), and judge the fits on held-out trees when the samples name their
+    trees (:mod:`research.msve.heldout`; ``baseline``: another calibration's weights judged beside them)."""
     targets = effects(samples)
     features = [s["signals"] for s in samples]
     weights, r2 = fit_weights(features, targets)
@@ -127,6 +138,4 @@ def write_calibration(samples, path: Path, meta: dict[str, Any], baseline: dict 
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         **meta,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
     return record
