@@ -18,8 +18,7 @@ SECTION = "msve-calibration"
 TITLE = "MSVE calibration at size, judged on held-out trees (SmolLM2-135M, CPU)"
 FITS = ("all", "joint", *SIGNALS, "baseline")
 LABELS = {
-    "all": "every signal, this task's fit", "joint": "every signal, one fit for both tasks (as arbor loads it)",
-    "baseline": "shipped before (not refitted)",
+    "all": "every signal", "joint": "every signal, one fit for both tasks", "baseline": "shipped before",
 } | {s: f"{s} alone" for s in SIGNALS}  # fmt: skip
 COLUMNS = [
     {"key": "task", "header": "task", "fmt": "text", "numeric": False},
