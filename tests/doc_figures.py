@@ -127,6 +127,17 @@ def readme_ablation() -> tuple[str, ...]:
     return (trees["game24"], "24", trees["gsm8k"], "95%") if holds else ("the README's claims no longer hold",)
 
 
+def readme_msve_calibration() -> tuple[str, ...]:
+    """README: the calibration's trees per task and side, the shipped weights' held-out r² on Game of 24,
+    and the best held-out r² of any fit on GSM8K (the task's own fits, the shared one, the old one)."""
+    rows = {(r["task"], r["fit"]): r for r in table("msve-calibration", "main")}
+    game24, gsm8k = rows["game24", "every signal"], [r for (t, _), r in rows.items() if t == "gsm8k"]
+    assert all(r["train_trees"] == game24["train_trees"] for r in gsm8k)
+    best = max(r["held_out_r2"] for r in gsm8k)
+    shared = rows["game24", "every signal, one fit for both tasks"]["held_out_r2"]
+    return str(game24["train_trees"]), str(game24["held_out_trees"]), "24", f"{shared:.2f}", f"{best:.3f}"
+
+
 def policies_dense_below() -> tuple[str, ...]:
     """docs/policies.md: no read share kept 95% of dense's answers at 2K or 4K at over 1.05x dense's speed
     (the suite), so decode is dense below ``dense_below``; the defaults' figures are on 180 items at 8K."""
@@ -430,6 +441,7 @@ CHECKS: dict[str, Callable[[], tuple[str, ...]]] = {
     "seed1_shipped": seed1_shipped,
     "seed1_readme": seed1_readme,
     "readme_ablation": readme_ablation,
+    "readme_msve_calibration": readme_msve_calibration,
     "seed1_held_out": seed1_held_out,
     "policies_rerank": policies_rerank,
     "kvp_retained_up_to_70": kvp_retained_up_to_70,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.ablation import against_default, cost_verdict, facts, main, summary_rows, verdict
+from benchmarks.ablation import against_default, cost_verdict, facts, main, summarise, summary_rows, verdict
 from benchmarks.floor import by_setting
 from benchmarks.results.data import load_section
 
@@ -90,3 +90,13 @@ def test_the_section_is_written_from_the_replay_files(tmp_path, monkeypatch):
     data = load_section("ablation", tmp_path / "data")
     assert [r["policy"] for r in data["tables"]["main"]["rows"]][:2] == ["arbor", "random"]
     assert len(data["tables"]["vs_default"]["rows"]) == 4 and data["facts"]["worse"] == 1
+
+
+def test_rows_under_the_host_tiers_old_switch_name_are_its_variant():
+    """Rows replayed at 8642720 say ``arbor:offload=false``; the section counts them as ``host_tier=false``
+    (the same switch, renamed before it landed), with the rows that say so already."""
+    rows = [row(t, "arbor", 0.9, 0.1) for t in "abcd"]
+    rows += [row(t, "arbor:offload=false" if t in "ab" else "arbor:host_tier=false", 0.7, 0.3) for t in "abcd"]
+    section = summarise(rows)
+    (paired,) = [r for r in section.summary if r["policy"] != "arbor"]
+    assert paired["policy"] == "arbor:host_tier=false" and paired["trees"] == 4

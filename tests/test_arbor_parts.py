@@ -26,7 +26,7 @@ from arbor_runtime.planner import MemoryConfig, MemoryPlanner
 from arbor_runtime.policies import ArborPolicy
 from arbor_runtime.policies.allocation import whole_blocks
 from arbor_runtime.policies.base import BlockView, MemoryView
-from arbor_runtime.policies.msve import SIGNALS, MSVEWeights, block_values
+from arbor_runtime.policies.msve import DEFAULT_CALIBRATION, SIGNALS, MSVEWeights, block_values
 from arbor_runtime.tree import GENERATED, PROMPT, Node
 
 # ---- plans on plain bookkeeping --------------------------------------------------------------------------
@@ -66,9 +66,11 @@ def test_msve_modes_read_the_signals_they_name():
     assert ArborPolicy(msve="all").weights == shipped
     off = ArborPolicy(msve="off").weights
     assert all(getattr(off, s) == 0.0 for s in SIGNALS) and off.bias == shipped.bias
+    single = json.loads(DEFAULT_CALIBRATION.read_text()).get("single", {})  # each signal's own fit, when fitted
     for signal in SIGNALS:
         alone = ArborPolicy(msve=signal).weights
-        assert getattr(alone, signal) == getattr(shipped, signal)
+        want = single[signal][signal] if signal in single else getattr(shipped, signal)
+        assert getattr(alone, signal) == want and (signal not in single or alone.bias == single[signal]["bias"])
         assert all(getattr(alone, s) == 0.0 for s in SIGNALS if s != signal)
     with pytest.raises(ValueError, match="MSVE signal 'x'; valid: search, uncertainty, attention, depth"):
         MSVEWeights().only("x")
