@@ -175,13 +175,27 @@ class ReplaySection:
     printed: list[tuple[list[dict], list[tuple[str, str, str]]]]
 
 
+#: what a section keeps of each replay row (rows.jsonl): what the summaries read, and what names the row
+ROW_FIELDS = (
+    "task", "problem", "trace", "code", "policy", "budget_fraction", "budget_tokens", "oom", "error", "positions",
+    "top1_agreement", "mean_kl", "rehydrations", "rehydrated_tokens", "recomputed_tokens", "evicted_tokens",
+    "dropped_tokens", "peak_device_tokens", "seconds",
+)  # fmt: skip
+
+
+def section_rows(rows: Sequence[dict]) -> list[dict]:
+    """The rows a section commits (rows.jsonl): each replay row's :data:`ROW_FIELDS`, in file order."""
+    return [{k: r.get(k) for k in ROW_FIELDS} for r in rows]
+
+
 def replay_section_main(
     prog: str, title: str, summarise: Callable[[list[dict]], ReplaySection], argv: Sequence[str] | None
 ) -> int:
     """The command line of a summary of replay files (scripts/replay_trace.py): read them, summarise,
     print the summary's tables, and with ``--section`` write docs/data/<section>/results.json (the commit
-    of the rows when they all ran at one)."""
-    from benchmarks.results.data import write_section_data
+    of the rows when they all ran at one) and rows.jsonl (every replay row's :data:`ROW_FIELDS`, so the
+    tables can be recounted)."""
+    from benchmarks.results.data import DATA, write_section_data
 
     ap = argparse.ArgumentParser(prog=f"python -m {prog}", description=title)
     ap.add_argument("replays", type=Path, nargs="+", help="replay.jsonl files of scripts/replay_trace.py")
@@ -204,7 +218,8 @@ def replay_section_main(
             args.section, out.summary, args.command, settings, title=args.title, columns=columns_spec(out.columns),
             tables=tables, facts=out.facts, **extra,
         )  # fmt: skip
-        print(f"wrote {path}")
+        (DATA / args.section / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in section_rows(rows)))
+        print(f"wrote {path} and rows.jsonl")
     return 0
 
 

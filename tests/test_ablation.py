@@ -100,3 +100,22 @@ def test_rows_under_the_host_tiers_old_switch_name_are_its_variant():
     section = summarise(rows)
     (paired,) = [r for r in section.summary if r["policy"] != "arbor"]
     assert paired["policy"] == "arbor:host_tier=false" and paired["trees"] == 4
+
+
+def test_the_committed_section_is_recounted_from_its_rows():
+    """docs/data/ablation: every table and fact is what summarise makes of the committed per-tree rows."""
+    from benchmarks.floor import columns_spec
+    from benchmarks.results.data import DATA
+
+    folder = DATA / "ablation"
+    data = json.loads((folder / "results.json").read_text())
+    rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+    out = summarise(rows)
+    assert (
+        out.summary == data["tables"]["main"]["rows"] and columns_spec(out.columns) == data["tables"]["main"]["columns"]
+    )
+    for name, (_, table) in out.tables.items():
+        assert table == data["tables"][name]["rows"]
+    assert out.facts == data["facts"]
+    trees = {task: len({r["trace"] for r in rows if r["task"] == task}) for task in ("game24", "gsm8k")}
+    assert trees == {"game24": 20, "gsm8k": 20}  # the issue's size: at least 20 trees per task
