@@ -299,21 +299,21 @@ OMP_WAIT_POLICY=PASSIVE python scripts/bench_memory.py ${wd[*]} --out $OUT/wide/
   step linear-stats -- env OMP_WAIT_POLICY=PASSIVE "$PYTHON" scripts/bench_stats_cost.py "${sc[@]}"
   step linear-data -- "$PYTHON" -m benchmarks.results.collect linear "$OUT/linear" \
     --command "OMP_WAIT_POLICY=PASSIVE python scripts/bench_linear.py ${ln[*]}"$'\n'"OMP_WAIT_POLICY=PASSIVE python scripts/bench_stats_cost.py ${sc[*]}"
-  # KVP training (kvp_collect.py: 200 sequences of attention targets, ~6 min; kvp_train.py with each loss,
-  # ~1 min each): the weights go to OUT, never over the shipped policies/weights; then the shipped weights (and the
-  # budgets loss just trained) on held-out contexts (bench_kvp.py), and arbor's in-block selector on a recorded
+  # KVP training (kvp_collect.py: 200 sequences of attention targets, ~6 min; kvp_train.py with each loss:
+  # the two surrogates and the paper's RLOO): the weights go to OUT, never over the shipped policies/weights; then
+  # the shipped weights (and the budgets and rloo losses just trained) on held-out contexts (bench_kvp.py), and arbor's in-block selector on a recorded
   # GSM8K search replayed (record_trace.py, bench_kvp_replay.py): ~6 min together, measured 2026-12-03
   kc=(--out "$OUT/kvp/data" --sequences 200 --threads 2)
   step kvp-collect "$OUT/kvp/data" -- "$PYTHON" scripts/kvp_collect.py "${kc[@]}"
   kvp_cmds="python scripts/kvp_collect.py ${kc[*]}"
-  for loss in listnet budgets; do
+  for loss in listnet budgets rloo; do
     kt=(--data "$OUT/kvp/data" --threads 2 --loss "$loss" --out "$OUT/kvp/kvp-$loss.safetensors"
       --plot "$OUT/kvp/train-$loss.png" --report "$OUT/kvp/train-$loss.json")
     step "kvp-train-$loss" -- "$PYTHON" scripts/kvp_train.py "${kt[@]}"
     kvp_cmds+=$'\n'"python scripts/kvp_train.py ${kt[*]}"
   done
   kb=(--out "$OUT/kvp/bench.json" --threads 2 --data-dir "$DATA" --shares 0.1,0.2,0.3,0.5,0.7,0.9
-    --variants "kvp-budgets=$OUT/kvp/kvp-budgets.safetensors")
+    --variants "kvp-budgets=$OUT/kvp/kvp-budgets.safetensors,kvp-rloo=$OUT/kvp/kvp-rloo.safetensors")
   step kvp-bench -- "$PYTHON" scripts/bench_kvp.py "${kb[@]}"
   kr=(--out "$OUT/kvp/traces" experiment=e2e_gsm8k "paths.data_dir=$DATA" task.end=1)
   step kvp-trace "$OUT/kvp/traces" -- "$PYTHON" scripts/record_trace.py "${kr[@]}"

@@ -245,12 +245,33 @@ def kvp_loss() -> tuple[str, ...]:
 
 
 def kvp_selectors_in_replay() -> tuple[str, ...]:
-    """Both selectors match full at 70% and run out of memory at 30% and 50%."""
+    """Both selectors match full at 70% (above arbor's floor)."""
     rows = {(r["budget"], r["policy"]): r for r in table("kvp", "table3")}
     for policy in ("arbor", "arbor+kvp"):
         assert rows[70.0, policy]["top_1"] == 1.0 and rows[70.0, policy]["mean_kl"] < 1e-6
-        assert rows[30.0, policy]["oom"] == rows[50.0, policy]["oom"] == "yes"
-    return "70%", "30%", "50%"
+    return ("70%",)
+
+
+def kvp_selectors_below_floor() -> tuple[str, ...]:
+    """At 30% and 50% both selectors run (below arbor's floor, no OOM) and give the same replay: the same
+    top-1, KL within rounding and the same tokens brought back."""
+    rows = {(r["budget"], r["policy"]): r for r in table("kvp", "table3")}
+    for budget in (30.0, 50.0):
+        mine, other = rows[budget, "arbor"], rows[budget, "arbor+kvp"]
+        assert mine["oom"] == other["oom"] == "no" and mine["top_1"] == other["top_1"] < 1.0
+        assert abs(mine["mean_kl"] - other["mean_kl"]) < 1e-6 and mine["rehydrated_tok"] == other["rehydrated_tok"]
+    return "30%", "50%", "30%"
+
+
+def kvp_rloo() -> tuple[str, ...]:
+    """RLOO's mean KL is the lowest of the three losses from 20 to 50% kept, not at 10% (and its AUC, in
+    the same bullet, below both surrogates')."""
+    kl = {(r["kept"], r["policy"]): r["mean_kl"] for r in table("kvp", "table2")}
+    auc = {r["loss"]: r["kvp_head"] for r in table("kvp", "main")}
+    assert auc["rloo"] < min(auc["listnet"], auc["budgets"])
+    assert all(kl[s, "kvp-rloo"] < min(kl[s, "kvp"], kl[s, "kvp-budgets"]) for s in (20.0, 30.0, 50.0))
+    assert kl[10.0, "kvp-rloo"] > min(kl[10.0, "kvp"], kl[10.0, "kvp-budgets"])
+    return "20", "50%", "20%", "10%"
 
 
 def window_memory(name: str, label: str) -> Callable[[], tuple[str, ...]]:
@@ -449,6 +470,8 @@ CHECKS: dict[str, Callable[[], tuple[str, ...]]] = {
     "kvp_where_it_does_not_win": kvp_where_it_does_not_win,
     "kvp_loss": kvp_loss,
     "kvp_selectors_in_replay": kvp_selectors_in_replay,
+    "kvp_selectors_below_floor": kvp_selectors_below_floor,
+    "kvp_rloo": kvp_rloo,
     "window_memory_game24": window_memory("game24-demo", "24"),
     "window_memory_gsm8k": window_memory("gsm8k-table1", "gsm8k"),
     "layer7_defaults_lost": layer7_defaults_lost,
