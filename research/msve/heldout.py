@@ -1,13 +1,14 @@
 """MSVE fits judged on trees they never saw: a split by tree, r² on both sides, every signal alone.
 
 A calibration fitted and scored on the same samples says little (the one shipped before the run at size:
-r² 0.17 in-sample on 319 samples of 12 trees; held out, below 0). Here each task's trees are split (a seeded quarter held out, every sample of a
-tree on one side), the weights are fitted on the training trees only, and r² is reported on the training
-samples and on the held-out ones, for all the signals together and for each signal alone (its own fit:
-a bias and that one weight). A calibration fitted elsewhere (the shipped one) can be judged beside them on
-the same held-out trees (``baseline``). Beside r², each fit's Pearson correlation with the effect: MSVE
-ranks blocks through a sigmoid of the linear score, so a fit whose scale is off (one fitted on other
-trees) can rank well with a poor r². The split, the fits and the scores are JSON-friendly dicts.
+r² 0.17 in-sample on 319 samples of 12 trees; held out, below 0). Here each task's trees are split (a
+seeded quarter held out, every sample of a tree on one side), the weights are fitted on the training trees
+only, and r² is reported on the training samples and on the held-out ones, for all the signals together and
+for each signal alone (its own fit: a bias and that one weight). A calibration fitted elsewhere (the
+shipped one) can be judged beside them on the same held-out trees (``baseline``). Beside r², each fit's
+Pearson correlation with the effect: MSVE ranks blocks through a sigmoid of the linear score, so a fit
+whose scale is off (one fitted on other trees) can rank well with a poor r². The split, the fits and the
+scores are JSON-friendly dicts.
 """
 
 from __future__ import annotations
