@@ -69,7 +69,10 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--section", action="store_true", help="also write docs/data/msve-calibration (results page)")
     args = ap.parse_args()
-    baseline = None if args.baseline == "none" else json.loads(Path(args.baseline).read_text())["weights"]
+    for path in [*(args.refit or []), *([] if args.baseline == "none" else [args.baseline])]:
+        if not Path(path).is_file():
+            ap.error(f"{path}: no such file (--refit takes --samples files, --baseline a calibration JSON)")
+    baseline = None if args.baseline == "none" else baseline_weights(ap, Path(args.baseline))
     if args.refit:
         samples = [s for path in args.refit for s in read_samples(Path(path))]
         meta = {"refit_of": " ".join(args.refit), "model": args.model} | meta_of(samples)
@@ -104,6 +107,17 @@ def finish(args: argparse.Namespace, samples: list[dict], meta: dict, baseline: 
         Console().print(f"wrote {section.write(record, samples, command, baseline)}")
     save(record, Path(args.out))
     Console().print(summary(args.out, record))
+
+
+def baseline_weights(ap: argparse.ArgumentParser, path: Path) -> dict:
+    """The ``weights`` of the calibration JSON ``path`` (one line and exit 2 when it has none)."""
+    try:
+        weights = json.loads(path.read_text())["weights"]
+        if set(weights) != {"bias", *SIGNALS}:
+            raise KeyError("weights")
+    except (ValueError, KeyError, TypeError):
+        ap.error(f"--baseline {path}: not a calibration JSON (expected weights for bias, {', '.join(SIGNALS)})")
+    return weights
 
 
 def meta_of(samples: list[dict]) -> dict:

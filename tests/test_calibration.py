@@ -119,3 +119,20 @@ def test_regenerate_reproduces_greedy_thoughts_and_a_masked_block_changes_the_te
     masked = regenerate(rt, [root, second], 6, [])
     assert masked == rt.tokenizer.decode(greedy_without(tiny, [root, first, second], first, 6))
     assert masked != third.text
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--refit", "missing.jsonl"], "missing.jsonl: no such file"),
+        (["--refit", "samples.jsonl", "--baseline", "bad.json"], "--baseline bad.json: not a calibration JSON"),
+        (["--refit", "samples.jsonl", "--baseline", "missing.json"], "missing.json: no such file"),
+    ],
+)
+def test_the_script_refuses_bad_files_in_one_line(tmp_path, args, says):
+    (tmp_path / "samples.jsonl").write_text("")
+    (tmp_path / "bad.json").write_text('{"weights": {"bias": 1}}')
+    cmd = [sys.executable, str(REPO / "scripts" / "calibrate_msve.py"), *args, "--out", "out.json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and says in proc.stderr.splitlines()[-1], proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out.json").exists()
