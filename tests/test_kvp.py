@@ -294,10 +294,11 @@ def test_scripts_collect_train_bench_and_render_the_section(tmp_path, data_dir, 
     assert bench_main(["--variants", "x=recent_ratio:half"]) == 2
     assert "recent_ratio:'half' is not a number" in capsys.readouterr().err
     # kvp_train's reports -> docs/data/kvp (benchmarks.results.collect) -> the section through its template,
-    # which quotes both losses: train the other one too, as the section's command does
-    train_budgets = ["--data", str(data), "--out", str(tmp_path / "wb.safetensors"), "--loss", "budgets"]
-    train_budgets += ["--plot", str(kvp / "train-budgets.png"), "--report", str(kvp / "train-budgets.json")]
-    assert train_main([*train_budgets, "--threads", "1", "--epochs", "2", "--embed", "8", "--hidden", "8"]) == 0
+    # which quotes every loss: train the other two too, as the section's command does
+    for loss in ("budgets", "rloo"):
+        train_other = ["--data", str(data), "--out", str(tmp_path / f"w-{loss}.safetensors"), "--loss", loss]
+        train_other += ["--plot", str(kvp / f"train-{loss}.png"), "--report", str(kvp / f"train-{loss}.json")]
+        assert train_main([*train_other, "--threads", "1", "--epochs", "2", "--embed", "8", "--hidden", "8"]) == 0
     collect("kvp", kvp, "python scripts/kvp_train.py --data bench/kvp/data", data_root=tmp_path / "docs-data")
     text = render_section(Section("kvp"), load_section("kvp", tmp_path / "docs-data"))
     assert text.startswith("## KVP: learned per-head eviction scorers vs h2o / snapkv / streaming\n")
