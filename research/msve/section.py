@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from arbor_runtime.policies.msve import SIGNALS
+from benchmarks.floor import columns_spec
 
 SECTION = "msve-calibration"
 TITLE = "MSVE calibration at size, judged on held-out trees (SmolLM2-135M, CPU)"
@@ -20,18 +21,13 @@ FITS = ("all", "joint", *SIGNALS, "baseline")
 LABELS = {
     "all": "every signal", "joint": "every signal, one fit for both tasks", "baseline": "shipped before",
 } | {s: f"{s} alone" for s in SIGNALS}  # fmt: skip
-COLUMNS = [
-    {"key": "task", "header": "task", "fmt": "text", "numeric": False},
-    {"key": "fit", "header": "fit", "fmt": "text", "numeric": False},
-    {"key": "train_trees", "header": "train trees", "fmt": "auto", "numeric": True},
-    {"key": "held_out_trees", "header": "held-out trees", "fmt": "auto", "numeric": True},
-    {"key": "train_samples", "header": "train samples", "fmt": "auto", "numeric": True},
-    {"key": "held_out_samples", "header": "held-out samples", "fmt": "auto", "numeric": True},
-    {"key": "train_r2", "header": "train r²", "fmt": "{:.3f}", "numeric": True},
-    {"key": "held_out_r2", "header": "held-out r²", "fmt": "{:.3f}", "numeric": True},
-    {"key": "held_out_corr", "header": "held-out correlation", "fmt": "{:.3f}", "numeric": True},
-    *({"key": k, "header": f"w {k}", "fmt": "{:.2f}", "numeric": True} for k in ("bias", *SIGNALS)),
-]
+COLUMNS = columns_spec([
+    ("task", "task", "text"), ("fit", "fit", "text"), ("train_trees", "train trees", "auto"),
+    ("held_out_trees", "held-out trees", "auto"), ("train_samples", "train samples", "auto"),
+    ("held_out_samples", "held-out samples", "auto"), ("train_r2", "train r²", "{:.3f}"),
+    ("held_out_r2", "held-out r²", "{:.3f}"), ("held_out_corr", "held-out correlation", "{:.3f}"),
+    *((k, f"w {k}", "{:.2f}") for k in ("bias", *SIGNALS)),
+])  # fmt: skip
 
 
 def rows(held_out: dict[str, Any]) -> list[dict[str, Any]]:
