@@ -224,7 +224,13 @@ class MemoryManager:
         """What the policy sees; its blocks are built only if it looks at them (:class:`LazyBlocks`)."""
         blocks = LazyBlocks(lambda: self._block_views(pinned is not None))
         return MemoryView(
-            blocks=blocks, active=self.active, budget=self.budget, target=target, read=self._read, pinned=pinned
+            blocks=blocks,
+            active=self.active,
+            budget=self.budget,
+            target=target,
+            read=self._read,
+            pinned=pinned,
+            kv_shape=(self.store.shape.layers, self.store.shape.kv_heads),
         )
 
     def _block_views(self, hosted: bool) -> list[BlockView]:
@@ -251,7 +257,15 @@ class MemoryManager:
         for block_id in retention.drop_host:
             self.store.drop_host(block_id)
         for block_id, keep, offload in retention.apply:
-            self.store.apply(block_id, keep, offload=offload)
+            heads = plan.heads.get(block_id)
+            if heads is None:
+                self.store.apply(block_id, keep, offload=offload)
+            elif offload:
+                raise ValueError(f"{self.policy.name}: per-head retention drops its evicted K/V; it cannot offload")
+            elif keep.numel() != heads.shape[-1]:  # the planner kept more than the plan (an active block)
+                raise ValueError(f"block {block_id}: {keep.numel()} nominal tokens for {heads.shape[-1]} per head")
+            else:
+                self.store.apply_heads(block_id, keep, heads)
         if retention.path:
             self._bring_back(retention.path, pinned)
 

@@ -155,6 +155,8 @@ class PrefixIndex:
         if node.released or node.id not in self.store:
             return False
         blk = self.store.get(node.id)
+        if blk.per_head:  # each KV head holds other tokens: no prefix of it is one for every head
+            return False
         return blk.length == len(node.token_ids) and (node.id < 0 or blk.next_logits is not None)
 
     def _present(self, node: Node) -> int:

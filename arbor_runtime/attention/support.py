@@ -128,6 +128,12 @@ def check_policy(policy: object, attention: ModelAttention) -> None:
             f"only, and model type {attention.model_type!r} uses {attention.describe()}; use a memory policy "
             "(full, h2o, streaming, snapkv, thinkv, arbor, kvp)"
         )
+    if getattr(policy, "granularity", "token") == "head" and attention.windows:
+        raise UnsupportedModelError(
+            f"policy={getattr(policy, 'name', type(policy).__name__)} granularity=head: model type "
+            f"{attention.model_type!r} has sliding-window layers, which mask keys by their positions, and a "
+            "per-head block's slots hold other tokens in each head; valid: granularity=token"
+        )
 
 
 def _probe(model: torch.nn.Module) -> ModelAttention:

@@ -62,6 +62,14 @@ class BlockKV:
             (summed over layers, heads and queries; kept for evicted tokens too).
         observers: how many queries could see the block (attention / observers is the block's
             attention per query, free of the bias toward old blocks).
+        heads: None while every layer and KV head holds the same token in each slot (whole-token
+            retention: slot ``j`` of the segments, in order, holds ``idx[j]`` everywhere). After a
+            per-(layer, KV head) eviction (:meth:`~arbor_runtime.kv.store.KVStore.apply_heads`):
+            (L, H_kv, T_kept) long, the block-local token each layer and head holds in each slot,
+            slots in segment order. The block stays rectangular (``T_kept`` slots in every head), and
+            ``segments``' ``idx`` then name a *nominal* token set of that size: the one a whole-token
+            plan chose, which the planner counts and ``kept`` / ``positions`` report; attention reads
+            the slots and needs no per-token position (keys are stored after RoPE).
     """
 
     segments: list[Segment]
@@ -70,6 +78,7 @@ class BlockKV:
     next_logits: torch.Tensor | None
     attention: torch.Tensor
     observers: float = 0.0
+    heads: torch.Tensor | None = None
     _kept: torch.Tensor | None = field(default=None, repr=False)
 
     @classmethod
@@ -101,6 +110,19 @@ class BlockKV:
     def positions(self) -> torch.Tensor:
         """(T_kept,) original position ids of the retained tokens."""
         return self.kept + self.start_pos
+
+    @property
+    def per_head(self) -> bool:
+        """Do some layers or KV heads hold other tokens than the nominal ones (``heads`` set)?"""
+        return self.heads is not None
+
+    def head_tokens(self, layers: int, kv_heads: int) -> torch.Tensor:
+        """(L, H_kv, T_kept) block-local token each layer and KV head holds in each slot, slots in
+        segment order (whole-token: the segments' ``idx`` in every head)."""
+        if self.heads is not None:
+            return self.heads
+        idx = torch.cat([s.idx for s in self.segments]) if self.segments else torch.zeros(0, dtype=torch.long)
+        return idx.expand(layers, kv_heads, -1)
 
     def set_segments(self, segments: list[Segment]) -> None:
         self.segments = [s for s in segments if s.length]

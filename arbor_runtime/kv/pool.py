@@ -204,6 +204,24 @@ class DevicePool:
             arena.keys[layer].index_copy_(1, local, keys[:, pos].to(arena.keys.dtype))
             arena.values[layer].index_copy_(1, local, values[:, pos].to(arena.values.dtype))
 
+    def gather_heads(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of one layer's K and V with each KV head read at its own slots: ``slots``
+        (H_kv, N) -> (H_kv, N, D) each (per-head retention, :meth:`KVStore.apply_heads`)."""
+        k = self._empty_layer(int(slots.shape[1]))
+        v = torch.empty_like(k)
+        for h in range(slots.shape[0]):
+            for arena, pos, local in self._by_arena(slots[h]):
+                k[h, pos] = arena.keys[layer, h].index_select(0, local)
+                v[h, pos] = arena.values[layer, h].index_select(0, local)
+        return k, v
+
+    def write_heads(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Store one layer's (H_kv, N, D) K/V, each KV head into its own ``slots`` (H_kv, N)."""
+        for h in range(slots.shape[0]):
+            for arena, pos, local in self._by_arena(slots[h]):
+                arena.keys[layer, h].index_copy_(0, local, keys[h, pos].to(arena.keys.dtype))
+                arena.values[layer, h].index_copy_(0, local, values[h, pos].to(arena.values.dtype))
+
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the K/V in ``slots`` (N,) for every layer: (L, H_kv, N, D) each."""
         if len(self.arenas) == 1:

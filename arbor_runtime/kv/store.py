@@ -20,7 +20,7 @@ import torch
 
 from arbor_runtime.kv.block import BlockKV, Segment, layout_changed
 from arbor_runtime.kv.host import HostTier
-from arbor_runtime.kv.pool import Extent
+from arbor_runtime.kv.pool import STAGE_TOKENS, Extent
 from arbor_runtime.kv.prefetch import FencedPool, Prefetcher
 from arbor_runtime.kv.shape import KVShape
 
@@ -106,7 +106,18 @@ class KVStore:
     def read(self, block_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of a block's retained K/V in token order: (L, H_kv, T_kept, D) each."""
         blk = self.get(block_id)
+        if blk.per_head:
+            raise ValueError(f"block {block_id} keeps other tokens in each KV head: read it with read_heads")
         return self.pool.read(blk.slots_of(blk.kept))
+
+    def read_heads(self, block_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A block's device K/V as each layer and KV head holds it, slots in segment order:
+        (L, H_kv, T_kept, D) keys and values, and the (L, H_kv, T_kept) block-local token in each
+        slot (:meth:`BlockKV.head_tokens`). Whole-token blocks too (every head the same tokens)."""
+        blk = self.get(block_id)
+        slots = torch.cat([s.slots for s in blk.segments]) if blk.segments else torch.zeros(0, dtype=torch.long)
+        keys, values = self.pool.read(slots)
+        return keys, values, blk.head_tokens(self.shape.layers, self.shape.kv_heads).clone()
 
     # ---- updates -------------------------------------------------------------------------
     def put(self, block_id: int, block: BlockKV) -> None:
@@ -140,6 +151,8 @@ class KVStore:
         if prefix_id in self._blocks:
             raise ValueError(f"block {prefix_id} is already in the store")
         blk = self.get(block_id)
+        if blk.per_head:
+            raise ValueError(f"block {block_id} keeps other tokens in each KV head: it cannot be split")
         if not 0 < at < blk.length:
             raise ValueError(f"split of block {block_id} at {at}: must be inside its {blk.length} tokens")
         self.prefetch()  # queued restores of this block are issued under its old numbering
@@ -166,6 +179,9 @@ class KVStore:
             segments.append(Segment(ext.start, idx[offset : offset + ext.length].clone()))
             offset += ext.length
         blk.set_segments(segments)
+        if blk.per_head:  # the new slots hold the same tokens in every head
+            new = idx[:offset].expand(self.shape.layers, self.shape.kv_heads, -1)
+            blk.heads = torch.cat([blk.heads, new], dim=-1)
         if op == "extend":
             grown = int(idx.max()) + 1 - blk.length
             if grown > 0:
@@ -193,6 +209,64 @@ class KVStore:
             wanted = host_idx[torch.isin(host_idx, keep)]
             if wanted.numel():
                 self._restore(block_id, wanted)
+
+    def apply_heads(self, block_id: int, keep: torch.Tensor, heads: torch.Tensor) -> None:
+        """Carry out a per-(layer, KV head) retention plan: each layer and KV head keeps its own
+        ``k`` tokens, the same count everywhere, so the block stays rectangular and the budget in
+        token slots is unchanged (as kvpress's presses gather per head).
+
+        Args:
+            keep: (k,) the nominal tokens (a subset of ``kept``: what a whole-token plan chose; the
+                planner counts them, ``kept`` reports them after).
+            heads: (L, H_kv, k) block-local tokens each layer and KV head keeps, each row a subset of
+                what that head holds now (:meth:`BlockKV.head_tokens`).
+
+        Each head's kept K/V move, in slot order, to the block's first ``k`` slots (in place, at most
+        ``STAGE_TOKENS`` slots a copy: a head's j-th kept slot is never before its j-th slot) and the
+        rest are freed. Evicted K/V are dropped (no host tier for per-head spans yet).
+        """
+        blk = self.get(block_id)
+        layers, kv_heads = self.shape.layers, self.shape.kv_heads
+        keep, heads = keep.cpu(), heads.cpu().long()
+        k = int(keep.numel())
+        if tuple(heads.shape) != (layers, kv_heads, k):
+            raise ValueError(f"heads {tuple(heads.shape)} must be (L, H_kv, k) = ({layers}, {kv_heads}, {k})")
+        if not bool(torch.isin(keep, blk.kept).all()):
+            raise ValueError(f"keep names tokens of block {block_id} that are not on the device")
+        held = blk.head_tokens(layers, kv_heads)
+        pos = _slot_positions(held, heads, blk.length)
+        if pos is None:
+            raise ValueError(f"heads name tokens of block {block_id} that a layer's KV head does not hold (or twice)")
+        pos = torch.sort(pos, dim=-1).values
+        slots = torch.cat([s.slots for s in blk.segments]) if blk.segments else torch.zeros(0, dtype=torch.long)
+        self.pool.settle(slots)
+        for layer in range(layers):
+            for j in range(0, k, STAGE_TOKENS):
+                end = min(j + STAGE_TOKENS, k)
+                src = slots[pos[layer, :, j:end]]  # (H_kv, c)
+                dst = slots[j:end].expand_as(src)
+                if bool((src != dst).any()):
+                    self.pool.write_heads(layer, dst, *self.pool.gather_heads(layer, src))
+        n = blk.kept_tokens - k
+        blk.set_segments(self._truncate(blk.segments, torch.sort(keep).values))
+        blk.heads = held.gather(2, pos)
+        if n:
+            self.counters.evicted_tokens += n
+            self.counters.dropped_tokens += n
+            self._change("drop", block_id, -n, 0)
+
+    def _truncate(self, segments: list[Segment], nominal: torch.Tensor) -> list[Segment]:
+        """The first ``len(nominal)`` slots of ``segments`` (in order), labelled with ``nominal``; the
+        rest of their slots freed."""
+        out, used = [], 0
+        for seg in segments:
+            take = min(seg.length, int(nominal.numel()) - used)
+            if take < seg.length:
+                self.pool.free(Extent(seg.start + take, seg.length - take))
+            if take:
+                out.append(Segment(seg.start, nominal[used : used + take].clone()))
+            used += take
+        return out
 
     def prefetch(self) -> None:
         """Start the planned restores on the restore lane (the step's forward waits per block and layer)."""
@@ -238,6 +312,8 @@ class KVStore:
         n = int(leaving.numel())
         if n == 0:
             return
+        if blk.per_head:
+            raise ValueError(f"block {block_id} keeps other tokens in each KV head: evict from it with apply_heads")
         hosted = self._offload(block_id, leaving) if offload else 0
         blk.set_segments([self._compact(seg, keep) for seg in blk.segments])
         self.counters.evicted_tokens += n
@@ -277,6 +353,8 @@ class KVStore:
     def _restore(self, block_id: int, idx: torch.Tensor) -> None:
         """Plan tokens ``idx`` (N,) back from the host: slots and segments now, the copy at :meth:`prefetch`."""
         blk = self.get(block_id)
+        if blk.per_head:
+            raise ValueError(f"block {block_id} keeps other tokens in each KV head: nothing of it is on the host")
         restore = self.host.take(block_id, idx)
         idx = restore.idx
         extents = self.pool.alloc(int(idx.numel()))
@@ -312,3 +390,19 @@ def _split_segments(segments: list[Segment], at: int) -> tuple[list[Segment], li
             else:
                 high.append(Segment(seg.start + a, seg.idx[a:b] - at))
     return low, high
+
+
+def _slot_positions(held: torch.Tensor, want: torch.Tensor, length: int) -> torch.Tensor | None:
+    """Where each head holds the tokens it should keep: ``held`` (L, H_kv, K) tokens per slot,
+    ``want`` (L, H_kv, k) -> (L, H_kv, k) slot positions; None if some wanted token is not held by
+    its head or is wanted twice."""
+    if want.numel() and (int(want.min()) < 0 or int(want.max()) >= length):
+        return None
+    lookup = torch.full((*held.shape[:2], length), -1, dtype=torch.long)
+    lookup.scatter_(2, held, torch.arange(held.shape[-1]).expand_as(held).contiguous())
+    pos = lookup.gather(2, want)
+    if bool((pos < 0).any()):
+        return None
+    if want.shape[-1] > 1 and bool((torch.sort(pos, dim=-1).values.diff(dim=-1) == 0).any()):
+        return None
+    return pos

@@ -80,6 +80,7 @@ class MemoryView:
             block-local tokens of the active path that stay whatever their value; every other
             token of the active path, on the device or on the host, may then be kept or not: the
             plan's ``keep`` of an active block is its whole residency (host tokens in it come back).
+        kv_shape: (L, H_kv), the model's layers and KV heads (for per-head plans; None: unknown).
     """
 
     blocks: Sequence[BlockView]  # a list, or the runtime's LazyBlocks (built on first use)
@@ -88,6 +89,7 @@ class MemoryView:
     target: int
     read: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
     pinned: Mapping[int, torch.Tensor] | None = None
+    kv_shape: tuple[int, int] | None = None
 
     @property
     def resident(self) -> int:
@@ -101,11 +103,16 @@ class RetentionPlan:
     ``host_order``: under a host cap, blocks in the order their host-tier spans may be forgotten
     (lowest value first; None: the policy ranks none). The planner decides how many go
     (:meth:`~arbor_runtime.planner.MemoryPlanner.host_drops`) and lists them in ``drop_host``.
+
+    ``heads``: per-(layer, KV head) retention (``policy.granularity=head``): block id -> (L, H_kv, k)
+    the tokens each layer and KV head keeps, ``k`` = that block's ``keep`` count (``keep`` is then
+    the nominal token set the planner counts; :meth:`~arbor_runtime.kv.store.KVStore.apply_heads`).
     """
 
     keep: dict[int, torch.Tensor] = field(default_factory=dict)
     drop_host: list[int] = field(default_factory=list)
     host_order: list[int] | None = None
+    heads: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.keep) + len(self.drop_host)

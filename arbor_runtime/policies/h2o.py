@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from arbor_runtime.policies.base import Capabilities, MemoryView, Policy
+from arbor_runtime.policies.base import Capabilities, MemoryView
 from arbor_runtime.policies.scorer import FlatPool, ScorerPolicy
 
 
@@ -23,11 +23,12 @@ class H2OPolicy(ScorerPolicy):
 
     name = "h2o"
     CAPABILITIES = Capabilities(needs_attention=True)
+    NO_PER_HEAD = "the runtime records attention statistics summed over layers and KV heads, not per head"
     heavy_ratio: float = 0.1
     recent_ratio: float = 0.1
 
     def __post_init__(self) -> None:
-        Policy.__post_init__(self)
+        ScorerPolicy.__post_init__(self)
         if self.heavy_ratio < 0 or self.recent_ratio < 0 or self.heavy_ratio + self.recent_ratio == 0:
             raise ValueError(
                 f"h2o ratios heavy={self.heavy_ratio}, recent={self.recent_ratio} must be >= 0, not both 0"

@@ -3,9 +3,11 @@
 Every device token is scored once by the per-layer, per-KV-head scorers of
 :mod:`arbor_runtime.policies.kvp_scorer` from its own K, V and position; the scores are cached
 per block (on the host, (G,) floats per token), so a plan scores only the tokens it has not seen
-(after a decode step: the new token). This runtime keeps or evicts a token in every head at
-once, so the per-head scores become a whole-token score (each head's softmax share, averaged over
-heads: :func:`pooled_token_scores`). ``policy=kvp`` keeps the top tokens of the flattened pool
+(after a decode step: the new token). With ``granularity=token`` (the default) a token is kept or
+evicted in every head at once, so the per-head scores become a whole-token score (each head's
+softmax share, averaged over heads: :func:`pooled_token_scores`); with ``granularity=head`` that
+score only sets how many slots each block keeps, and each (layer, KV head) keeps its own top tokens
+by its own scorer, the paper's setting. ``policy=kvp`` keeps the top tokens of the flattened pool
 within the target; ``policy=arbor policy.token_scorer=kvp`` uses the same scores to choose tokens
 inside each block. The weights are found by model fingerprint among the files shipped with the
 package, or read from ``weights``; weights of another model are refused.
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from arbor_runtime.policies.base import MemoryView, Policy, split_tokens
+from arbor_runtime.policies.base import MemoryView, split_tokens
 from arbor_runtime.policies.kvp_scorer import KVPScorer, pooled_token_scores
 from arbor_runtime.policies.kvp_weights import load_weights, model_fingerprint, shipped_weights
 from arbor_runtime.policies.scorer import FlatPool, ScorerPolicy
@@ -90,6 +92,15 @@ class KVPScores:
             out[b.node.id], offset = scores, offset + kept.numel()
         return out
 
+    def held_scores(self, block_id: int, held: torch.Tensor) -> torch.Tensor:
+        """(L, H_kv, K) each head's own score of the tokens it holds (``held``, (L, H_kv, K)
+        block-local tokens), from the cache (every device token was scored while it was whole)."""
+        scores, seen = self._cache[block_id]
+        if not bool(seen[held].all()):
+            raise RuntimeError(f"kvp: block {block_id} holds tokens that were never scored")
+        layers, kv_heads = held.shape[:2]
+        return scores.reshape(layers, kv_heads, -1).gather(2, held)
+
     def split_block(self, block_id: int, prefix_id: int, at: int) -> None:
         """A block cut in two (``Policy.split_block``): its cached scores are cut with it."""
         split_tokens(self._cache, block_id, prefix_id, at)
@@ -132,7 +143,7 @@ class KVPPolicy(ScorerPolicy):
     scores: KVPScores = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        Policy.__post_init__(self)
+        ScorerPolicy.__post_init__(self)
         if not isinstance(self.sink_tokens, int) or self.sink_tokens < 0:
             raise ValueError(f"kvp sink_tokens={self.sink_tokens!r} must be a number of tokens >= 0")
         if (
@@ -157,3 +168,7 @@ class KVPPolicy(ScorerPolicy):
     def recent_window(self, cap: int) -> int:
         """Newest tokens of the pool a plan down to ``cap`` tokens keeps whatever their scores."""
         return int(cap * self.recent_ratio)
+
+    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor) -> torch.Tensor:
+        """(L, H_kv, K) each (layer, KV head) scorer's own scores of the tokens that head holds."""
+        return self.scores.held_scores(view.blocks[block].node.id, held)

@@ -1,10 +1,11 @@
 """Random eviction: the sinks and a recent window stay, the rest are kept uniformly at random; tree-blind.
 
 The baseline every scorer must beat: a 2026 study (arXiv 2609.03430) finds uniform random eviction
-matches the strongest heuristic evictors on reasoning. The runtime evicts whole tokens (every layer
-and KV head together, as for every policy here), so the draw is one per token, not per KV head.
-Each plan draws from a generator seeded by ``seed`` and the pool it plans over (its blocks and
-sizes), so a run is reproducible whatever ran before it in the process.
+matches the strongest heuristic evictors on reasoning. With ``granularity=token`` (the default) a
+token is kept or evicted in every layer and KV head together, one draw per token; with
+``granularity=head`` each layer and KV head draws its own tokens (as the study's per-head eviction
+does), the same count in each. Each plan draws from a generator seeded by ``seed`` and the pool it
+plans over (its blocks and sizes), so a run is reproducible whatever ran before it in the process.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from arbor_runtime.policies.base import MemoryView, Policy
+from arbor_runtime.policies.base import MemoryView
 from arbor_runtime.policies.scorer import FlatPool, ScorerPolicy
 
 
@@ -29,7 +30,7 @@ class RandomPolicy(ScorerPolicy):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        Policy.__post_init__(self)
+        ScorerPolicy.__post_init__(self)
         if isinstance(self.sink_tokens, bool) or not isinstance(self.sink_tokens, int) or self.sink_tokens < 0:
             raise ValueError(f"random sink_tokens={self.sink_tokens!r} must be a number of tokens >= 0")
         ratio = self.recent_ratio
@@ -46,7 +47,14 @@ class RandomPolicy(ScorerPolicy):
 
     def score(self, view: MemoryView, pool: FlatPool, protected: torch.Tensor) -> torch.Tensor:
         """(N,) uniform random scores, from a generator seeded by ``seed`` and the pool's shape."""
+        return torch.rand(pool.size, generator=self._generator(view))
+
+    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor) -> torch.Tensor:
+        """(L, H_kv, K) uniform random scores, one draw per layer, KV head and token (seeded by
+        ``seed``, the pool's shape and the block)."""
+        return torch.rand(held.shape, generator=self._generator(view, block))
+
+    def _generator(self, view: MemoryView, *salt: int) -> torch.Generator:
         shape = [(b.node.id, b.kv.length, b.kv.kept_tokens) for b in view.blocks]
-        digest = hashlib.blake2b(repr((self.seed, shape)).encode(), digest_size=8).digest()
-        gen = torch.Generator().manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
-        return torch.rand(pool.size, generator=gen)
+        digest = hashlib.blake2b(repr((self.seed, shape, *salt)).encode(), digest_size=8).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))

@@ -12,16 +12,31 @@ order (:class:`FlatPool`); a plan down to ``cap = max(view.target, 0)`` tokens k
 
 A pool that already fits gets no plan. Evicted tokens are dropped (or offloaded: a policy's
 ``Capabilities`` say which); the kept indices of each changed block form the :class:`RetentionPlan`.
+
+Granularity. With ``granularity="token"`` (the default) a kept token keeps its K/V in every layer
+and KV head. With ``granularity="head"`` each layer and KV head keeps its own tokens, as the methods
+(and kvpress's presses) do: the whole-token plan above still says how many slots each block keeps
+(so blocks stay rectangular and the budget in slots is unchanged), then inside each changed block
+every (layer, KV head) keeps its top tokens by :meth:`ScorerPolicy.head_scores` (the block's sinks
+and recent-window tokens first, whatever their score). For a single block (one compressed context)
+that is kvpress's per-head top-k exactly. A scorer whose per-head scores the runtime cannot give
+(attention statistics are recorded summed over heads) refuses ``granularity="head"``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from arbor_runtime.policies.allocation import flat_pool, plan_from_mask
 from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
+
+#: what ``policy.granularity`` may be: every layer and KV head keeps the same tokens, or each its own
+GRANULARITIES = ("token", "head")
+#: the scorers that rank per (layer, KV head) here
+PER_HEAD_POLICIES = ("random", "kvp", "streaming")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +72,20 @@ class ScorerPolicy(Policy):
     """
 
     name = "scorer"
+    #: why this scorer cannot rank per (layer, KV head) (None: it can; ``granularity="head"`` is refused otherwise)
+    NO_PER_HEAD: ClassVar[str | None] = None
+    #: ``token``: every layer and KV head keeps the same tokens; ``head``: each keeps its own
+    granularity: str = "token"
+
+    def __post_init__(self) -> None:
+        Policy.__post_init__(self)
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"{self.name} granularity={self.granularity!r}; valid: {', '.join(GRANULARITIES)}")
+        if self.granularity == "head" and self.NO_PER_HEAD is not None:
+            raise ValueError(
+                f"{self.name} granularity='head' is not available: {self.NO_PER_HEAD}; "
+                f"valid: granularity=token, or granularity=head with policy={'|'.join(PER_HEAD_POLICIES)}"
+            )
 
     def sinks(self, cap: int) -> int:
         """First tokens of the pool a plan down to ``cap`` tokens keeps whatever their scores."""
@@ -74,6 +103,12 @@ class ScorerPolicy(Policy):
         """
         raise NotImplementedError
 
+    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor) -> torch.Tensor:
+        """(L, H_kv, K) float scores of the tokens each layer and KV head of ``view.blocks[block]``
+        holds (``held``, (L, H_kv, K) block-local tokens, slots in order): the higher, the sooner
+        kept. Called by per-head plans only, after :meth:`score`."""
+        raise NotImplementedError(f"{self.name} has no per-head scores")
+
     def plan(self, view: MemoryView) -> RetentionPlan | None:
         pool = FlatPool.of(view)
         n, cap = pool.size, max(view.target, 0)
@@ -87,6 +122,31 @@ class ScorerPolicy(Policy):
             keep[n - n_recent :] = True
         scores = self.score(view, pool, keep.clone())
         n_more = cap - n_sinks - n_recent
+        protected = keep.clone()
         if n_more > 0:
             keep[torch.topk(scores.float().masked_fill(keep, float("-inf")), n_more).indices] = True
-        return RetentionPlan(keep=plan_from_mask(view.blocks, pool.block, pool.token, keep))
+        plan = RetentionPlan(keep=plan_from_mask(view.blocks, pool.block, pool.token, keep))
+        if self.granularity == "head":
+            plan.heads = self.per_head(view, pool, protected, plan.keep)
+        return plan
+
+    def per_head(
+        self, view: MemoryView, pool: FlatPool, protected: torch.Tensor, keep: dict[int, torch.Tensor]
+    ) -> dict[int, torch.Tensor]:
+        """Per changed block id, (L, H_kv, k) the tokens each layer and KV head keeps: its top ``k``
+        (= the block's whole-token count) by :meth:`head_scores`, the block's ``protected`` pool
+        tokens (sinks, recent window) first."""
+        if view.kv_shape is None:
+            raise RuntimeError("a per-head plan needs the model's layers and KV heads: the MemoryView has no kv_shape")
+        layers, kv_heads = view.kv_shape
+        out = {}
+        for i, b in enumerate(view.blocks):
+            if b.node.id not in keep:
+                continue
+            held = b.kv.head_tokens(layers, kv_heads)
+            must = pool.token[(pool.block == i) & protected]
+            scores = self.head_scores(view, i, held).float().masked_fill(torch.isin(held, must), float("inf"))
+            k = int(keep[b.node.id].numel())
+            chosen = held.gather(2, torch.topk(scores, k, dim=-1).indices)
+            out[b.node.id] = torch.sort(chosen, dim=-1).values
+        return out

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from arbor_runtime.policies.base import Capabilities, MemoryView, Policy
+from arbor_runtime.policies.base import Capabilities, MemoryView
 from arbor_runtime.policies.scorer import FlatPool, ScorerPolicy
 
 POOLINGS = ("avg", "max")
@@ -32,12 +32,13 @@ class SnapKVPolicy(ScorerPolicy):
     """Observation-window attention, pooled, plus the window itself (SnapKV defaults of kvpress: 64, 5, avg)."""
 
     name = "snapkv"
+    NO_PER_HEAD = "the runtime records attention statistics summed over layers and KV heads, not per head"
     window_size: int = 64
     kernel_size: int = 5
     pooling: str = "avg"
 
     def __post_init__(self) -> None:
-        Policy.__post_init__(self)
+        ScorerPolicy.__post_init__(self)
         if not isinstance(self.window_size, int) or self.window_size < 1:
             raise ValueError(f"snapkv window_size={self.window_size!r} must be a positive number of queries")
         if not isinstance(self.kernel_size, int) or self.kernel_size < 1 or self.kernel_size % 2 == 0:

@@ -137,6 +137,11 @@ class SparsePolicy(Policy):
         if self.budget_tokens is not None and self.kv_budget_tokens < 1:
             raise ValueError(f"budget_tokens={self.budget_tokens} leaves no pool slot after the index reserve")
         self.inner = self._build_memory()
+        if getattr(self.inner, "granularity", "token") != "token":
+            raise ValueError(
+                f"{self.name}: memory={self.inner.name!r} with granularity={self.inner.granularity!r}: a sparse "
+                "read ranks whole tokens; valid: granularity=token"
+            )
         self.prefill_chunk = self.inner.prefill_chunk  # the memory policy prefills (its own, when built)
         if self.rehydrate not in REHYDRATE:
             raise ValueError(f"rehydrate={self.rehydrate!r}; valid: {', '.join(REHYDRATE)}")

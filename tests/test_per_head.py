@@ -1,0 +1,206 @@
+"""Per-(layer, KV head) retention (``policy.granularity=head``): each layer and KV head keeps its own
+tokens, the same count in each, and attention over such a block is what transformers computes over
+the same per-head gathered cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from families import family
+from hypothesis import HealthCheck, given, settings
+from test_budget import watch_forwards
+from test_policies import BUDGET, ops, run_ops
+from transformers import DynamicCache
+
+from arbor_runtime import Runtime, SamplingParams
+from arbor_runtime.errors import UnsupportedModelError
+from arbor_runtime.events import replay_resident
+from arbor_runtime.policies import KVPPolicy, LycheePolicy, RandomPolicy, build_policy
+from arbor_runtime.policies.base import MemoryView
+from arbor_runtime.policies.scorer import FlatPool, ScorerPolicy
+
+CONTEXT = list(range(100, 160))  # 60 tokens
+QUESTION = list(range(300, 312))
+PER_HEAD = ("random", "kvp", "streaming")
+
+
+def per_head_runtime(tiny, name: str, **kwargs) -> tuple[Runtime, dict]:
+    """A runtime under ``name`` at ``granularity=head`` recording each appended block's log-probs."""
+    rt = Runtime(tiny, policy=build_policy(name, granularity="head", **kwargs))
+    logps: dict[int, torch.Tensor] = {}
+    rt.logits_hook = lambda node, logp: logps.__setitem__(node.id, logp.float())
+    return rt, logps
+
+
+@torch.no_grad()
+def transformers_over(tiny, held: torch.Tensor, ids: list[int], start: int) -> tuple[list, torch.Tensor]:
+    """transformers' own answer over a per-head compressed cache: prefill ``CONTEXT`` whole, keep in
+    each layer and KV head the tokens ``held`` (L, H_kv, k) names, then run ``ids`` at their true
+    positions. Returns the gathered (keys, values) per layer and the (len(ids), V) log-probs."""
+    model, cache = tiny.model, DynamicCache()
+    model(input_ids=torch.tensor([CONTEXT]), past_key_values=cache)
+    kept, pruned = [], DynamicCache()
+    for layer, entry in enumerate(cache.layers):
+        idx = held[layer][None, :, :, None].expand(1, -1, -1, entry.keys.shape[-1])
+        kept.append((entry.keys.gather(2, idx)[0], entry.values.gather(2, idx)[0]))
+        pruned.update(entry.keys.gather(2, idx), entry.values.gather(2, idx), layer)
+    if not ids:
+        return kept, torch.zeros(0)
+    positions = torch.arange(start, start + len(ids)).unsqueeze(0)
+    logits = model(input_ids=torch.tensor([ids]), past_key_values=pruned, position_ids=positions).logits[0]
+    return kept, torch.log_softmax(logits.float(), dim=-1)
+
+
+@pytest.mark.parametrize("name", ["random", "kvp"])
+def test_a_per_head_block_reads_as_transformers_reads_the_same_per_head_cache(tiny, name):
+    rt, logps = per_head_runtime(tiny, name)
+    root = rt.new_tree_ids(CONTEXT)
+    assert rt.compress(24) == 24
+    keys, values, held = rt.store.read_heads(root.id)
+    layers, kv_heads = rt.backend.shape.layers, rt.backend.shape.kv_heads
+    assert held.shape == (layers, kv_heads, 24) and rt.store.get(root.id).per_head
+    rows = held.reshape(layers * kv_heads, 24)
+    assert len({tuple(r.tolist()) for r in rows}) > 1, "every layer and KV head kept the same tokens"
+    for row in rows:  # each head keeps 24 distinct tokens of the block
+        assert row.unique().numel() == 24 and int(row.max()) < len(CONTEXT)
+    kept, ref = transformers_over(tiny, held, QUESTION, len(CONTEXT))
+    for layer, (k, v) in enumerate(kept):  # the slots hold exactly those tokens' K/V, in every head
+        torch.testing.assert_close(keys[layer], k, rtol=0, atol=1e-5)
+        torch.testing.assert_close(values[layer], v, rtol=0, atol=1e-5)
+    node = rt.append_ids(root, QUESTION)
+    # row i of the block's log-probs predicts its token i (row 0 from the context's next logits)
+    torch.testing.assert_close(logps[node.id][1:], ref[:-1], rtol=0, atol=1e-3)
+
+
+def test_a_per_head_block_compressed_again_keeps_a_subset_in_each_head(tiny):
+    rt, _ = per_head_runtime(tiny, "random", seed=5)
+    root = rt.new_tree_ids(CONTEXT)
+    rt.compress(30)
+    _, _, before = rt.store.read_heads(root.id)
+    node = rt.append_ids(root, QUESTION)  # whole slots after the per-head ones
+    assert rt.store.read_heads(root.id)[2].shape[-1] == 30
+    rt.compress(25)
+    _, _, after = rt.store.read_heads(root.id)
+    k = after.shape[-1]
+    assert k + rt.store.get(node.id).kept_tokens == 25
+    for a, b in zip(after.reshape(-1, k), before.reshape(-1, 30), strict=True):
+        assert bool(torch.isin(a, b).all())
+    kept, _ = transformers_over(tiny, after, [], len(CONTEXT))  # the K/V moved with their tokens
+    keys, values, _ = rt.store.read_heads(root.id)
+    for layer, (kk, vv) in enumerate(kept):
+        torch.testing.assert_close(keys[layer], kk, rtol=0, atol=1e-5)
+        torch.testing.assert_close(values[layer], vv, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", PER_HEAD)
+def test_nothing_evicted_per_head_is_exactly_whole_token(tiny, name):
+    params = SamplingParams(max_new_tokens=12, temperature=0.0, stop_at_eos=False)
+    texts = []
+    for granularity in ("token", "head"):
+        rt = Runtime(tiny, policy=build_policy(name, granularity=granularity))
+        (child,) = rt.expand(rt.new_tree_ids(CONTEXT), 1, params)
+        texts.append(child.token_ids)
+        assert not any(rt.store.get(i).per_head for i in rt.store.block_ids())
+    assert texts[0] == texts[1]
+
+
+@dataclass(slots=True)
+class HashedScores(ScorerPolicy):
+    """A scorer with fixed per-token and per-head scores (a hash of layer, head and token)."""
+
+    name = "hashed"
+
+    def sinks(self, cap: int) -> int:
+        return 4
+
+    def score(self, view: MemoryView, pool: FlatPool, protected: torch.Tensor) -> torch.Tensor:
+        return (pool.token * 7 % 11).float() + pool.token * 1e-3  # no ties
+
+    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor) -> torch.Tensor:
+        return hashed(held)
+
+
+def hashed(held: torch.Tensor) -> torch.Tensor:
+    layer = torch.arange(held.shape[0])[:, None, None]
+    head = torch.arange(held.shape[1])[None, :, None]
+    return ((held * 13 + layer * 5 + head * 3) % 17).float() + held * 1e-3
+
+
+def test_each_head_keeps_its_own_top_k_and_the_protected_tokens(tiny):
+    rt = Runtime(tiny, policy=HashedScores(granularity="head"))
+    root = rt.new_tree_ids(CONTEXT)
+    whole = rt.store.get(root.id).head_tokens(rt.backend.shape.layers, rt.backend.shape.kv_heads)
+    rt.compress(20)
+    _, _, held = rt.store.read_heads(root.id)
+    scores = hashed(whole).masked_fill(whole < 4, float("inf"))  # the 4 sinks stay in every head
+    direct = torch.sort(whole.gather(2, scores.topk(20, dim=-1).indices), dim=-1).values
+    assert torch.equal(held, direct)
+    others = torch.arange(4, 60)
+    nominal = others[torch.topk((others * 7 % 11).float() + others * 1e-3, 16).indices]  # the whole-token plan
+    assert torch.equal(rt.store.get(root.id).kept, torch.sort(torch.cat([torch.arange(4), nominal])).values)
+
+
+@pytest.mark.parametrize("name", PER_HEAD)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(script=ops)
+def test_per_head_budget_never_exceeded_and_events_replay(tiny, name, script):
+    rt = Runtime(tiny, policy=build_policy(name, budget_tokens=BUDGET, granularity="head"))
+    walked: list[int] = []
+    watch_forwards(rt, walked)
+    run_ops(rt, script)
+    assert walked and max(walked) <= BUDGET * rt.backend.shape.bytes_per_token
+    assert rt.metrics.peak_device_tokens <= BUDGET and rt.store.pool.peak_used <= BUDGET
+    assert rt.store.pool.used == rt.store.resident_tokens
+    for i in rt.store.block_ids():  # rectangular: every head holds as many tokens as the block has slots
+        blk = rt.store.get(i)
+        held = blk.head_tokens(rt.backend.shape.layers, rt.backend.shape.kv_heads)
+        assert held.shape[-1] == blk.kept_tokens and bool((held < blk.length).all())
+    assert replay_resident(rt.store.journal, rt.events) == [
+        (r.resident_tokens, r.host_tokens) for r in rt.events.records
+    ]
+
+
+def test_a_tight_budget_search_runs_per_head(tiny):
+    rt = Runtime(tiny, policy=RandomPolicy(budget_tokens=40, granularity="head"))
+    root = rt.new_tree_ids(CONTEXT[:30])
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, stop_at_eos=False)
+    for child in rt.expand(root, 2, params):
+        rt.expand(child, 2, params)
+    assert rt.metrics.peak_device_tokens <= 40
+    assert any(rt.store.get(i).per_head for i in rt.store.block_ids())
+
+
+def test_the_same_prompt_again_is_not_shared_from_a_per_head_block(tiny):
+    rt, _ = per_head_runtime(tiny, "random")
+    first = rt.new_tree_ids(CONTEXT)
+    rt.compress(30)
+    second = rt.new_tree_ids(CONTEXT)  # would share the first root's prefix, were it whole
+    assert rt.store.get(first.id).per_head and second.id in rt.store
+    assert rt.prefixes.prefix_ids() == []
+
+
+def test_per_head_refusals(tiny):
+    for name in ("h2o", "snapkv"):
+        with pytest.raises(ValueError, match=r"granularity='head' is not available.*valid: granularity=token"):
+            build_policy(name, granularity="head")
+    with pytest.raises(ValueError, match=r"granularity='heads'; valid: token, head"):
+        build_policy("random", granularity="heads")
+    with pytest.raises(ValueError, match="a sparse read ranks whole tokens"):
+        LycheePolicy(memory=KVPPolicy(granularity="head"))
+    with pytest.raises(UnsupportedModelError, match="sliding-window layers"):
+        Runtime(family("mistral-window"), policy=RandomPolicy(granularity="head"))
+    rt, _ = per_head_runtime(tiny, "random")
+    root = rt.new_tree_ids(CONTEXT)
+    rt.compress(20)
+    with pytest.raises(ValueError, match="read it with read_heads"):
+        rt.store.read(root.id)
+    with pytest.raises(ValueError, match="cannot be split"):
+        rt.store.split(root.id, -5, 10)
+    kept = rt.store.get(root.id).kept
+    _, _, held = rt.store.read_heads(root.id)
+    wrong = held.clone()
+    wrong[0, 0, -1] = int(torch.tensor([t for t in range(60) if t not in held[0, 0].tolist()][0]))
+    with pytest.raises(ValueError, match="does not hold"):
+        rt.store.apply_heads(root.id, kept, torch.sort(wrong, dim=-1).values)
