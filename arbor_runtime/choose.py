@@ -178,7 +178,8 @@ class ChooseWork:
             scores[i] = logp.gather(-1, torch.tensor(self.ids[i]).view(-1, 1)).squeeze(-1).tolist()
             if i in extents:
                 own = None if batch.own_mass is None else batch.own_mass[r, :n]
-                made[i] = self._child(i, extents[i], logp, scores[i], logits[r, n - 1], own)
+                heads = None if batch.own_head_mass is None else batch.own_head_mass[r, ..., :n]
+                made[i] = self._child(i, extents[i], logp, scores[i], logits[r, n - 1], own, heads)
         kept = [made[i] for i in self.write]
         self._count(kept)
         if kept:
@@ -203,7 +204,9 @@ class ChooseWork:
         positions = torch.arange(node.end_pos, node.end_pos + width).expand(len(self.rows), width)
         return pf.runner.forward(batch, ids, positions, 0), batch
 
-    def _child(self, i: int, extents, logp: torch.Tensor, lps: list[float], last: torch.Tensor, own) -> Node:
+    def _child(
+        self, i: int, extents, logp: torch.Tensor, lps: list[float], last: torch.Tensor, own, heads=None
+    ) -> Node:
         """A kept choice as a forced child block (its KV is already in its slots)."""
         pf, n = self.prefiller, len(self.ids[i])
         child = pf.new_node(self.node, self.ids[i], self.texts[i], FORCED, self.node.end_pos)
@@ -212,6 +215,8 @@ class ChooseWork:
         pf.store.put(child.id, BlockKV.from_extents(extents, child.start_pos, last.float().cpu().clone()))
         if own is not None:  # causal: a block's own queries see half of it on average
             pf.store.add_attention(child.id, torch.arange(n), own, n / 2)
+        if heads is not None:
+            pf.store.add_head_attention(child.id, torch.arange(n), heads)
         if pf.logits_hook is not None:
             pf.logits_hook(child, logp)
         pf.memory.node_end(child)

@@ -43,6 +43,8 @@ class Row:
         next_logits: (V,) logits after the final token, set when the row is done.
         extents: the pool slots admitted for its tokens (token i sits in the i-th slot).
         attention: (capacity,) attention mass its own tokens received from its later queries.
+        head_attention: (L, H_kv, n) the same per layer and KV head (per-head statistics only; None
+            until a step records them).
         scored: its decode steps whose attention was recorded (statistics may be off; see
             ``MemoryPlanner.records_statistics``).
     """
@@ -59,6 +61,7 @@ class Row:
     next_logits: torch.Tensor | None = None
     extents: list[Extent] = field(default_factory=list)
     attention: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    head_attention: torch.Tensor | None = None
     scored: int = 0
     generator: torch.Generator = field(default_factory=torch.Generator)
     job: Any = None
@@ -108,7 +111,7 @@ class Row:
         gone = self.extents
         self.tokens, self.logprobs, self.entropies, self.extents = [], [], [], []
         self.fed, self.stop_reason, self.next_logits = 0, "", None
-        self.attention, self.scored = torch.zeros(0), 0
+        self.attention, self.scored, self.head_attention = torch.zeros(0), 0, None
         self.generator.manual_seed(self.seed)
         if self.matcher is not None:
             self.matcher.reset()
@@ -199,7 +202,9 @@ def decode_batch(
         own[i, slots.numel() :] = slots[0]
         valid[i, : slots.numel()] = True
     write = own.gather(1, torch.tensor([[r.fed] for r in rows]))  # (R, 1): this step's token
-    batch = TreeBatch(store.pool, groups, len(rows), 1, write, own, valid, stats, kernel, reads=reads)
+    batch = TreeBatch(
+        store.pool, groups, len(rows), 1, write, own, valid, stats, kernel, reads=reads, head_stats=store.head_stats
+    )
     batch.context_ids = contexts
     ids = torch.tensor([[r.tokens[r.fed]] for r in rows])
     pos = torch.tensor([[r.start_pos + r.fed] for r in rows])
@@ -212,6 +217,15 @@ def add_own_attention(rows: Sequence[Row], batch: TreeBatch) -> None:
         for i, row in enumerate(rows):
             row.attention[: row.fed + 1] += batch.own_mass[i, : row.fed + 1].float().cpu()
             row.scored += 1
+    if batch.own_head_mass is not None:
+        for i, row in enumerate(rows):
+            n = row.fed + 1
+            if row.head_attention is None or row.head_attention.shape[-1] < n:
+                grown = torch.zeros(*batch.own_head_mass.shape[1:3], int(row.attention.numel()))
+                if row.head_attention is not None:
+                    grown[..., : row.head_attention.shape[-1]] = row.head_attention
+                row.head_attention = grown
+            row.head_attention[..., :n] += batch.own_head_mass[i, ..., :n]
 
 
 def postprocess(rows: Sequence[Row], logits: torch.Tensor, params: SamplingParams, stop: StopChecker) -> list[Row]:

@@ -45,7 +45,15 @@ class Runner:
         """
         groups, kernel = context_groups(self.store, contexts), self.backend.kernel
         return TreeBatch(
-            self.store.pool, groups, len(contexts), q, write, stats=stats, kernel=kernel, stats_from=stats_from
+            self.store.pool,
+            groups,
+            len(contexts),
+            q,
+            write,
+            stats=stats,
+            kernel=kernel,
+            stats_from=stats_from,
+            head_stats=self.store.head_stats,
         )
 
     def forward(self, batch: TreeBatch, ids: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor:
@@ -74,6 +82,9 @@ class Runner:
             for i, (piece, mass) in enumerate(zip(grp.pieces, grp.mass, strict=True)):
                 if windowed and piece.block_id in self.store:
                     self.store.get(piece.block_id).attention[piece.idx] = 0.0
+                if batch.head_stats:  # (L, H_kv, n): each head's mass to the tokens it holds in these slots
+                    self.store.add_head_attention_at(piece.block_id, piece.start, mass, replace=windowed)
+                    mass = mass.sum(dim=(0, 1))
                 self.store.add_attention(piece.block_id, piece.idx, mass, grp.n_rows * queries if i == 0 else 0.0)
 
     def free_slots(self, extents: Sequence[Extent]) -> None:

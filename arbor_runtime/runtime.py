@@ -101,6 +101,9 @@ class Runtime:
         if host_cap is None:  # the policy sets no cap: a share of the host memory available now
             host_cap = default_host_tokens(self.backend.shape)
         self.store = KVStore(self.backend.shape, config.kv_budget_tokens, host_cap)
+        # a per-head plan that ranks by attention reads it per layer and KV head
+        per_head = getattr(self.policy, "granularity", "token") == "head"
+        self.store.head_stats = per_head and self.policy.capabilities.needs_attention
         self.metrics = RuntimeMetrics()
         #: every node made here: live and all tables, ids, the owner stamp, tree seeds
         self.table = NodeTable(self.store, seed)

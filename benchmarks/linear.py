@@ -167,6 +167,15 @@ class ProjectRun:
     kept: torch.Tensor | None = None
 
 
+def kept_of(rt: Runtime, block_id: int) -> torch.Tensor:
+    """Which of a block's tokens stayed on the device: (k,) sorted block-local indices, or for a
+    per-head block (``policy.granularity=head``) (L, H_kv, k) each layer's and KV head's own."""
+    blk = rt.store.get(block_id)
+    if blk.per_head:
+        return blk.heads.clone()
+    return blk.kept.clone()
+
+
 def project_run(pre: Prefilled, ctx: Context, ratio: float | None) -> ProjectRun:
     """On a fork of the prefilled context: compress once to the kept share (``ratio`` None: not at
     all), then teacher-force question + continuation."""
@@ -175,7 +184,7 @@ def project_run(pre: Prefilled, ctx: Context, ratio: float | None) -> ProjectRun
     blocks: dict[int, torch.Tensor] = {}
     rt.logits_hook = lambda node, logp: blocks.__setitem__(node.id, logp)
     kept = rt.compress(kept_tokens(root.length, ratio)) if ratio is not None else root.length
-    kept_idx = rt.store.get(root.id).kept.clone()
+    kept_idx = kept_of(rt, root.id)
     node = rt.append_ids(root, ctx.question_ids + ctx.continuation_ids)
     logp = blocks[node.id][len(ctx.question_ids) :].float()
     return ProjectRun(logp, kept, time.perf_counter() - start, kept_idx)

@@ -23,7 +23,7 @@ from arbor_runtime.policies.scorer import FlatPool, ScorerPolicy
 
 CONTEXT = list(range(100, 160))  # 60 tokens
 QUESTION = list(range(300, 312))
-PER_HEAD = ("random", "kvp", "streaming")
+PER_HEAD = ("random", "kvp", "streaming", "h2o", "snapkv")
 
 
 def per_head_runtime(tiny, name: str, **kwargs) -> tuple[Runtime, dict]:
@@ -118,7 +118,7 @@ class HashedScores(ScorerPolicy):
     def score(self, view: MemoryView, pool: FlatPool, protected: torch.Tensor) -> torch.Tensor:
         return (pool.token * 7 % 11).float() + pool.token * 1e-3  # no ties
 
-    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor) -> torch.Tensor:
+    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor, must: torch.Tensor) -> torch.Tensor:
         return hashed(held)
 
 
@@ -182,9 +182,6 @@ def test_the_same_prompt_again_is_not_shared_from_a_per_head_block(tiny):
 
 
 def test_per_head_refusals(tiny):
-    for name in ("h2o", "snapkv"):
-        with pytest.raises(ValueError, match=r"granularity='head' is not available.*valid: granularity=token"):
-            build_policy(name, granularity="head")
     with pytest.raises(ValueError, match=r"granularity='heads'; valid: token, head"):
         build_policy("random", granularity="heads")
     with pytest.raises(ValueError, match="a sparse read ranks whole tokens"):
@@ -204,3 +201,52 @@ def test_per_head_refusals(tiny):
     wrong[0, 0, -1] = int(torch.tensor([t for t in range(60) if t not in held[0, 0].tolist()][0]))
     with pytest.raises(ValueError, match="does not hold"):
         rt.store.apply_heads(root.id, kept, torch.sort(wrong, dim=-1).values)
+
+
+@torch.no_grad()
+def test_per_head_attention_record_is_what_each_kv_head_paid_in_transformers(tiny):
+    rt = Runtime(tiny, policy=build_policy("h2o", granularity="head"))
+    root = rt.new_tree_ids(CONTEXT)
+    rt.append_ids(root, QUESTION)
+    record = rt.store.get(root.id).head_attention  # (L, H_kv, 60): context and question queries
+    model = tiny.model
+    before = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        out = model(input_ids=torch.tensor([CONTEXT + QUESTION]), output_attentions=True)
+    finally:
+        model.set_attn_implementation(before)
+    kv_heads = rt.backend.shape.kv_heads
+    want = torch.stack([a[0].sum(dim=1) for a in out.attentions])  # (L, Hq, keys): summed over queries
+    want = want.reshape(want.shape[0], kv_heads, -1, want.shape[-1]).sum(dim=2)[..., : len(CONTEXT)]
+    torch.testing.assert_close(record, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["h2o", "snapkv"])
+def test_per_head_records_sum_to_the_whole_token_record(tiny, name):
+    rt = Runtime(tiny, policy=build_policy(name, granularity="head"))
+    assert rt.store.head_stats
+    root = rt.new_tree_ids(CONTEXT)
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, stop_at_eos=False)
+    rt.expand(rt.append_ids(root, QUESTION), 2, params)
+    recorded = 0
+    for i in rt.store.block_ids():
+        blk = rt.store.get(i)
+        if blk.head_attention is None:  # snapkv counts no decode query: nothing recorded either way
+            assert not bool(blk.attention.any())
+            continue
+        torch.testing.assert_close(blk.head_attention.sum(dim=(0, 1)), blk.attention, rtol=1e-4, atol=1e-4)
+        recorded += 1
+    assert recorded >= (2 if name == "snapkv" else 4)
+    assert not Runtime(tiny, policy=build_policy(name)).store.head_stats  # whole-token: not recorded
+
+
+def test_h2o_per_head_keeps_each_heads_heavy_hitters_and_the_recent_window(tiny):
+    rt = Runtime(tiny, policy=build_policy("h2o", granularity="head"))
+    root = rt.new_tree_ids(CONTEXT)
+    record = rt.store.get(root.id).head_attention.clone()  # (L, H_kv, 60) from the prompt's own queries
+    rt.compress(24)  # heavy : recent = 1 : 1, so the 12 newest tokens stay in every head
+    _, _, held = rt.store.read_heads(root.id)
+    scores = record.masked_fill(torch.arange(60) >= 48, float("inf"))
+    assert torch.equal(held, torch.sort(scores.topk(24, dim=-1).indices, dim=-1).values)
+    assert len({tuple(r.tolist()) for r in held.reshape(-1, 24)}) > 1

@@ -230,9 +230,10 @@ def attention_mass(
             *all* keys they attend (so masses over a partial key set are true probabilities).
         causal: query i (of M) sees key j only if j <= i + N - M.
         softcap: the scores' soft cap, as in attention; mask: (M, N) bool, True = seen (a window).
-        out: (N,) float32 to add the masses to (nothing of size N is allocated then); None: a new one.
+        out: (N,) float32 to add the masses to (nothing of size N is allocated then), or (B*H, N)
+            to keep them per batch entry and head (summed over queries only); None: a new (N,) one.
     Returns:
-        (N,) float32: ``out`` when given.
+        (N,) or (B*H, N) float32: ``out`` when given.
 
     Each tile is one ``baddbmm`` (``-lse + (scale q) k^T``), an in-place ``exp`` and a sum; only a
     tile the causal diagonal crosses is masked (a prefill's statistics cost about as much as its
@@ -264,6 +265,9 @@ def attention_mass(
                 p.masked_fill_(kpos > qpos, float("-inf"))
             if mask is not None:
                 p.masked_fill_(~mask[r : r + rows, c : c + cols], float("-inf"))
-            mass[c : c + cols] += p.exp_().sum(dim=(0, 1))
+            if mass.dim() == 2:  # per head: (BH, cols)
+                mass[:, c : c + cols] += p.exp_().sum(dim=1)
+            else:
+                mass[c : c + cols] += p.exp_().sum(dim=(0, 1))
             del p  # freed before the next tile is made
     return mass

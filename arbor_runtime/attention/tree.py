@@ -60,6 +60,9 @@ class TreeBatch:
             *including* this step's token (written before attention reads it). None for a prefill,
             where the new tokens attend each other causally from the layer's own K/V.
         stats: collect attention mass per context token (``Group.mass``) and per own token (``own_mass``).
+        head_stats: with ``stats``, keep the masses per layer and KV head too (per-head retention,
+            ``policy.granularity=head``): ``Group.mass`` pieces are then (L, H_kv, n) and
+            ``own_head_mass`` (R, L, H_kv, n); ``own_mass`` stays their sum.
         kernel: the (out, lse) attention kernel.
         stats_from: only the queries of each row from this index on count in the statistics (an
             observation window: the last ``q - stats_from`` tokens of a prefill); 0 = all of them.
@@ -80,6 +83,7 @@ class TreeBatch:
         kernel: Kernel | None = None,
         stats_from: int = 0,
         reads: list[list[Read]] | None = None,
+        head_stats: bool = False,
     ) -> None:
         if not 0 <= stats_from < q or (stats_from and own_slots is not None):
             raise ValueError(f"stats_from={stats_from} must be in [0, q={q}), and 0 for a decode step")
@@ -102,7 +106,10 @@ class TreeBatch:
         #: copies (one kernel call and one merge instead of one per piece)
         self._reads = reads if reads is not None else group_reads(groups, device)
         self.stats = stats
+        self.head_stats = stats and head_stats
         self.own_mass: torch.Tensor | None = None
+        #: (R, L, H_kv, n) the own tokens' masses per layer and KV head (``head_stats`` only)
+        self.own_head_mass: torch.Tensor | None = None
         #: (R, q) long original positions of the new tokens, on the host: set by the backend before the
         #: forward (a sliding window needs them)
         self.positions: torch.Tensor | None = None
@@ -116,13 +123,16 @@ class TreeBatch:
         #: statistics in the same pass as the attention (a decode step whose rows read few enough context
         #: tokens that their scores fit the one score tile the scratch bound allows: rows x KEY_CHUNK):
         #: each read's scores are kept until the log-sum-exp is final, no key is read twice
-        self.fused_stats = stats and own_slots is not None and fused_fits(groups, rows)
-        #: per group: one (n,) mass tensor whose views are its pieces' ``Group.mass`` (a read adds to a slice)
+        self.fused_stats = stats and not self.head_stats and own_slots is not None and fused_fits(groups, rows)
+        #: per group: one (n,) mass tensor, (L, H_kv, n) with ``head_stats``, whose views are its pieces'
+        #: ``Group.mass`` (a read adds to a slice)
         self._flat_mass: list[torch.Tensor | None] = [None] * len(groups)
+        lead = (pool.shape.layers, pool.shape.kv_heads) if self.head_stats else ()
         if stats:
             for i, g in enumerate(groups):
-                self._flat_mass[i] = torch.zeros(sum(p.length for p in g.pieces), dtype=torch.float32, device=device)
-                g.mass = list(torch.split(self._flat_mass[i], [p.length for p in g.pieces]))
+                n = sum(p.length for p in g.pieces)
+                self._flat_mass[i] = torch.zeros(*lead, n, dtype=torch.float32, device=device)
+                g.mass = list(torch.split(self._flat_mass[i], [p.length for p in g.pieces], dim=-1))
 
     # ---- Cache duck type: transformers calls this once per layer -------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -163,7 +173,7 @@ class TreeBatch:
             out, lse = _merge_sinks(out, lse, call.sinks, q)
         if self.fused_stats:
             self._collect_scored(scored, lse)
-            self._collect_own(own[2], lse, call)
+            self._collect_own(own[2], lse, call, layer)
         elif self.stats:
             self._collect(layer, qg, own, lse, call, g)
         return out.to(query.dtype).view(r, hq, q, d).transpose(1, 2)
@@ -274,10 +284,11 @@ class TreeBatch:
                 if self.stats_from and mask is not None:  # the window's rows of the counted queries
                     mask = _window(mask[None, None], self.q, self.stats_from)[0, 0]
                 k, _ = self._read_kv(layer, grp, read)
-                target = flat[read.offset : read.offset + read.length]
+                span = slice(read.offset, read.offset + read.length)
+                target = flat[layer, :, span] if self.head_stats else flat[span]  # (H_kv, n) or (n,)
                 attention_mass(qf, k, s, scale, softcap=cap, mask=mask, out=target)
                 del k
-        self._collect_own(extra, lse, call)
+        self._collect_own(extra, lse, call, layer)
 
     def _collect_scored(self, scored: list[tuple[torch.Tensor, int, int, torch.Tensor]], lse: torch.Tensor) -> None:
         """The fused pass's masses (decode): each read's kept (1, H_kv, rows * g * q, n) scores under the
@@ -288,12 +299,19 @@ class TreeBatch:
             s = s.transpose(0, 1).reshape(1, s.shape[1], -1, 1)  # the query order of _gather_queries
             flat[offset : offset + scores.shape[-1]] += scores.sub_(s).exp_().sum(dim=(0, 1, 2))
 
-    def _collect_own(self, extra, lse: torch.Tensor, call: AttentionCall) -> None:
+    def _collect_own(self, extra, lse: torch.Tensor, call: AttentionCall, layer: int) -> None:
         """The own tokens' masses under the final log-sum-exp: a decode row's generated tokens (``extra``
         its (R, H_kv, g*q, n) scores), or a prefill's new tokens, causal, row by row (``extra`` the
         counted queries, the repeated keys and the window mask)."""
         scale, cap = call.scale, call.softcap
-        if isinstance(extra, torch.Tensor):  # decode: (R, H_kv, g*q, n) scores of the own tokens
+        if self.head_stats:
+            heads = self._own_head_mass(extra, lse, call)  # (R, H_kv, n)
+            if self.own_head_mass is None:
+                r, hkv, n = heads.shape
+                self.own_head_mass = torch.zeros(r, self.pool.shape.layers, hkv, n, dtype=torch.float32)
+            self.own_head_mass[:, layer] += heads.cpu()
+            mass = heads.sum(dim=1)
+        elif isinstance(extra, torch.Tensor):  # decode: (R, H_kv, g*q, n) scores of the own tokens
             mass = torch.exp(extra - lse.unsqueeze(-1)).sum(dim=(1, 2))  # (R, n)
         else:  # prefill: causal mass over the new tokens, row by row
             query, k, mask = extra
@@ -313,6 +331,28 @@ class TreeBatch:
                 ]
             )
         self.own_mass = mass if self.own_mass is None else self.own_mass + mass
+
+    def _own_head_mass(self, extra, lse: torch.Tensor, call: AttentionCall) -> torch.Tensor:
+        """(R, H_kv, n) the own tokens' masses per KV head (query heads of a group summed)."""
+        if isinstance(extra, torch.Tensor):  # decode: (R, H_kv, g*q, n) scores
+            return torch.exp(extra - lse.unsqueeze(-1)).sum(dim=2)
+        query, k, mask = extra  # prefill: (R, Hq, M, D) counted queries, (R, Hq, n, D) repeated keys
+        r, hq, m = query.shape[:3]
+        hkv = self.pool.shape.kv_heads
+        final = lse.reshape(r, hq, m)
+        out = torch.zeros(r, hq, k.shape[2], dtype=torch.float32, device=query.device)
+        for i in range(r):
+            attention_mass(
+                query[i : i + 1],
+                k[i : i + 1],
+                final[i : i + 1],
+                call.scale,
+                causal=mask is None,
+                softcap=call.softcap,
+                mask=None if mask is None else mask[i, 0],
+                out=out[i],
+            )
+        return out.reshape(r, hkv, hq // hkv, -1).sum(dim=2)
 
 
 #: row entries of context partials buffered before they are merged into the rows (x the batch's rows):

@@ -183,6 +183,8 @@ class Prefiller:
             self.runner.free_slots(spare)
             # causal: each scored query saw half of the block on average (none when statistics were off)
             self.store.add_attention(child.id, torch.arange(n), row.attention[:n], row.scored / 2)
+            if row.head_attention is not None:
+                self.store.add_head_attention(child.id, torch.arange(n), row.head_attention[..., :n])
             for m in self.accounts.targets():
                 m.decode_tokens += n
             self.memory.node_end(child)
@@ -217,6 +219,8 @@ class Prefiller:
         self.runner.take_attention(batch)
         if batch.own_mass is not None:  # causal: a block's own queries see half of it on average
             self.store.add_attention(node.id, own, batch.own_mass[0], (count - stats_from) / 2)
+        if batch.own_head_mass is not None:
+            self.store.add_head_attention(node.id, own, batch.own_head_mass[0])
         return logits
 
     @contextmanager

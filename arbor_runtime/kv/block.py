@@ -62,6 +62,8 @@ class BlockKV:
             (summed over layers, heads and queries; kept for evicted tokens too).
         observers: how many queries could see the block (attention / observers is the block's
             attention per query, free of the bias toward old blocks).
+        head_attention: (L, H_kv, length) float32 the same attention record per layer and KV head
+            (recorded only for per-head plans: ``KVStore.head_stats``); None until recorded.
         heads: None while every layer and KV head holds the same token in each slot (whole-token
             retention: slot ``j`` of the segments, in order, holds ``idx[j]`` everywhere). After a
             per-(layer, KV head) eviction (:meth:`~arbor_runtime.kv.store.KVStore.apply_heads`):
@@ -79,6 +81,7 @@ class BlockKV:
     attention: torch.Tensor
     observers: float = 0.0
     heads: torch.Tensor | None = None
+    head_attention: torch.Tensor | None = None
     _kept: torch.Tensor | None = field(default=None, repr=False)
 
     @classmethod

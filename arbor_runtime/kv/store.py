@@ -64,6 +64,9 @@ class KVStore:
         self.journal: list[tuple[str, int, int, int]] = []
         self._blocks: dict[int, BlockKV] = {}
         self._resident_tokens = 0
+        #: record attention statistics per layer and KV head too (``BlockKV.head_attention``): set by
+        #: the runtime for a per-head policy that ranks by attention (``policy.granularity=head``)
+        self.head_stats = False
 
     # ---- queries -------------------------------------------------------------------------
     def __contains__(self, block_id: int) -> bool:
@@ -161,6 +164,9 @@ class KVStore:
         blk.set_segments(high)
         blk.start_pos, blk.length = blk.start_pos + at, blk.length - at
         blk.attention = blk.attention[at:].clone()
+        if blk.head_attention is not None:
+            head.head_attention = blk.head_attention[..., :at].clone()
+            blk.head_attention = blk.head_attention[..., at:].clone()
         hosted = self.host.split(block_id, prefix_id, at)
         self._blocks[prefix_id] = head
         layout_changed()
@@ -294,6 +300,44 @@ class KVStore:
             self.pool.free(seg.extent)
         blk.set_segments([Segment(ext.start, idx)])
         return True
+
+    def add_head_attention(
+        self, block_id: int, tokens: torch.Tensor, mass: torch.Tensor, replace: bool = False
+    ) -> None:
+        """Add per-(layer, KV head) attention ``mass`` (L, H_kv, N) to a block's tokens: ``tokens`` (N,)
+        the same in every head, or (L, H_kv, N) each head's own. ``replace``: the new record replaces
+        the old one of those tokens (an observation window). Released blocks are skipped."""
+        blk = self._blocks.get(block_id)
+        if blk is None:
+            return
+        layers, kv_heads = self.shape.layers, self.shape.kv_heads
+        if blk.head_attention is None or blk.head_attention.shape[-1] < blk.length:
+            grown = torch.zeros(layers, kv_heads, blk.length)
+            if blk.head_attention is not None:
+                grown[..., : blk.head_attention.shape[-1]] = blk.head_attention
+            blk.head_attention = grown
+        tokens = tokens.cpu().long()
+        if tokens.dim() == 1:
+            tokens = tokens.expand(layers, kv_heads, -1)
+        if replace:
+            blk.head_attention.scatter_(2, tokens, 0.0)
+        blk.head_attention.scatter_add_(2, tokens, mass.float().cpu())
+
+    def add_head_attention_at(self, block_id: int, start: int, mass: torch.Tensor, replace: bool = False) -> None:
+        """:meth:`add_head_attention` for the consecutive slots from pool slot ``start`` (a read's piece):
+        ``mass`` (L, H_kv, N) goes to the tokens each head holds in those slots."""
+        blk = self._blocks.get(block_id)
+        if blk is None:
+            return
+        offset, n = 0, int(mass.shape[-1])
+        for seg in blk.segments:
+            if seg.start <= start < seg.start + seg.length:
+                at = offset + start - seg.start
+                held = blk.head_tokens(self.shape.layers, self.shape.kv_heads)[..., at : at + n]
+                self.add_head_attention(block_id, held, mass, replace)
+                return
+            offset += seg.length
+        raise KeyError(f"slot {start} holds no token of block {block_id}")
 
     def add_attention(self, block_id: int, tokens: torch.Tensor, mass: torch.Tensor, queries: float) -> None:
         """Add attention ``mass`` (N,) received by block-local ``tokens`` (N,) from ``queries`` queries.

@@ -23,7 +23,6 @@ class H2OPolicy(ScorerPolicy):
 
     name = "h2o"
     CAPABILITIES = Capabilities(needs_attention=True)
-    NO_PER_HEAD = "the runtime records attention statistics summed over layers and KV heads, not per head"
     heavy_ratio: float = 0.1
     recent_ratio: float = 0.1
 
@@ -39,3 +38,8 @@ class H2OPolicy(ScorerPolicy):
 
     def score(self, view: MemoryView, pool: FlatPool, protected: torch.Tensor) -> torch.Tensor:
         return pool.attention
+
+    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor, must: torch.Tensor) -> torch.Tensor:
+        """Each layer's KV head's own accumulated attention of the tokens it holds."""
+        record = view.blocks[block].kv.head_attention
+        return torch.zeros(held.shape) if record is None else record.gather(2, held)

@@ -169,6 +169,6 @@ class KVPPolicy(ScorerPolicy):
         """Newest tokens of the pool a plan down to ``cap`` tokens keeps whatever their scores."""
         return int(cap * self.recent_ratio)
 
-    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor) -> torch.Tensor:
+    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor, must: torch.Tensor) -> torch.Tensor:
         """(L, H_kv, K) each (layer, KV head) scorer's own scores of the tokens that head holds."""
         return self.scores.held_scores(view.blocks[block].node.id, held)

@@ -49,7 +49,7 @@ class RandomPolicy(ScorerPolicy):
         """(N,) uniform random scores, from a generator seeded by ``seed`` and the pool's shape."""
         return torch.rand(pool.size, generator=self._generator(view))
 
-    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor) -> torch.Tensor:
+    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor, must: torch.Tensor) -> torch.Tensor:
         """(L, H_kv, K) uniform random scores, one draw per layer, KV head and token (seeded by
         ``seed``, the pool's shape and the block)."""
         return torch.rand(held.shape, generator=self._generator(view, block))

@@ -19,8 +19,8 @@ and KV head. With ``granularity="head"`` each layer and KV head keeps its own to
 (so blocks stay rectangular and the budget in slots is unchanged), then inside each changed block
 every (layer, KV head) keeps its top tokens by :meth:`ScorerPolicy.head_scores` (the block's sinks
 and recent-window tokens first, whatever their score). For a single block (one compressed context)
-that is kvpress's per-head top-k exactly. A scorer whose per-head scores the runtime cannot give
-(attention statistics are recorded summed over heads) refuses ``granularity="head"``.
+that is kvpress's per-head top-k. Scorers that rank by attention read it per layer and KV head
+(``BlockKV.head_attention``, recorded only then: ``KVStore.head_stats``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
 #: what ``policy.granularity`` may be: every layer and KV head keeps the same tokens, or each its own
 GRANULARITIES = ("token", "head")
 #: the scorers that rank per (layer, KV head) here
-PER_HEAD_POLICIES = ("random", "kvp", "streaming")
+PER_HEAD_POLICIES = ("random", "kvp", "streaming", "h2o", "snapkv")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +103,11 @@ class ScorerPolicy(Policy):
         """
         raise NotImplementedError
 
-    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor) -> torch.Tensor:
+    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor, must: torch.Tensor) -> torch.Tensor:
         """(L, H_kv, K) float scores of the tokens each layer and KV head of ``view.blocks[block]``
         holds (``held``, (L, H_kv, K) block-local tokens, slots in order): the higher, the sooner
-        kept. Called by per-head plans only, after :meth:`score`."""
+        kept. ``must``: the block's protected tokens (kept whatever their score). Called by per-head
+        plans only, after :meth:`score`."""
         raise NotImplementedError(f"{self.name} has no per-head scores")
 
     def plan(self, view: MemoryView) -> RetentionPlan | None:
@@ -145,7 +146,7 @@ class ScorerPolicy(Policy):
                 continue
             held = b.kv.head_tokens(layers, kv_heads)
             must = pool.token[(pool.block == i) & protected]
-            scores = self.head_scores(view, i, held).float().masked_fill(torch.isin(held, must), float("inf"))
+            scores = self.head_scores(view, i, held, must).float().masked_fill(torch.isin(held, must), float("inf"))
             k = int(keep[b.node.id].numel())
             chosen = held.gather(2, torch.topk(scores, k, dim=-1).indices)
             out[b.node.id] = torch.sort(chosen, dim=-1).values

@@ -10,8 +10,9 @@ positions with a ``kernel_size`` pooling (average or max, zero-padded, window to
 SnapKV / kvpress pool the scores before the window) so neighbours of a strongly attended token
 stay with it. All blocks are one flattened sequence in creation order; evicted tokens are dropped.
 
-kvpress's SnapKVPress makes the same choice per layer and KV head; this runtime evicts whole
-tokens, so the score here is summed over layers and heads (see docs/results.md for what that costs).
+kvpress's SnapKVPress makes the same choice per layer and KV head: with ``granularity=head`` so does
+this policy (each head's own window record, pooled the same way); with ``granularity=token`` (the
+default) the score is summed over layers and heads (see docs/results.md for what that costs).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ class SnapKVPolicy(ScorerPolicy):
     """Observation-window attention, pooled, plus the window itself (SnapKV defaults of kvpress: 64, 5, avg)."""
 
     name = "snapkv"
-    NO_PER_HEAD = "the runtime records attention statistics summed over layers and KV heads, not per head"
     window_size: int = 64
     kernel_size: int = 5
     pooling: str = "avg"
@@ -74,3 +74,20 @@ class SnapKVPolicy(ScorerPolicy):
         else:
             pooled = F.max_pool1d(row, self.kernel_size, stride=1, padding=pad)
         return pooled.view(-1)[kept]
+
+    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor, must: torch.Tensor) -> torch.Tensor:
+        """Each layer's KV head's own window record of the tokens it holds, pooled along the block's
+        positions as :meth:`pooled` does (tokens it does not hold and protected ones count as 0)."""
+        kv = view.blocks[block].kv
+        layers, kv_heads, k = held.shape
+        scores = torch.zeros(layers * kv_heads, kv.length)
+        if kv.head_attention is not None:
+            flat = held.reshape(layers * kv_heads, k)
+            scores.scatter_(1, flat, kv.head_attention.reshape(layers * kv_heads, -1).gather(1, flat))
+        scores[:, must.cpu()] = 0.0
+        pad, row = self.kernel_size // 2, scores.unsqueeze(1)
+        if self.pooling == "avg":
+            pooled = F.avg_pool1d(row, self.kernel_size, stride=1, padding=pad)
+        else:
+            pooled = F.max_pool1d(row, self.kernel_size, stride=1, padding=pad)
+        return pooled.view(layers, kv_heads, -1).gather(2, held)

@@ -29,6 +29,6 @@ class StreamingPolicy(ScorerPolicy):
     def score(self, view: MemoryView, pool: FlatPool, protected: torch.Tensor) -> torch.Tensor:
         return torch.arange(pool.size, dtype=torch.float32)
 
-    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor) -> torch.Tensor:
+    def head_scores(self, view: MemoryView, block: int, held: torch.Tensor, must: torch.Tensor) -> torch.Tensor:
         """Per head the same rule: the newer the token (its block-local index), the higher."""
         return held.float()

@@ -31,6 +31,7 @@ from benchmarks.linear import (
     Context,
     ProjectRun,
     compare,
+    kept_of,
     kept_tokens,
     prefill,
     project_run,
@@ -52,13 +53,26 @@ def context_attention(loaded: LoadedModel, ctx: Context) -> torch.Tensor:
 
 
 def retained(att: torch.Tensor, kept: torch.Tensor) -> float:
-    """Share of future attention on the ``kept`` context tokens, averaged over layers and heads."""
+    """Share of future attention on the ``kept`` context tokens, averaged over layers and heads.
+    ``kept``: (k,) tokens kept in every head, or (L, H_kv, k) each layer's and KV head's own."""
+    if kept.dim() == 3:
+        return float(att.gather(-1, kept).sum(-1).mean())
     return float(att[..., kept].sum(-1).mean())
 
 
-def oracle_retained(att: torch.Tensor, count: int) -> float:
-    """The most any whole-token set of ``count`` tokens can retain (top tokens by mean share)."""
+def oracle_retained(att: torch.Tensor, count: int, per_head: bool = False) -> float:
+    """The most any set of ``count`` tokens can retain: whole tokens (the top tokens by mean share),
+    or with ``per_head`` each layer's and KV head's own top ``count``."""
+    if per_head:
+        return retained(att, att.topk(count, dim=-1).indices)
     return retained(att, att.mean(dim=(0, 1)).topk(count).indices)
+
+
+def policy_variant(name: str) -> tuple[str, dict[str, Any]]:
+    """``kvp`` -> (``kvp``, {}); ``kvp@head`` -> (``kvp``, {granularity: head}): a project policy at
+    per-(layer, KV head) retention (``policy.granularity=head``)."""
+    kind, _, granularity = name.partition("@")
+    return kind, ({"granularity": granularity} if granularity else {})
 
 
 def budget_run(loaded: LoadedModel, ctx: Context, policy: str, ratio: float, **kwargs: Any) -> ProjectRun:
@@ -73,7 +87,7 @@ def budget_run(loaded: LoadedModel, ctx: Context, policy: str, ratio: float, **k
     rt.logits_hook = lambda node, logp: blocks.__setitem__(node.id, logp)
     root = rt.new_tree_ids(ctx.context_ids)
     node = rt.append_ids(root, ctx.question_ids + ctx.continuation_ids)
-    kept = rt.store.get(root.id).kept.clone()
+    kept = kept_of(rt, root.id)
     if rt.metrics.peak_device_tokens > budget:
         raise RuntimeError(f"{policy} used {rt.metrics.peak_device_tokens} device tokens over its budget of {budget}")
     logp = blocks[node.id][len(ctx.question_ids) :].float()
@@ -100,15 +114,17 @@ def run_context(
     reference_continuation(base, ctx, steps)
     full = project_run(base, ctx, None)
     att = context_attention(loaded, ctx)
+    per_head = any("@" in p for p in policies)
     runs = [
         {
-            "policy": "oracle",
+            "policy": name,
             "compression_ratio": r,
-            "retained": oracle_retained(att, kept_tokens(len(ctx.context_ids), r)),
+            "retained": oracle_retained(att, kept_tokens(len(ctx.context_ids), r), per_head=name.endswith("@head")),
         }
         for r in ratios
+        for name in (("oracle", "oracle@head") if per_head else ("oracle",))
     ]
-    named = {p: (p, {}) for p in policies} | {n: ("kvp", kw) for n, kw in (variants or {}).items()}
+    named = {p: policy_variant(p) for p in policies} | {n: ("kvp", kw) for n, kw in (variants or {}).items()}
     for policy, (kind, kwargs) in named.items():
         pre = prefill(loaded, ctx, kind, **kwargs) if protocol == "compress" else None
         for ratio in ratios:

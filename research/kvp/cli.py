@@ -20,10 +20,11 @@ from arbor_runtime import load_model
 from arbor_runtime.policies import POLICIES
 from arbor_runtime.policies.kvp_scorer import ScorerShape
 from arbor_runtime.policies.kvp_weights import save_weights
+from arbor_runtime.policies.scorer import PER_HEAD_POLICIES
 from benchmarks.cli import parse_floats, set_threads
 from benchmarks.linear import DEFAULT_CONTEXTS, build_context
 from benchmarks.trace import load_trace
-from research.kvp.bench import DEFAULT_POLICIES, PROTOCOLS, run_context, scoring_cost, summarize
+from research.kvp.bench import DEFAULT_POLICIES, PROTOCOLS, policy_variant, run_context, scoring_cost, summarize
 from research.kvp.collect import collect, read_shards, shard_fingerprint
 from research.kvp.plots import plot_training
 from research.kvp.replay import selector_replay
@@ -238,7 +239,9 @@ def bench_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"), help="the shared data folder")
     ap.add_argument("--contexts", default=",".join(DEFAULT_CONTEXTS), help="TASK:SHOTS:QUESTION,... (gsm8k|math500)")
     ap.add_argument("--shares", default="0.1,0.2,0.5", help="kept shares of the context, each in (0, 1)")
-    ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES), help="project policies")
+    ap.add_argument(
+        "--policies", default=",".join(DEFAULT_POLICIES), help="project policies; NAME@head: per-(layer, KV head)"
+    )
     ap.add_argument(
         "--variants",
         default="",
@@ -271,6 +274,12 @@ def bench_main(argv: Sequence[str] | None = None, console: Console | None = None
     return 0
 
 
+def _valid_policy(name: str) -> bool:
+    """A project policy, or ``NAME@head`` for a policy that keeps tokens per (layer, KV head)."""
+    kind, kwargs = policy_variant(name)
+    return kind in POLICIES and (not kwargs or (kwargs["granularity"] == "head" and kind in PER_HEAD_POLICIES))
+
+
 def _variants(text: str) -> dict[str, dict]:
     """Items ``NAME=WEIGHTS`` (a weights file) or ``NAME=recent_ratio:X`` -> KVPPolicy arguments per name."""
     out = {}
@@ -298,10 +307,11 @@ def run_bench(args: argparse.Namespace, console: Console) -> dict:
     if any(not 0.0 < s < 1.0 for s in shares) or args.steps < 1:
         raise ValueError(f"--shares {args.shares!r} must be in (0, 1) and --steps={args.steps} >= 1")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    bad = [p for p in policies if p not in POLICIES]
+    bad = [p for p in policies if not _valid_policy(p)]
     if bad or not policies:
         raise ValueError(
-            f"--policies {args.policies!r}: unknown {bad or 'empty'}; valid: {', '.join(sorted(POLICIES))}"
+            f"--policies {args.policies!r}: unknown {bad or 'empty'}; valid: {', '.join(sorted(POLICIES))}, "
+            f"each as NAME, or NAME@head for {', '.join(PER_HEAD_POLICIES)} (per-(layer, KV head) retention)"
         )
     variants = _variants(args.variants)
     ratios = [round(1.0 - s, 6) for s in shares]
