@@ -260,12 +260,10 @@ class MemoryManager:
             heads = plan.heads.get(block_id)
             if heads is None:
                 self.store.apply(block_id, keep, offload=offload)
-            elif offload:
-                raise ValueError(f"{self.policy.name}: per-head retention drops its evicted K/V; it cannot offload")
             elif keep.numel() != heads.shape[-1]:  # the planner kept more than the plan (an active block)
                 raise ValueError(f"block {block_id}: {keep.numel()} nominal tokens for {heads.shape[-1]} per head")
             else:
-                self.store.apply_heads(block_id, keep, heads)
+                self.store.apply_heads(block_id, keep, heads, offload=offload)
         if retention.path:
             self._bring_back(retention.path, pinned)
 

@@ -25,10 +25,11 @@ def grow(rt: Runtime):
     return kids
 
 
-def test_host_cap_drops_spans_and_recompute_brings_a_branch_back(tiny):
+@pytest.mark.parametrize("granularity", ["token", "head"])
+def test_host_cap_drops_spans_and_recompute_brings_a_branch_back(tiny, granularity):
     full = Runtime(tiny, policy="full")
     full_kids = grow(full)
-    rt = Runtime(tiny, policy=ArborPolicy(budget_tokens=BUDGET, host_budget_tokens=HOST_CAP))
+    rt = Runtime(tiny, policy=ArborPolicy(budget_tokens=BUDGET, host_budget_tokens=HOST_CAP, granularity=granularity))
     kids = grow(rt)
     assert full.metrics.peak_device_tokens > BUDGET >= rt.metrics.peak_device_tokens
     assert all(p.host_tokens <= HOST_CAP for p in rt.metrics.trace)  # the cap holds after every operation

@@ -4,6 +4,7 @@ the same per-head gathered cache."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import pytest
@@ -23,7 +24,7 @@ from arbor_runtime.policies.scorer import FlatPool, ScorerPolicy
 
 CONTEXT = list(range(100, 160))  # 60 tokens
 QUESTION = list(range(300, 312))
-PER_HEAD = ("random", "kvp", "streaming", "h2o", "snapkv")
+PER_HEAD = ("random", "kvp", "streaming", "h2o", "snapkv", "arbor")
 
 
 def per_head_runtime(tiny, name: str, **kwargs) -> tuple[Runtime, dict]:
@@ -250,3 +251,62 @@ def test_h2o_per_head_keeps_each_heads_heavy_hitters_and_the_recent_window(tiny)
     scores = record.masked_fill(torch.arange(60) >= 48, float("inf"))
     assert torch.equal(held, torch.sort(scores.topk(24, dim=-1).indices, dim=-1).values)
     assert len({tuple(r.tolist()) for r in held.reshape(-1, 24)}) > 1
+
+
+def test_per_head_spans_offloaded_come_back_bit_identical(tiny):
+    rt = Runtime(tiny, policy=build_policy("arbor", granularity="head"))
+    root = rt.new_tree_ids(CONTEXT)
+    keys, values = rt.store.read(root.id)  # (L, H_kv, 60, D) in token order
+    layers, kv_heads = rt.backend.shape.layers, rt.backend.shape.kv_heads
+    gen = torch.Generator().manual_seed(0)
+    heads = torch.sort(torch.rand(layers, kv_heads, 60, generator=gen).topk(20, dim=-1).indices, dim=-1).values
+    rt.store.apply_heads(root.id, torch.arange(20), heads, offload=True)
+    k, v, held = rt.store.read_heads(root.id)
+    assert torch.equal(held, heads) and rt.store.host_tokens == 40
+    host_idx, hk, hv = rt.store.host.read(root.id)
+    host_heads = rt.store.host.heads(root.id)  # (L, H_kv, 40): each head's own evicted tokens
+    for layer in range(layers):
+        for h in range(kv_heads):
+            assert torch.equal(k[layer, h], keys[layer, h, heads[layer, h]])
+            assert torch.equal(hv[layer, h], values[layer, h, host_heads[layer, h]])
+            assert sorted(heads[layer, h].tolist() + host_heads[layer, h].tolist()) == list(range(60))
+    rt.store.apply(root.id, torch.arange(60), offload=True)  # every host token back
+    rt.store.prefetch()
+    blk = rt.store.get(root.id)
+    assert not blk.per_head and blk.whole and rt.store.host_tokens == 0
+    back_k, back_v = rt.store.read(root.id)
+    assert torch.equal(back_k, keys) and torch.equal(back_v, values)
+
+
+def test_arbor_per_head_under_a_tight_budget_generates_what_full_generates(tiny):
+    """Inactive blocks keep their tokens per head; the active path comes back whole, bit-identical."""
+    script = [("expand", random.Random(i).randrange(10_000), 1 + i % 2) for i in range(14)]
+    full = Runtime(tiny, policy="full", seed=3)
+    arbor = Runtime(tiny, policy=build_policy("arbor", budget_tokens=BUDGET, granularity="head"), seed=3)
+    per_head = []
+    run_ops(full, script)
+    run_ops(
+        arbor,
+        script,
+        on_op=lambda rt, *_: per_head.append(any(b.per_head for b in map(rt.store.get, rt.store.block_ids()))),
+    )
+    assert any(per_head), "no block was ever kept per head"
+    assert arbor.metrics.rehydrations > 0 and arbor.metrics.peak_device_tokens <= BUDGET
+    assert [n.token_ids for n in full.nodes.values()] == [n.token_ids for n in arbor.nodes.values()]
+
+
+def test_a_per_head_block_that_lost_its_host_span_is_recomputed_whole(tiny):
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0, stop_at_eos=False)
+    full = Runtime(tiny, policy="full")
+    (full_child,) = full.expand(full.new_tree_ids(CONTEXT), 1, greedy)
+    rt = Runtime(tiny, policy=build_policy("arbor", granularity="head"))
+    (child,) = rt.expand(rt.new_tree_ids(CONTEXT), 1, greedy)
+    layers, kv_heads = rt.backend.shape.layers, rt.backend.shape.kv_heads
+    heads = torch.stack([torch.arange(h, 8, 2)[:4] for h in range(kv_heads)]).expand(layers, -1, -1)
+    rt.store.apply_heads(child.id, torch.arange(4), heads, offload=True)  # head h keeps h, h+2, h+4, h+6
+    assert rt.store.drop_host(child.id) == 4  # what each head evicted is gone from every tier
+    assert rt.residency(child) == {"device": 4, "host": 0, "dropped": 4}
+    back = rt.expand(child, 1, greedy)[0]
+    blk = rt.store.get(child.id)
+    assert not blk.per_head and blk.whole and rt.metrics.recomputed_tokens >= 4
+    assert back.token_ids == full.expand(full_child, 1, greedy)[0].token_ids

@@ -241,6 +241,8 @@ class Prefiller:
         they are.
         """
         blk = self.store.get(node.id)
+        if blk.per_head:  # each head holds other tokens: what a head lacks is no one token, so all are rebuilt
+            self.store.clear_device(node.id)
         missing = torch.nonzero(~torch.isin(torch.arange(blk.length), blk.kept)).squeeze(1)
         with self._allocating(int(missing.numel())) as extents:
             write = torch.full((1, blk.length), -1, dtype=torch.long)

@@ -169,11 +169,17 @@ def ordered_runs(slots: torch.Tensor, bounds: list[int]) -> list[tuple[int, int,
 @dataclass(slots=True)
 class HostSpan:
     """Evicted tokens of one block: ``idx`` (E,) sorted block-local indices, ``slots`` (E,) the host
-    slot of each; ``writes``: events of the offload copies that filled them (maybe in flight)."""
+    slot of each; ``writes``: events of the offload copies that filled them (maybe in flight).
+
+    ``heads``: None when every layer and KV head of a slot holds token ``idx[j]``; for the spans of a
+    per-head block (``BlockKV.heads``) (L, H_kv, E), the token each layer and KV head holds in each slot
+    (``idx`` then names the slots' nominal tokens, as a per-head block's segments do).
+    """
 
     idx: torch.Tensor
     slots: torch.Tensor
     writes: list[Any] = field(default_factory=list)
+    heads: torch.Tensor | None = None
 
     @property
     def tokens(self) -> int:
@@ -185,6 +191,7 @@ class Restore:
     """One block's tokens ``idx`` (N,) on their way back: host ``slots`` (N,) -> pool ``device_slots`` (N,).
 
     ``writes``: offload events the restore lane waits for before reading the host slots.
+    ``heads``: (L, H_kv, N) the token each layer and KV head holds in each slot (a per-head span), or None.
     """
 
     block_id: int
@@ -192,6 +199,7 @@ class Restore:
     slots: torch.Tensor
     device_slots: torch.Tensor
     writes: list[Any]
+    heads: torch.Tensor | None = None
 
 
 class HostTier:
@@ -238,6 +246,12 @@ class HostTier:
         span = self._spans.get(block_id)
         return None if span is None else span.idx
 
+    def heads(self, block_id: int) -> torch.Tensor | None:
+        """(L, H_kv, E) the token each layer and KV head holds in each slot of a per-head span, in
+        ``indices`` order; None for a whole-token span (or none)."""
+        span = self._spans.get(block_id)
+        return None if span is None else span.heads
+
     def room(self) -> int:
         """Tokens a :meth:`put` can still take."""
         return self.slots.room()
@@ -263,8 +277,11 @@ class HostTier:
         return span.idx, k.transpose(1, 2), v.transpose(1, 2)
 
     # ---- updates -------------------------------------------------------------------------
-    def put(self, block_id: int, idx: torch.Tensor, pool: DevicePool, src: torch.Tensor) -> None:
-        """Offload tokens ``idx`` (N,) of a block from device pool slots ``src`` (N,).
+    def put(
+        self, block_id: int, idx: torch.Tensor, pool: DevicePool, src: torch.Tensor, heads: torch.Tensor | None = None
+    ) -> None:
+        """Offload tokens ``idx`` (N,) of a block from device pool slots ``src`` (N,); ``heads``: (L, H_kv, N)
+        what each layer and KV head of those slots holds, for a per-head block (see :class:`HostSpan`).
 
         The caller made sure those slots hold their final data for every lane (``kv/prefetch.py``)
         and that :meth:`room` is at least N. Merged with the block's span, if it has one.
@@ -277,13 +294,20 @@ class HostTier:
         self._grow()
         done = self._copy_out(pool, src.cpu(), dst)
         old = self._spans.get(block_id)
+        heads = None if heads is None else heads.cpu().clone()
         if old is None:
-            self._spans[block_id] = HostSpan(idx.cpu().clone(), dst, [done])
+            self._spans[block_id] = HostSpan(idx.cpu().clone(), dst, [done], heads)
         else:
             merged_idx = torch.cat([old.idx, idx.cpu()])
             order = torch.argsort(merged_idx)
+            merged_heads = None
+            if heads is not None or old.heads is not None:
+                merged_heads = torch.cat(
+                    [_columns(old.heads, old.idx, self.shape), _columns(heads, idx, self.shape)], -1
+                )
+                merged_heads = merged_heads[..., order]
             self._spans[block_id] = HostSpan(
-                merged_idx[order], torch.cat([old.slots, dst])[order], [*_pending(old.writes), done]
+                merged_idx[order], torch.cat([old.slots, dst])[order], [*_pending(old.writes), done], merged_heads
             )
         self.tokens += n
         self.bytes_to_host += n * self.shape.bytes_per_token
@@ -302,12 +326,14 @@ class HostTier:
         taken, slots = span.idx[sel], span.slots[sel]
         rest = ~sel
         writes = _pending(span.writes)
+        heads = None if span.heads is None else span.heads[..., sel]
         if bool(rest.any()):
-            self._spans[block_id] = HostSpan(span.idx[rest], span.slots[rest], writes)
+            rest_heads = None if span.heads is None else span.heads[..., rest]
+            self._spans[block_id] = HostSpan(span.idx[rest], span.slots[rest], writes, rest_heads)
         else:
             del self._spans[block_id]
         self.tokens -= int(slots.numel())
-        return Restore(block_id, taken, slots, torch.zeros(0, dtype=torch.long), writes)
+        return Restore(block_id, taken, slots, torch.zeros(0, dtype=torch.long), writes, heads)
 
     def restore(self, pool: DevicePool, batch: list[Restore]) -> list[Any]:
         """Copy a batch of taken spans into their pool slots on the restore lane, layer by layer.
@@ -362,6 +388,8 @@ class HostTier:
         span = self._spans.get(block_id)
         if span is None:
             return 0
+        if span.heads is not None:
+            raise ValueError(f"block {block_id} keeps other tokens in each KV head: its host span cannot be split")
         below = span.idx < at
         n = int(below.sum())
         writes = _pending(span.writes)
@@ -385,7 +413,8 @@ class HostTier:
             if n == span.tokens:
                 del self._spans[block_id]
             else:
-                self._spans[block_id] = HostSpan(span.idx[~gone], span.slots[~gone], span.writes)
+                heads = None if span.heads is None else span.heads[..., ~gone]
+                self._spans[block_id] = HostSpan(span.idx[~gone], span.slots[~gone], span.writes, heads)
         self.tokens -= n
         return n
 
@@ -524,3 +553,10 @@ def _clamp(tokens: int) -> int:
 
 
 __all__ = ["HostFull", "HostSlots", "HostSpan", "HostTier", "Restore", "SyncStreams", "slot_runs"]
+
+
+def _columns(heads: torch.Tensor | None, idx: torch.Tensor, shape: KVShape) -> torch.Tensor:
+    """(L, H_kv, N): a span's per-head tokens, or ``idx`` (N,) in every head for a whole-token one."""
+    if heads is not None:
+        return heads.cpu()
+    return idx.cpu().expand(shape.layers, shape.kv_heads, -1)

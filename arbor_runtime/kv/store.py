@@ -67,6 +67,8 @@ class KVStore:
         #: record attention statistics per layer and KV head too (``BlockKV.head_attention``): set by
         #: the runtime for a per-head policy that ranks by attention (``policy.granularity=head``)
         self.head_stats = False
+        #: per-head blocks made whole by restores: put back in token order once their copies are in
+        self._to_normalize: set[int] = set()
 
     # ---- queries -------------------------------------------------------------------------
     def __contains__(self, block_id: int) -> bool:
@@ -216,7 +218,7 @@ class KVStore:
             if wanted.numel():
                 self._restore(block_id, wanted)
 
-    def apply_heads(self, block_id: int, keep: torch.Tensor, heads: torch.Tensor) -> None:
+    def apply_heads(self, block_id: int, keep: torch.Tensor, heads: torch.Tensor, offload: bool = False) -> None:
         """Carry out a per-(layer, KV head) retention plan: each layer and KV head keeps its own
         ``k`` tokens, the same count everywhere, so the block stays rectangular and the budget in
         token slots is unchanged (as kvpress's presses gather per head).
@@ -226,14 +228,19 @@ class KVStore:
                 planner counts them, ``kept`` reports them after).
             heads: (L, H_kv, k) block-local tokens each layer and KV head keeps, each row a subset of
                 what that head holds now (:meth:`BlockKV.head_tokens`).
+            offload: the evicted K/V go to the host tier (else they are dropped).
 
-        Each head's kept K/V move, in slot order, to the block's first ``k`` slots (in place, at most
-        ``STAGE_TOKENS`` slots a copy: a head's j-th kept slot is never before its j-th slot) and the
-        rest are freed. Evicted K/V are dropped (no host tier for per-head spans yet).
+        Each head's kept K/V move, in slot order, to the block's first ``k`` slots; the slots after
+        them are labelled with the nominal tokens that leave (and, when offloaded, hold each head's
+        evicted K/V), and leave as any evicted tokens do (:meth:`apply`): a host span of a per-head
+        block records what each head holds in each of its slots, and comes back the same way.
+        Dropping moves the kept K/V only, in place, ``STAGE_TOKENS`` slots at a time (a head's j-th
+        kept slot is never before its j-th slot); offloading permutes each layer's slots of the block
+        through one (H_kv, T_kept, D) copy.
         """
         blk = self.get(block_id)
         layers, kv_heads = self.shape.layers, self.shape.kv_heads
-        keep, heads = keep.cpu(), heads.cpu().long()
+        keep, heads = torch.sort(keep.cpu()).values, heads.cpu().long()
         k = int(keep.numel())
         if tuple(heads.shape) != (layers, kv_heads, k):
             raise ValueError(f"heads {tuple(heads.shape)} must be (L, H_kv, k) = ({layers}, {kv_heads}, {k})")
@@ -243,40 +250,77 @@ class KVStore:
         pos = _slot_positions(held, heads, blk.length)
         if pos is None:
             raise ValueError(f"heads name tokens of block {block_id} that a layer's KV head does not hold (or twice)")
-        pos = torch.sort(pos, dim=-1).values
+        leaving = torch.ones(held.shape, dtype=torch.int8).scatter_(2, pos, 0)
+        order = torch.sort(leaving, dim=-1, stable=True).indices  # per head: kept slots, then the others
         slots = torch.cat([s.slots for s in blk.segments]) if blk.segments else torch.zeros(0, dtype=torch.long)
         self.pool.settle(slots)
-        for layer in range(layers):
+        if offload:
+            self._permute_heads(slots, order)
+        else:
+            self._gather_heads_front(slots, order[..., :k])
+        nominal = torch.cat([keep, blk.kept[~torch.isin(blk.kept, keep)]])  # slot order: kept, then leaving
+        blk.set_segments(_relabel(blk.segments, nominal))
+        blk.heads = held.gather(2, order)
+        self._evict(block_id, blk, keep, offload)
+
+    def _permute_heads(self, slots: torch.Tensor, order: torch.Tensor) -> None:
+        """Each layer's KV head h of the block in ``slots`` (K,) reordered: slot j gets what slot
+        ``order[l, h, j]`` held (``order``: (L, H_kv, K))."""
+        for layer in range(order.shape[0]):
+            k, v = self.pool.gather_heads(layer, slots[order[layer]])
+            self.pool.write_heads(layer, slots.expand(order.shape[1], -1), k, v)
+
+    def _gather_heads_front(self, slots: torch.Tensor, front: torch.Tensor) -> None:
+        """Each layer's KV head h: slot j (< k) gets what slot ``front[l, h, j]`` held (``front``
+        (L, H_kv, k) increasing per head, so ``front[j] >= j``: copied in place, chunk by chunk)."""
+        k = front.shape[-1]
+        for layer in range(front.shape[0]):
             for j in range(0, k, STAGE_TOKENS):
                 end = min(j + STAGE_TOKENS, k)
-                src = slots[pos[layer, :, j:end]]  # (H_kv, c)
+                src = slots[front[layer, :, j:end]]  # (H_kv, c)
                 dst = slots[j:end].expand_as(src)
                 if bool((src != dst).any()):
                     self.pool.write_heads(layer, dst, *self.pool.gather_heads(layer, src))
-        n = blk.kept_tokens - k
-        blk.set_segments(self._truncate(blk.segments, torch.sort(keep).values))
-        blk.heads = held.gather(2, pos)
-        if n:
-            self.counters.evicted_tokens += n
-            self.counters.dropped_tokens += n
-            self._change("drop", block_id, -n, 0)
 
-    def _truncate(self, segments: list[Segment], nominal: torch.Tensor) -> list[Segment]:
-        """The first ``len(nominal)`` slots of ``segments`` (in order), labelled with ``nominal``; the
-        rest of their slots freed."""
-        out, used = [], 0
-        for seg in segments:
-            take = min(seg.length, int(nominal.numel()) - used)
-            if take < seg.length:
-                self.pool.free(Extent(seg.start + take, seg.length - take))
-            if take:
-                out.append(Segment(seg.start, nominal[used : used + take].clone()))
-            used += take
-        return out
+    def clear_device(self, block_id: int) -> int:
+        """Free every device slot of a block (before it is rebuilt whole by a recompute); returns how many."""
+        blk = self.get(block_id)
+        n = blk.kept_tokens
+        self.prefetch()
+        slots = torch.cat([s.slots for s in blk.segments]) if blk.segments else torch.zeros(0, dtype=torch.long)
+        self.pool.settle(slots)
+        for seg in blk.segments:
+            self.pool.free(seg.extent)
+        blk.set_segments([])
+        blk.heads = None
+        if n:
+            self._change("recompute", block_id, -n, 0)
+        return n
 
     def prefetch(self) -> None:
-        """Start the planned restores on the restore lane (the step's forward waits per block and layer)."""
+        """Start the planned restores on the restore lane (the step's forward waits per block and layer);
+        a per-head block they made whole is put back in token order (:meth:`_normalize`)."""
         self.prefetcher.issue()
+        while self._to_normalize:
+            self._normalize(self._to_normalize.pop())
+
+    def _normalize(self, block_id: int) -> None:
+        """A per-head block holding all its tokens in every head again: each head's slots permuted so
+        slot j holds its nominal token in every layer and head, as before the per-head eviction (the
+        rehydrated layout is bit-identical to the original's), and ``heads`` dropped."""
+        blk = self._blocks.get(block_id)
+        if blk is None or blk.heads is None or blk.kept_tokens != blk.length:
+            return
+        order = torch.cat([seg.idx for seg in blk.segments])
+        lookup = torch.full((*blk.heads.shape[:2], blk.length), -1, dtype=torch.long)
+        lookup.scatter_(2, blk.heads, torch.arange(blk.length).expand_as(blk.heads).contiguous())
+        src = lookup[..., order]  # (L, H_kv, K): where each head holds the token slot j should hold
+        if bool((src < 0).any()):
+            return  # some head lacks a token (never after a restore of everything it evicted)
+        slots = torch.cat([seg.slots for seg in blk.segments])
+        self.pool.settle(slots)
+        self._permute_heads(slots, src)
+        blk.heads = None
 
     def drop_host(self, block_id: int) -> int:
         """Drop a block's host span (host cap); returns tokens dropped."""
@@ -356,10 +400,12 @@ class KVStore:
         n = int(leaving.numel())
         if n == 0:
             return
-        if blk.per_head:
-            raise ValueError(f"block {block_id} keeps other tokens in each KV head: evict from it with apply_heads")
         hosted = self._offload(block_id, leaving) if offload else 0
+        before = torch.cat([seg.idx for seg in blk.segments])
         blk.set_segments([self._compact(seg, keep) for seg in blk.segments])
+        if blk.heads is not None:  # each slot's per-head tokens move with the slot
+            after = torch.cat([seg.idx for seg in blk.segments]) if blk.segments else before[:0]
+            blk.heads = blk.heads[..., _positions_of(before, after, blk.length)]
         self.counters.evicted_tokens += n
         self.counters.dropped_tokens += n - hosted
         if hosted:
@@ -376,9 +422,14 @@ class KVStore:
             self.counters.host_full_tokens += int(leaving.numel()) - fit
             log.warning("host tier full: %d evicted tokens of block %d dropped", leaving.numel() - fit, block_id)
         if fit:
-            src = self.get(block_id).slots_of(leaving[:fit])
+            blk = self.get(block_id)
+            src = blk.slots_of(leaving[:fit])
             self.pool.settle(src)
-            self.host.put(block_id, leaving[:fit], self.pool, src)
+            heads = None
+            if blk.heads is not None:  # what each head holds in those slots goes with them
+                order = torch.cat([seg.idx for seg in blk.segments])
+                heads = blk.heads[..., _positions_of(order, leaving[:fit], blk.length)]
+            self.host.put(block_id, leaving[:fit], self.pool, src, heads)
         return fit
 
     def _compact(self, seg: Segment, keep: torch.Tensor) -> Segment:
@@ -397,10 +448,11 @@ class KVStore:
     def _restore(self, block_id: int, idx: torch.Tensor) -> None:
         """Plan tokens ``idx`` (N,) back from the host: slots and segments now, the copy at :meth:`prefetch`."""
         blk = self.get(block_id)
-        if blk.per_head:
-            raise ValueError(f"block {block_id} keeps other tokens in each KV head: nothing of it is on the host")
         restore = self.host.take(block_id, idx)
         idx = restore.idx
+        layers, kv_heads = self.shape.layers, self.shape.kv_heads
+        per_head = blk.per_head or restore.heads is not None
+        columns = blk.head_tokens(layers, kv_heads).clone() if per_head else None
         extents = self.pool.alloc(int(idx.numel()))
         restore.device_slots = torch.cat([torch.arange(e.start, e.end) for e in extents])
         self.prefetcher.add(restore)
@@ -409,6 +461,11 @@ class KVStore:
             segments.append(Segment(ext.start, idx[offset : offset + ext.length].clone()))
             offset += ext.length
         blk.set_segments(segments)
+        if columns is not None:  # the restored slots hold what each head held when they left
+            back = restore.heads if restore.heads is not None else idx.expand(layers, kv_heads, -1)
+            blk.heads = torch.cat([columns, back], dim=-1)
+            if blk.kept_tokens == blk.length:
+                self._to_normalize.add(block_id)
         self.counters.rehydrations += 1
         self.counters.rehydrated_tokens += int(idx.numel())
         self._change("rehydrate", block_id, int(idx.numel()), -int(idx.numel()))
@@ -450,3 +507,19 @@ def _slot_positions(held: torch.Tensor, want: torch.Tensor, length: int) -> torc
     if want.shape[-1] > 1 and bool((torch.sort(pos, dim=-1).values.diff(dim=-1) == 0).any()):
         return None
     return pos
+
+
+def _relabel(segments: list[Segment], nominal: torch.Tensor) -> list[Segment]:
+    """The same slots, their nominal tokens now ``nominal`` (K,) in segment order."""
+    out, used = [], 0
+    for seg in segments:
+        out.append(Segment(seg.start, nominal[used : used + seg.length].clone()))
+        used += seg.length
+    return out
+
+
+def _positions_of(order: torch.Tensor, tokens: torch.Tensor, length: int) -> torch.Tensor:
+    """Where each of ``tokens`` (N,) is in ``order`` (K,) (a block's nominal tokens in slot order)."""
+    lookup = torch.full((length,), -1, dtype=torch.long)
+    lookup[order] = torch.arange(order.numel())
+    return lookup[tokens.cpu()]

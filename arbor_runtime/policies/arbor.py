@@ -30,6 +30,7 @@ from arbor_runtime.policies.allocation import fit_floors, top_tokens, water_fill
 from arbor_runtime.policies.base import BlockView, Capabilities, MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.kvp import KVPScores
 from arbor_runtime.policies.msve import SIGNALS, MSVEWeights, block_values
+from arbor_runtime.policies.scorer import GRANULARITIES
 
 TOKEN_SCORERS = ("attention", "kvp")
 #: ``msve``: every signal (the calibration as fitted), none (every block the same value), or one alone
@@ -68,6 +69,11 @@ class ArborPolicy(Policy):
         host_tier: evicted spans wait on the host tier and come back (lazy rehydration); False: they are
             dropped (no rehydration), and a path made whole again is recomputed.
         pins: which of :data:`OPTIONAL_PINS` the planner pins below the floor (with the frontier block).
+        granularity: ``token``: a token kept inside an inactive block keeps its K/V in every layer and KV
+            head; ``head``: each layer and KV head keeps its own best tokens there, the same count in
+            each (by its own attention record, or its own KVP scorer), and its evicted K/V wait on the
+            host per head and come back bit-identical. The active path is whole either way, and
+            below the floor it is pinned and extracted by whole tokens.
         weights: the MSVE weights read from ``calibration`` (not a constructor argument).
     """
 
@@ -89,6 +95,7 @@ class ArborPolicy(Policy):
     extract: bool = True
     host_tier: bool = True
     pins: Sequence[str] = OPTIONAL_PINS
+    granularity: str = "token"
     weights: MSVEWeights = field(init=False, repr=False)
     kvp: KVPScores | None = field(init=False, repr=False, default=None)
 
@@ -107,6 +114,8 @@ class ArborPolicy(Policy):
         for switch in ("degrade", "topology", "extract", "host_tier"):
             if not isinstance(getattr(self, switch), bool):
                 raise ValueError(f"arbor {switch}={getattr(self, switch)!r} must be true or false")
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"arbor granularity={self.granularity!r}; valid: {', '.join(GRANULARITIES)}")
         if self.msve not in MSVE_MODES:
             raise ValueError(f"arbor msve={self.msve!r}; valid: {', '.join(MSVE_MODES)}")
         self.pins = _pins(self.pins)
@@ -180,6 +189,22 @@ class ArborPolicy(Policy):
         for b, n, size, must in zip(inactive, alloc, sizes, protected, strict=True):
             if n < size:
                 plan.keep[b.node.id] = top_tokens(b.kv.kept, scores.get(b.node.id, _token_values(b)), must, n)
+                if self.granularity == "head":
+                    plan.heads[b.node.id] = self._head_tokens(view, b, must, n)
+
+    def _head_tokens(self, view: MemoryView, b: BlockView, must: torch.Tensor, n: int) -> torch.Tensor:
+        """(L, H_kv, n) each layer's and KV head's best ``n`` of the tokens it holds in an inactive block:
+        ``must`` first, then by its own KVP score or attention record (its recency before any query
+        was recorded)."""
+        held = b.kv.head_tokens(*view.kv_shape)
+        if self.kvp is not None:
+            scores = self.kvp.held_scores(b.node.id, held)
+        elif b.kv.observers > 0 and b.kv.head_attention is not None:
+            scores = b.kv.head_attention.gather(2, held)
+        else:
+            scores = held.float()
+        scores = scores.float().masked_fill(torch.isin(held, must), float("inf"))
+        return torch.sort(held.gather(2, torch.topk(scores, n, dim=-1).indices), dim=-1).values
 
     def _below_floor(self, view: MemoryView) -> RetentionPlan:
         """Every inactive block leaves; the active path keeps its pinned tokens and its best other
