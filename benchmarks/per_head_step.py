@@ -74,7 +74,7 @@ def measure(loaded, context_ids: list[int], policies: list[str], share: float, s
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default="../shared/data")
-    ap.add_argument("--policies", default=",".join(PER_HEAD_POLICIES))
+    ap.add_argument("--policies", default="random,kvp,streaming,h2o,snapkv,thinkv")
     ap.add_argument("--context", default="gsm8k:6:0", help="TASK:SHOTS:QUESTION (benchmarks.linear)")
     ap.add_argument("--share", type=float, default=0.5, help="the budget as a share of the context")
     ap.add_argument("--steps", type=int, default=32)

@@ -24,7 +24,7 @@ from arbor_runtime.policies.scorer import FlatPool, ScorerPolicy
 
 CONTEXT = list(range(100, 160))  # 60 tokens
 QUESTION = list(range(300, 312))
-PER_HEAD = ("random", "kvp", "streaming", "h2o", "snapkv", "arbor")
+PER_HEAD = ("random", "kvp", "streaming", "h2o", "snapkv", "thinkv", "arbor")
 
 
 def per_head_runtime(tiny, name: str, **kwargs) -> tuple[Runtime, dict]:

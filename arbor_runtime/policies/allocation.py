@@ -100,6 +100,19 @@ def top_tokens(kept: torch.Tensor, scores: torch.Tensor, must: torch.Tensor, cou
     return torch.sort(torch.cat([forced, best])).values
 
 
+def head_top_tokens(held: torch.Tensor, scores: torch.Tensor, must: torch.Tensor, count: int) -> torch.Tensor:
+    """Per layer and KV head, ``count`` of the tokens it holds: those in ``must`` first, then by score.
+
+    Args:
+        held: (L, H_kv, K) block-local tokens each layer and KV head holds; scores: (L, H_kv, K) float
+            scores of those; must: (M,) block-local tokens that stay wherever they are held.
+    Returns:
+        (L, H_kv, count) long, sorted per head.
+    """
+    scores = scores.float().masked_fill(torch.isin(held, must.cpu()), float("inf"))
+    return torch.sort(held.gather(2, torch.topk(scores, count, dim=-1).indices), dim=-1).values
+
+
 def flat_pool(blocks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """All device tokens of the blocks in creation order, as one flattened sequence.
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from arbor_runtime.events import BranchSwitch, Event
-from arbor_runtime.policies.allocation import fit_floors, top_tokens, water_fill, whole_blocks
+from arbor_runtime.policies.allocation import fit_floors, head_top_tokens, top_tokens, water_fill, whole_blocks
 from arbor_runtime.policies.base import BlockView, Capabilities, MemoryView, Policy, RetentionPlan
 from arbor_runtime.policies.kvp import KVPScores
 from arbor_runtime.policies.msve import SIGNALS, MSVEWeights, block_values
@@ -203,8 +203,7 @@ class ArborPolicy(Policy):
             scores = b.kv.head_attention.gather(2, held)
         else:
             scores = held.float()
-        scores = scores.float().masked_fill(torch.isin(held, must), float("inf"))
-        return torch.sort(held.gather(2, torch.topk(scores, n, dim=-1).indices), dim=-1).values
+        return head_top_tokens(held, scores, must, n)
 
     def _below_floor(self, view: MemoryView) -> RetentionPlan:
         """Every inactive block leaves; the active path keeps its pinned tokens and its best other

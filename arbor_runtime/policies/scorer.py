@@ -26,17 +26,16 @@ that is kvpress's per-head top-k. Scorers that rank by attention read it per lay
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from arbor_runtime.policies.allocation import flat_pool, plan_from_mask
+from arbor_runtime.policies.allocation import flat_pool, head_top_tokens, plan_from_mask
 from arbor_runtime.policies.base import MemoryView, Policy, RetentionPlan
 
 #: what ``policy.granularity`` may be: every layer and KV head keeps the same tokens, or each its own
 GRANULARITIES = ("token", "head")
-#: the scorers that rank per (layer, KV head) here
-PER_HEAD_POLICIES = ("random", "kvp", "streaming", "h2o", "snapkv")
+#: the memory policies that take ``granularity`` (every one that evicts tokens)
+PER_HEAD_POLICIES = ("random", "kvp", "streaming", "h2o", "snapkv", "thinkv", "arbor")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +71,6 @@ class ScorerPolicy(Policy):
     """
 
     name = "scorer"
-    #: why this scorer cannot rank per (layer, KV head) (None: it can; ``granularity="head"`` is refused otherwise)
-    NO_PER_HEAD: ClassVar[str | None] = None
     #: ``token``: every layer and KV head keeps the same tokens; ``head``: each keeps its own
     granularity: str = "token"
 
@@ -81,11 +78,6 @@ class ScorerPolicy(Policy):
         Policy.__post_init__(self)
         if self.granularity not in GRANULARITIES:
             raise ValueError(f"{self.name} granularity={self.granularity!r}; valid: {', '.join(GRANULARITIES)}")
-        if self.granularity == "head" and self.NO_PER_HEAD is not None:
-            raise ValueError(
-                f"{self.name} granularity='head' is not available: {self.NO_PER_HEAD}; "
-                f"valid: granularity=token, or granularity=head with policy={'|'.join(PER_HEAD_POLICIES)}"
-            )
 
     def sinks(self, cap: int) -> int:
         """First tokens of the pool a plan down to ``cap`` tokens keeps whatever their scores."""
@@ -146,8 +138,7 @@ class ScorerPolicy(Policy):
                 continue
             held = b.kv.head_tokens(layers, kv_heads)
             must = pool.token[(pool.block == i) & protected]
-            scores = self.head_scores(view, i, held, must).float().masked_fill(torch.isin(held, must), float("inf"))
-            k = int(keep[b.node.id].numel())
-            chosen = held.gather(2, torch.topk(scores, k, dim=-1).indices)
-            out[b.node.id] = torch.sort(chosen, dim=-1).values
+            out[b.node.id] = head_top_tokens(
+                held, self.head_scores(view, i, held, must), must, int(keep[b.node.id].numel())
+            )
         return out

@@ -3,14 +3,19 @@
 Blocks are taken in generation order with no tree topology: a block's importance is the mean
 attention its tokens received; the budget is water-filled over blocks by importance; inside a
 block the most-attended tokens stay. Evicted tokens are dropped; there is no rehydration.
+``granularity=head``: inside a block each layer and KV head keeps its own most-attended tokens (its own
+attention record), the same count in each, as ThinKV's per-head eviction does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from arbor_runtime.policies.allocation import fit_floors, top_tokens, water_fill
+import torch
+
+from arbor_runtime.policies.allocation import fit_floors, head_top_tokens, top_tokens, water_fill
 from arbor_runtime.policies.base import Capabilities, MemoryView, Policy, RetentionPlan
+from arbor_runtime.policies.scorer import GRANULARITIES
 
 
 @dataclass(slots=True)
@@ -19,6 +24,13 @@ class ThinKVPolicy(Policy):
     CAPABILITIES = Capabilities(needs_attention=True)
     #: tokens of each block kept whatever its importance (the thought's opening tokens)
     min_tokens_per_block: int = 1
+    #: ``token``: a kept token keeps its K/V in every layer and KV head; ``head``: each keeps its own
+    granularity: str = "token"
+
+    def __post_init__(self) -> None:
+        Policy.__post_init__(self)
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"thinkv granularity={self.granularity!r}; valid: {', '.join(GRANULARITIES)}")
 
     def plan(self, view: MemoryView) -> RetentionPlan | None:
         blocks = view.blocks
@@ -36,4 +48,9 @@ class ThinKVPolicy(Policy):
             if n < size:
                 first = b.kv.kept[:floor]
                 plan.keep[b.node.id] = top_tokens(b.kv.kept, b.kv.attention, first, n)
+                if self.granularity == "head":
+                    held = b.kv.head_tokens(*view.kv_shape)
+                    record = b.kv.head_attention
+                    scores = torch.zeros(held.shape) if record is None else record.gather(2, held)
+                    plan.heads[b.node.id] = head_top_tokens(held, scores, first, n)
         return plan
