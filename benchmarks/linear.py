@@ -133,6 +133,13 @@ class Prefilled:
     seconds: float
 
 
+def policy_variant(name: str) -> tuple[str, dict[str, Any]]:
+    """``kvp`` -> (``kvp``, {}); ``kvp@head`` -> (``kvp``, {granularity: head}): a project policy at
+    per-(layer, KV head) retention (``policy.granularity=head``)."""
+    kind, _, granularity = name.partition("@")
+    return kind, ({"granularity": granularity} if granularity else {})
+
+
 def prefill(loaded: LoadedModel, ctx: Context, policy: str, **kwargs: Any) -> Prefilled:
     start = time.perf_counter()
     rt = Runtime(loaded, build_policy(policy, **kwargs))
@@ -205,7 +212,8 @@ def run_project(
         full = project_run(base, ctx, None)
         runs, prefill_seconds = [], {"full": base.seconds}
         for policy in policies:
-            pre = prefill(loaded, ctx, policy)
+            kind, kwargs = policy_variant(policy)
+            pre = prefill(loaded, ctx, kind, **kwargs)
             prefill_seconds[policy] = pre.seconds
             for ratio in ratios:
                 run = project_run(pre, ctx, ratio)
@@ -304,7 +312,7 @@ def comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by = {(r["side"], r["method"], r["kept_share"]): r for r in rows}
     out = []
     for r in rows:
-        peer = COUNTERPARTS.get(r["method"]) if r["side"] == "project" else None
+        peer = COUNTERPARTS.get(policy_variant(r["method"])[0]) if r["side"] == "project" else None
         if peer is None:
             continue
         head = by.get(("kvpress/per_head", peer, r["kept_share"]))
@@ -326,7 +334,9 @@ def comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "ratio_vs_token": r["mean_kl"] / max(token["mean_kl"], 1e-12) if token else None,
             }
         )
-    return sorted(out, key=lambda x: (list(COUNTERPARTS).index(x["policy"]), -x["kept_share"]))
+    return sorted(
+        out, key=lambda x: (list(COUNTERPARTS).index(policy_variant(x["policy"])[0]), x["policy"], -x["kept_share"])
+    )
 
 
 def prefill_cost(project: list[dict[str, Any]], contexts: list[Context]) -> dict[str, dict[str, float]]:

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from arbor_runtime import load_model
 from arbor_runtime.policies import POLICIES
+from arbor_runtime.policies.scorer import PER_HEAD_POLICIES
 from benchmarks.cli import USER_ERRORS, make_console, parse_floats, set_threads
 from benchmarks.linear import (
     COUNTERPARTS,
@@ -45,7 +46,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"), help="the shared data folder")
     ap.add_argument("--contexts", default=",".join(DEFAULT_CONTEXTS), help="TASK:SHOTS:QUESTION,... (gsm8k|math500)")
     ap.add_argument("--shares", default="0.5,0.25,0.1", help="kept shares of the context, each in (0, 1)")
-    ap.add_argument("--policies", default=",".join(COUNTERPARTS), help="project policies")
+    ap.add_argument(
+        "--policies",
+        default=",".join(COUNTERPARTS),
+        help="project policies (NAME@head: per-(layer, KV head) retention)",
+    )
     ap.add_argument("--presses", default=",".join(PRESSES), help="kvpress presses")
     ap.add_argument("--steps", type=int, default=32, help="tokens of the reference continuation")
     ap.add_argument("--model", default="smollm2", help="smollm2 or a local model directory (both sides load it)")
@@ -89,7 +94,8 @@ def bench(args: argparse.Namespace, console: Console) -> dict:
     if args.steps < 1:
         raise ValueError(f"--steps={args.steps} must be >= 1")
     ratios = [round(1.0 - s, 6) for s in shares]
-    policies = _choices(args.policies, sorted(POLICIES), "--policies")
+    heads = [f"{p}@head" for p in sorted(POLICIES) if p in PER_HEAD_POLICIES]
+    policies = _choices(args.policies, sorted(POLICIES) + heads, "--policies")
     presses = _choices(args.presses, PRESSES, "--presses")
     model_dir = kvpress_model_dir(args.model) if args.model != "smollm2" else None
     python = kvpress_python(Path(args.kvpress_venv).expanduser(), args.create_venv)

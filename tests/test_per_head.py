@@ -310,3 +310,29 @@ def test_a_per_head_block_that_lost_its_host_span_is_recomputed_whole(tiny):
     blk = rt.store.get(child.id)
     assert not blk.per_head and blk.whole and rt.metrics.recomputed_tokens >= 4
     assert back.token_ids == full.expand(full_child, 1, greedy)[0].token_ids
+
+
+def test_the_per_head_section_recounts_its_means_from_the_context_rows():
+    from benchmarks.per_head import build
+
+    def run(policy, ratio, kl, top1):
+        return {"policy": policy, "compression_ratio": ratio, "kl": kl, "top1": top1, "retained": 0.5}
+
+    contexts = [
+        {"name": "a", "runs": [run("h2o", 0.5, [0.2, 0.4], [1, 0]), run("h2o@head", 0.5, [0.1, 0.1], [1, 1]),
+                               run("kvp", 0.5, [0.3, 0.3], [1, 1]), run("kvp@head", 0.5, [0.05, 0.05], [1, 1]),
+                               {"policy": "oracle", "compression_ratio": 0.5, "retained": 0.9}]},
+        {"name": "b", "runs": [run("h2o", 0.5, [0.1, 0.1, 0.1, 0.1], [1, 1, 1, 1]),
+                               run("h2o@head", 0.5, [0.2, 0.2, 0.2, 0.2], [1, 1, 0, 0]),
+                               run("kvp", 0.5, [0.3] * 4, [1] * 4), run("kvp@head", 0.5, [0.0] * 4, [1] * 4)]},
+    ]  # fmt: skip
+    built = build([{"protocol": "compress", "per_context": contexts, "contexts": [], "steps": 2}], None)
+    h2o = next(r for r in built["main"] if r["policy"] == "h2o")
+    assert h2o["kl_token"] == pytest.approx((0.6 + 0.4) / 6) and h2o["kl_head"] == pytest.approx((0.2 + 0.8) / 6)
+    assert h2o["top1_head"] == pytest.approx(4 / 6) and h2o["contexts_head_lower"] == "1/2"
+    (best,) = built["tables"]["best"]["rows"]
+    assert best["best"] == "kvp@head" and best["kvp_head_rank"] == 1
+    facts = built["facts"]
+    assert facts["compress_kvp_head_best"] == 1 and facts["compress_h2o_head_lower"] == 0
+    assert facts["compress_h2o_head_worse"] == "none" and facts["compress_kvp_head_lower"] == 1
+    assert len(built["tables"]["contexts"]["rows"]) == 8  # the oracle row carries no KL

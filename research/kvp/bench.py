@@ -33,6 +33,7 @@ from benchmarks.linear import (
     compare,
     kept_of,
     kept_tokens,
+    policy_variant,
     prefill,
     project_run,
     reference_continuation,
@@ -66,13 +67,6 @@ def oracle_retained(att: torch.Tensor, count: int, per_head: bool = False) -> fl
     if per_head:
         return retained(att, att.topk(count, dim=-1).indices)
     return retained(att, att.mean(dim=(0, 1)).topk(count).indices)
-
-
-def policy_variant(name: str) -> tuple[str, dict[str, Any]]:
-    """``kvp`` -> (``kvp``, {}); ``kvp@head`` -> (``kvp``, {granularity: head}): a project policy at
-    per-(layer, KV head) retention (``policy.granularity=head``)."""
-    kind, _, granularity = name.partition("@")
-    return kind, ({"granularity": granularity} if granularity else {})
 
 
 def budget_run(loaded: LoadedModel, ctx: Context, policy: str, ratio: float, **kwargs: Any) -> ProjectRun:

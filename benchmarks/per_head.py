@@ -1,0 +1,224 @@
+"""Per-head retention against whole tokens (issue 66): the results section from the KVP benchmark's two
+protocols run at both granularities, and the decode time per step at both.
+
+    P=kvp,kvp@head,random,random@head,streaming,streaming@head,h2o,h2o@head,snapkv,snapkv@head
+    python scripts/bench_kvp.py --protocol compress --threads 1 --shares 0.1,0.25,0.5,0.75,0.9 --policies $P \\
+        --out bench/results-full/kvp-head/bench-compress.json
+    python scripts/bench_kvp.py --protocol budget (the same) --out bench/results-full/kvp-head/bench-budget.json
+    python -m benchmarks.per_head_step --data-dir ../shared/data --out bench/results-full/kvp-head/step.json
+    python -m benchmarks.per_head bench/results-full/kvp-head/bench-compress.json \\
+        bench/results-full/kvp-head/bench-budget.json --step bench/results-full/kvp-head/step.json --section
+
+Per protocol, kept share and policy: the mean KL(full || compressed) and top-1 agreement over every
+teacher-forced continuation step of every context, and the retained future attention (per layer and KV
+head: what each head keeps of its own future attention), at ``granularity=token`` and ``=head``; per
+context, the same (the rows every mean is recounted from).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from benchmarks.results.data import write_section_data
+from benchmarks.results.tables import render_table
+
+SECTION = "per-head"
+TITLE = "Per-head retention: each layer and KV head keeps its own tokens"
+TREE_BLIND = ("random", "streaming", "h2o", "snapkv", "kvp")
+GRANULARITIES = ("token", "head")
+
+
+def _col(key: str, header: str, fmt: str = "{:.4f}", numeric: bool = True) -> dict:
+    return {"key": key, "header": header, "fmt": fmt, "numeric": numeric}
+
+
+MAIN_COLUMNS = [
+    _col("protocol", "protocol", "text", False),
+    _col("kept", "kept", "{:.0%}"),
+    _col("policy", "policy", "text", False),
+    _col("kl_token", "KL token"),
+    _col("kl_head", "KL head"),
+    _col("kl_ratio", "head / token", "{:.2f}"),
+    _col("top1_token", "top-1 token", "{:.3f}"),
+    _col("top1_head", "top-1 head", "{:.3f}"),
+    _col("retained_token", "retained token", "{:.3f}"),
+    _col("retained_head", "retained head", "{:.3f}"),
+    _col("contexts_head_lower", "contexts head lower", "auto"),
+]
+CONTEXT_COLUMNS = [
+    _col("protocol", "protocol", "text", False),
+    _col("context", "context", "text", False),
+    _col("kept", "kept", "{:.0%}"),
+    _col("policy", "policy", "text", False),
+    _col("granularity", "granularity", "text", False),
+    _col("kl", "mean KL"),
+    _col("top1", "top-1", "{:.3f}"),
+    _col("retained", "retained", "{:.3f}"),
+    _col("steps", "steps", "auto"),
+]
+BEST_COLUMNS = [
+    _col("protocol", "protocol", "text", False),
+    _col("kept", "kept", "{:.0%}"),
+    _col("best", "lowest KL (either granularity)", "text", False),
+    _col("best_kl", "its KL"),
+    _col("kvp_head_kl", "kvp per head"),
+    _col("kvp_head_rank", "kvp per head's rank of 10", "auto"),
+]
+STEP_COLUMNS = [
+    _col("policy", "policy", "text", False),
+    _col("token_ms", "token ms a step", "{:.1f}"),
+    _col("head_ms", "head ms a step", "{:.1f}"),
+    _col("ratio", "head / token (median)", "{:.3f}"),
+    _col("ratio_min", "min", "{:.3f}"),
+    _col("ratio_max", "max", "{:.3f}"),
+]
+
+
+def context_rows(bench: dict) -> list[dict]:
+    """One row per (context, policy, granularity, kept share): its mean KL and top-1 over the steps."""
+    rows = []
+    for ctx in bench["per_context"]:
+        for run in ctx["runs"]:
+            if "kl" not in run:  # the oracle rows carry retained attention only
+                continue
+            name, _, granularity = run["policy"].partition("@")
+            rows.append(
+                {
+                    "protocol": bench["protocol"],
+                    "context": ctx["name"],
+                    "kept": round(1 - run["compression_ratio"], 6),
+                    "policy": name,
+                    "granularity": granularity or "token",
+                    "kl": sum(run["kl"]) / len(run["kl"]),
+                    "top1": sum(map(float, run["top1"])) / len(run["top1"]),
+                    "retained": run["retained"],
+                    "steps": len(run["kl"]),
+                    "kl_steps": run["kl"],
+                }
+            )
+    return rows
+
+
+def main_rows(contexts: list[dict]) -> list[dict]:
+    """Per (protocol, kept share, policy): both granularities' step-weighted means over the contexts."""
+    cells: dict[tuple, dict[str, list[dict]]] = {}
+    for r in contexts:
+        cells.setdefault((r["protocol"], r["kept"], r["policy"]), {}).setdefault(r["granularity"], []).append(r)
+    rows = []
+    for (protocol, kept, policy), by in sorted(cells.items()):
+        if set(by) != set(GRANULARITIES):
+            continue
+        row: dict[str, Any] = {"protocol": protocol, "kept": kept, "policy": policy}
+        for g in GRANULARITIES:
+            runs = by[g]
+            steps = sum(r["steps"] for r in runs)
+            row[f"kl_{g}"] = sum(r["kl"] * r["steps"] for r in runs) / steps
+            row[f"top1_{g}"] = sum(r["top1"] * r["steps"] for r in runs) / steps
+            row[f"retained_{g}"] = sum(r["retained"] for r in runs) / len(runs)
+        row["kl_ratio"] = row["kl_head"] / row["kl_token"] if row["kl_token"] > 0 else float("nan")
+        pairs = {r["context"]: r["kl"] for r in by["head"]}
+        lower = sum(1 for r in by["token"] if pairs.get(r["context"], float("inf")) < r["kl"])
+        row["contexts_head_lower"] = f"{lower}/{len(by['token'])}"
+        rows.append(row)
+    return rows
+
+
+def best_rows(main: list[dict]) -> list[dict]:
+    """Per (protocol, kept share): the tree-blind variant with the lowest KL, and kvp per head's rank."""
+    out = []
+    for protocol, kept in sorted({(r["protocol"], r["kept"]) for r in main}):
+        mine = [r for r in main if (r["protocol"], r["kept"]) == (protocol, kept) and r["policy"] in TREE_BLIND]
+        ranked = sorted((r[f"kl_{g}"], f"{r['policy']}@{g}") for r in mine for g in GRANULARITIES)
+        if not ranked:
+            continue
+        names = [n for _, n in ranked]
+        kvp = next((kl for kl, n in ranked if n == "kvp@head"), None)
+        out.append(
+            {
+                "protocol": protocol,
+                "kept": kept,
+                "best": names[0],
+                "best_kl": ranked[0][0],
+                "kvp_head_kl": kvp,
+                "kvp_head_rank": names.index("kvp@head") + 1 if kvp is not None else None,
+            }
+        )
+    return out
+
+
+def facts_of(main: list[dict], best: list[dict], step: dict | None) -> dict[str, Any]:
+    """The sentences' figures, per protocol P: ``P_POLICY_head_lower`` of ``P_cells`` kept shares where per
+    head has the lower KL, ``P_POLICY_head_worse`` the shares where it has the higher (text), and
+    ``P_kvp_head_best`` the shares where kvp per head is the lowest of all ten variants; the largest
+    decode-time ratio head / token."""
+    facts: dict[str, Any] = {}
+    for protocol in sorted({r["protocol"] for r in main}):
+        mine = [r for r in main if r["protocol"] == protocol]
+        facts[f"{protocol}_cells"] = len({r["kept"] for r in mine})
+        for policy in sorted({r["policy"] for r in mine}):
+            rows = [r for r in mine if r["policy"] == policy]
+            facts[f"{protocol}_{policy}_head_lower"] = sum(1 for r in rows if r["kl_head"] < r["kl_token"])
+            worse = [f"{r['kept']:.0%}" for r in rows if r["kl_head"] > r["kl_token"]]
+            facts[f"{protocol}_{policy}_head_worse"] = ", ".join(worse) or "none"
+        ranks = [r for r in best if r["protocol"] == protocol]
+        facts[f"{protocol}_kvp_head_best"] = sum(1 for r in ranks if r["best"] == "kvp@head")
+        facts[f"{protocol}_kvp_head_worst_rank"] = max((r["kvp_head_rank"] or 0 for r in ranks), default=0)
+    if step is not None:
+        facts["step_ratio_max"] = max(r["ratio"] for r in step["rows"])
+        facts["step_policy_max"] = max(step["rows"], key=lambda r: r["ratio"])["policy"]
+    return facts
+
+
+def build(benches: list[dict], step: dict | None) -> dict[str, Any]:
+    contexts = [r for b in benches for r in context_rows(b)]
+    main = main_rows(contexts)
+    best = best_rows(main)
+    tables = {
+        "best": {"columns": BEST_COLUMNS, "rows": best},
+        "contexts": {"columns": CONTEXT_COLUMNS, "rows": contexts},
+    }
+    if step is not None:
+        tables["step"] = {"columns": STEP_COLUMNS, "rows": step["rows"]}  # with each repetition's ms
+    return {"main": main, "tables": tables, "facts": facts_of(main, best, step)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("benches", type=Path, nargs="+", help="bench_kvp.py outputs (--policies with NAME@head)")
+    ap.add_argument("--step", type=Path, default=None, help="benchmarks.per_head_step output")
+    ap.add_argument("--section", action="store_true", help=f"write docs/data/{SECTION}/results.json")
+    args = ap.parse_args(argv)
+    for path in [*args.benches, *([args.step] if args.step else [])]:
+        if not path.is_file():
+            ap.error(f"{path}: no such file")
+    benches = [json.loads(p.read_text()) for p in args.benches]
+    step = json.loads(args.step.read_text()) if args.step else None
+    built = build(benches, step)
+    console = Console()
+    print(render_table({"columns": MAIN_COLUMNS, "rows": built["main"]}))
+    print(render_table(built["tables"]["best"]))
+    if args.section:
+        commands = [b["command"] for b in benches] + ([step["command"]] if step else [])
+        settings = {"contexts": [c["name"] for c in benches[0]["contexts"]], "steps": benches[0]["steps"]}
+        path = write_section_data(
+            SECTION,
+            built["main"],
+            "\n".join(commands + ["python -m benchmarks.per_head " + " ".join(sys.argv[1:] if argv is None else argv)]),
+            settings,
+            title=TITLE,
+            columns=MAIN_COLUMNS,
+            tables=built["tables"],
+            facts=built["facts"],
+        )
+        console.print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
