@@ -336,3 +336,24 @@ def test_the_per_head_section_recounts_its_means_from_the_context_rows():
     assert facts["compress_kvp_head_best"] == 1 and facts["compress_h2o_head_lower"] == 0
     assert facts["compress_h2o_head_worse"] == "none" and facts["compress_kvp_head_lower"] == 1
     assert len(built["tables"]["contexts"]["rows"]) == 8  # the oracle row carries no KL
+
+
+def test_the_per_head_replay_pairs_each_policy_with_its_whole_token_self():
+    from benchmarks.per_head_replay import summarise
+
+    def row(policy, trace, kl, top1):
+        return {"task": "game24", "budget_fraction": 0.5, "budget_tokens": 100, "policy": policy, "trace": trace,
+                "mean_kl": kl, "top1_agreement": top1, "rehydrated_tokens": 0, "seconds": 1.0}  # fmt: skip
+
+    rows = []
+    for t in range(4):
+        rows += [row("h2o", t, 0.2 + t / 100, 0.8), row("h2o:granularity=head", t, 0.1 + t / 100, 0.85)]
+        rows += [row("kvp", t, 0.15, 0.9), row("kvp:granularity=head", t, 0.05 + t / 1000, 0.9)]
+        rows += [row("streaming", t, 0.3, 0.7), row("streaming:granularity=head", t, 0.3, 0.7)]
+    out = summarise(rows)
+    paired = {r["policy"]: r for r in out.tables["head_vs_token"][1]}
+    assert paired["h2o"]["verdict"] == "better" and paired["streaming"]["verdict"] == "identical"
+    assert paired["kvp"]["trees"] == 4 and paired["kvp"]["verdict"] == "better"
+    (best,) = out.tables["best"][1]
+    assert best["best"] == "kvp:granularity=head" and best["kvp_head_rank"] == 1 and best["variants"] == 6
+    assert out.facts["better"] == 2 and out.facts["identical"] == 1 and out.facts["worse_cells"] == "none"
