@@ -218,14 +218,15 @@ def add_own_attention(rows: Sequence[Row], batch: TreeBatch) -> None:
             row.attention[: row.fed + 1] += batch.own_mass[i, : row.fed + 1].float().cpu()
             row.scored += 1
     if batch.own_head_mass is not None:
+        own_head_mass = batch.own_head_mass.float().cpu()
         for i, row in enumerate(rows):
             n = row.fed + 1
             if row.head_attention is None or row.head_attention.shape[-1] < n:
-                grown = torch.zeros(*batch.own_head_mass.shape[1:3], int(row.attention.numel()))
+                grown = torch.zeros(*own_head_mass.shape[1:3], int(row.attention.numel()))
                 if row.head_attention is not None:
                     grown[..., : row.head_attention.shape[-1]] = row.head_attention
                 row.head_attention = grown
-            row.head_attention[..., :n] += batch.own_head_mass[i, ..., :n]
+            row.head_attention[..., :n] += own_head_mass[i, ..., :n]
 
 
 def postprocess(rows: Sequence[Row], logits: torch.Tensor, params: SamplingParams, stop: StopChecker) -> list[Row]:

@@ -308,8 +308,10 @@ class TreeBatch:
             heads = self._own_head_mass(extra, lse, call)  # (R, H_kv, n)
             if self.own_head_mass is None:
                 r, hkv, n = heads.shape
-                self.own_head_mass = torch.zeros(r, self.pool.shape.layers, hkv, n, dtype=torch.float32)
-            self.own_head_mass[:, layer] += heads.cpu()
+                self.own_head_mass = torch.zeros(
+                    r, self.pool.shape.layers, hkv, n, dtype=torch.float32, device=heads.device
+                )
+            self.own_head_mass[:, layer] += heads  # on the device: read once, after the forward
             mass = heads.sum(dim=1)
         elif isinstance(extra, torch.Tensor):  # decode: (R, H_kv, g*q, n) scores of the own tokens
             mass = torch.exp(extra - lse.unsqueeze(-1)).sum(dim=(1, 2))  # (R, n)
