@@ -130,23 +130,30 @@ def main_rows(contexts: list[dict]) -> list[dict]:
 
 
 def best_rows(main: list[dict]) -> list[dict]:
-    """Per (protocol, kept share): the tree-blind variant with the lowest KL, and kvp per head's rank."""
+    """Per (protocol, kept share): the tree-blind variant with the lowest KL (a policy whose two
+    granularities tie, as streaming's always do, named without one), and kvp per head's rank (1 + the
+    variants with a strictly lower KL)."""
     out = []
     for protocol, kept in sorted({(r["protocol"], r["kept"]) for r in main}):
         mine = [r for r in main if (r["protocol"], r["kept"]) == (protocol, kept) and r["policy"] in TREE_BLIND]
-        ranked = sorted((r[f"kl_{g}"], f"{r['policy']}@{g}") for r in mine for g in GRANULARITIES)
-        if not ranked:
+        if not mine:
             continue
-        names = [n for _, n in ranked]
-        kvp = next((kl for kl, n in ranked if n == "kvp@head"), None)
+        top = min(mine, key=lambda r: min(r["kl_token"], r["kl_head"]))
+        best_kl = min(top["kl_token"], top["kl_head"])
+        if top["kl_token"] == top["kl_head"]:
+            best = top["policy"]
+        else:
+            best = f"{top['policy']}@{'head' if top['kl_head'] < top['kl_token'] else 'token'}"
+        kvp = next((r["kl_head"] for r in mine if r["policy"] == "kvp"), None)
+        lower = sum(1 for r in mine for g in GRANULARITIES if kvp is not None and r[f"kl_{g}"] < kvp)
         out.append(
             {
                 "protocol": protocol,
                 "kept": kept,
-                "best": names[0],
-                "best_kl": ranked[0][0],
+                "best": best,
+                "best_kl": best_kl,
                 "kvp_head_kl": kvp,
-                "kvp_head_rank": names.index("kvp@head") + 1 if kvp is not None else None,
+                "kvp_head_rank": lower + 1 if kvp is not None else None,
             }
         )
     return out
