@@ -94,7 +94,13 @@ def summarise(rows: list[dict]) -> ReplaySection:
     summary = summary_rows(groups)
     paired, best = head_against_token(groups), best_tree_blind(groups)
     tables = {"head_vs_token": (PAIRED_COLUMNS, paired), "best": (BEST_COLUMNS, best)}
-    return ReplaySection(summary, list(COLUMNS), tables, facts(paired, best), [(paired, PAIRED_COLUMNS)])
+    out = facts(paired, best)
+    trees: dict[str, set] = {}
+    for (task, _, _), runs in groups.items():
+        trees.setdefault(task, set()).update(runs)
+    out["trees"] = ", ".join(f"{len(t)} {task}" for task, t in sorted(trees.items()))
+    out["fractions"] = ", ".join(f"{f:g}x" for f in sorted({f for _, f, _ in groups}, reverse=True))
+    return ReplaySection(summary, list(COLUMNS), tables, out, [(paired, PAIRED_COLUMNS)])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

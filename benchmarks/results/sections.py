@@ -297,6 +297,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("peer-tot", optional=True),  # issue 64: the CLI's ToT search, llama.cpp serving it two ways
     Section("step-overhead", optional=True),  # issue 64: the runtime's own time a step, by tree size and rows
     Section("per-head", optional=True),  # issue 66: each layer and KV head keeps its own tokens, both granularities
+    Section("per-head-replay", optional=True),  # issue 66: the replay below the floor at both granularities
     Section("controllers"),
     Section("make-results-full", optional=True),
     Section("make-results-quick", optional=True),
