@@ -307,6 +307,16 @@ def test_arbor_policy_run_writes_events(data_dir, tmp_path):
     assert events[0]["index"] == 901 and {e["kind"] for e in events[0]["events"]} >= {"node_end"}
 
 
+@pytest.mark.parametrize("policy", ["h2o", "arbor"])
+def test_a_per_head_run_under_a_budget_records_its_granularity(policy, data_dir, tmp_path):
+    overrides = ("task.start=901", "task.end=902", f"policy={policy}", "policy.granularity=head")
+    cfg = compose_cfg(*tiny_overrides(data_dir, tmp_path, *overrides, "policy.budget_tokens=700"))
+    assert run(cfg, console=Console(width=200)) == 0
+    row = read_rows(tmp_path)[0]
+    assert row["granularity"] == "head" and row["policy"] == policy and row["peak_device_tokens"] <= 700
+    assert row["evicted_tokens"] > 0 and row["error"] is None
+
+
 def test_budget_ratio_reads_the_reference_run(data_dir, tmp_path):
     common = ["task.start=901", "task.end=902", "controller.n_generate=2", "controller.breadth=2"]
     ref = tmp_path / "full"

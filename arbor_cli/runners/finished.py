@@ -61,13 +61,16 @@ def unrun_row(setup: Setup, problem: Problem, why: str, oom: bool) -> dict[str, 
 
 def search_fields(setup: Setup) -> dict[str, Any]:
     """What scored and proposed the search: every row records its verifier (an oracle's label too),
-    for tasks with propose modes the mode, the model's weight format and the code that ran it
-    (:func:`code_version`)."""
+    for tasks with propose modes the mode, the model's weight format, the code that ran it
+    (:func:`code_version`) and, for a policy that evicts tokens, its ``granularity``."""
     fields = {"verifier": setup.verifier.name, "weights": setup.loaded.weights, "code": code_version()}
     if setup.verifier.label:
         fields["verifier_label"] = setup.verifier.label
     if hasattr(setup.task, "propose_mode"):
         fields["propose"] = setup.task.propose_mode
+    granularity = (setup.cfg.get("policy") or {}).get("granularity")
+    if granularity is not None:  # whole tokens or per (layer, KV head): two runs of a policy differ by it
+        fields["granularity"] = granularity
     return fields
 
 
