@@ -7,7 +7,8 @@ protocols run at both granularities, and the decode time per step at both.
     python scripts/bench_kvp.py --protocol budget (the same) --out bench/results-full/kvp-head/bench-budget.json
     python -m benchmarks.per_head_step --data-dir ../shared/data --out bench/results-full/kvp-head/step.json
     python -m benchmarks.per_head bench/results-full/kvp-head/bench-compress.json \\
-        bench/results-full/kvp-head/bench-budget.json --step bench/results-full/kvp-head/step.json --section
+        bench/results-full/kvp-head/bench-budget.json --step bench/results-full/kvp-head/step.json \\
+        --kvpress docs/data/linear/results.json --section
 
 Per protocol, kept share and policy: the mean KL(full || compressed) and top-1 agreement over every
 teacher-forced continuation step of every context, and the retained future attention (per layer and KV
@@ -69,6 +70,17 @@ BEST_COLUMNS = [
     _col("best_kl", "its KL"),
     _col("kvp_head_kl", "kvp per head"),
     _col("kvp_head_rank", "kvp per head's rank of 10", "auto"),
+]
+KVPRESS_COLUMNS = [
+    _col("policy", "policy", "text", False),
+    _col("press", "kvpress press", "text", False),
+    _col("kept", "kept", "{:.0%}"),
+    _col("kl_head", "KL per head (here)"),
+    _col("press_kl", "KL press as shipped (per head)"),
+    _col("head_vs_press", "here / press", "{:.3f}"),
+    _col("kl_token", "KL whole tokens (here)"),
+    _col("press_token_kl", "KL press, whole tokens"),
+    _col("token_vs_press", "here / press", "{:.3f}"),
 ]
 STEP_COLUMNS = [
     _col("policy", "policy", "text", False),
@@ -182,7 +194,34 @@ def facts_of(main: list[dict], best: list[dict], step: dict | None) -> dict[str,
     return facts
 
 
-def build(benches: list[dict], step: dict | None) -> dict[str, Any]:
+def kvpress_rows(main: list[dict], linear: dict) -> list[dict]:
+    """Compressing once, each policy at both granularities beside its kvpress counterpart as shipped (per
+    head) and with its scores averaged over heads (whole tokens), from the linear section's data (kvpress's
+    own runs on the same contexts and protocol, docs/data/linear)."""
+    out = []
+    for r in linear["tables"]["main"]["rows"]:
+        mine = [m for m in main if m["protocol"] == "compress" and m["policy"] == r["policy"]]
+        mine = [m for m in mine if abs(m["kept"] * 100 - r["kept"]) < 1e-6]
+        if not mine:
+            continue
+        m = mine[0]
+        out.append(
+            {
+                "policy": m["policy"],
+                "press": r["kvpress_press"],
+                "kept": m["kept"],
+                "kl_head": m["kl_head"],
+                "press_kl": r["press_kl"],
+                "head_vs_press": m["kl_head"] / r["press_kl"],
+                "kl_token": m["kl_token"],
+                "press_token_kl": r["token_kl"],
+                "token_vs_press": m["kl_token"] / r["token_kl"],
+            }
+        )
+    return out
+
+
+def build(benches: list[dict], step: dict | None, linear: dict | None = None) -> dict[str, Any]:
     contexts = [r for b in benches for r in context_rows(b)]
     main = main_rows(contexts)
     best = best_rows(main)
@@ -190,23 +229,35 @@ def build(benches: list[dict], step: dict | None) -> dict[str, Any]:
         "best": {"columns": BEST_COLUMNS, "rows": best},
         "contexts": {"columns": CONTEXT_COLUMNS, "rows": contexts},
     }
+    if linear is not None:
+        tables["kvpress"] = {"columns": KVPRESS_COLUMNS, "rows": kvpress_rows(main, linear)}
     if step is not None:
         tables["step"] = {"columns": STEP_COLUMNS, "rows": step["rows"]}  # with each repetition's ms
-    return {"main": main, "tables": tables, "facts": facts_of(main, best, step)}
+    facts = facts_of(main, best, step)
+    if linear is not None:
+        snap = [r for r in tables["kvpress"]["rows"] if r["policy"] == "snapkv"]
+        facts["snapkv_press_max_rel_diff"] = max((abs(r["head_vs_press"] - 1) for r in snap), default=None)
+        facts["snapkv_press_shares"] = ", ".join(f"{r['kept']:.0%}" for r in snap)
+        h2o = [r for r in tables["kvpress"]["rows"] if r["policy"] == "h2o"]
+        facts["h2o_head_below_press"] = sum(1 for r in h2o if r["head_vs_press"] < 1)
+        facts["h2o_press_shares"] = len(h2o)
+    return {"main": main, "tables": tables, "facts": facts}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("benches", type=Path, nargs="+", help="bench_kvp.py outputs (--policies with NAME@head)")
     ap.add_argument("--step", type=Path, default=None, help="benchmarks.per_head_step output")
+    ap.add_argument("--kvpress", type=Path, default=None, help="docs/data/linear/results.json: kvpress's own runs")
     ap.add_argument("--section", action="store_true", help=f"write docs/data/{SECTION}/results.json")
     args = ap.parse_args(argv)
-    for path in [*args.benches, *([args.step] if args.step else [])]:
+    for path in [*args.benches, *([args.step] if args.step else []), *([args.kvpress] if args.kvpress else [])]:
         if not path.is_file():
             ap.error(f"{path}: no such file")
     benches = [json.loads(p.read_text()) for p in args.benches]
     step = json.loads(args.step.read_text()) if args.step else None
-    built = build(benches, step)
+    linear = json.loads(args.kvpress.read_text()) if args.kvpress else None
+    built = build(benches, step, linear)
     console = Console()
     print(render_table({"columns": MAIN_COLUMNS, "rows": built["main"]}))
     print(render_table(built["tables"]["best"]))
