@@ -54,6 +54,7 @@ def transformers_over(tiny, held: torch.Tensor, ids: list[int], start: int) -> t
     return kept, torch.log_softmax(logits.float(), dim=-1)
 
 
+@pytest.mark.exactness
 @pytest.mark.parametrize("name", ["random", "kvp"])
 def test_a_per_head_block_reads_as_transformers_reads_the_same_per_head_cache(tiny, name):
     rt, logps = per_head_runtime(tiny, name)
@@ -95,6 +96,7 @@ def test_a_per_head_block_compressed_again_keeps_a_subset_in_each_head(tiny):
         torch.testing.assert_close(values[layer], vv, rtol=0, atol=1e-5)
 
 
+@pytest.mark.exactness
 @pytest.mark.parametrize("name", PER_HEAD)
 def test_nothing_evicted_per_head_is_exactly_whole_token(tiny, name):
     params = SamplingParams(max_new_tokens=12, temperature=0.0, stop_at_eos=False)
@@ -204,6 +206,7 @@ def test_per_head_refusals(tiny):
         rt.store.apply_heads(root.id, kept, torch.sort(wrong, dim=-1).values)
 
 
+@pytest.mark.exactness
 @torch.no_grad()
 def test_per_head_attention_record_is_what_each_kv_head_paid_in_transformers(tiny):
     rt = Runtime(tiny, policy=build_policy("h2o", granularity="head"))
@@ -278,6 +281,7 @@ def test_per_head_spans_offloaded_come_back_bit_identical(tiny):
     assert torch.equal(back_k, keys) and torch.equal(back_v, values)
 
 
+@pytest.mark.exactness
 def test_arbor_per_head_under_a_tight_budget_generates_what_full_generates(tiny):
     """Inactive blocks keep their tokens per head; the active path comes back whole, bit-identical."""
     script = [("expand", random.Random(i).randrange(10_000), 1 + i % 2) for i in range(14)]
@@ -295,6 +299,7 @@ def test_arbor_per_head_under_a_tight_budget_generates_what_full_generates(tiny)
     assert [n.token_ids for n in full.nodes.values()] == [n.token_ids for n in arbor.nodes.values()]
 
 
+@pytest.mark.exactness
 def test_a_per_head_block_that_lost_its_host_span_is_recomputed_whole(tiny):
     greedy = SamplingParams(max_new_tokens=8, temperature=0.0, stop_at_eos=False)
     full = Runtime(tiny, policy="full")
