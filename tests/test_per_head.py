@@ -279,6 +279,15 @@ def test_per_head_spans_offloaded_come_back_bit_identical(tiny):
     assert not blk.per_head and blk.whole and rt.store.host_tokens == 0
     back_k, back_v = rt.store.read(root.id)
     assert torch.equal(back_k, keys) and torch.equal(back_v, values)
+    rt.store.apply_heads(root.id, torch.arange(20), heads, offload=True)  # and again, right after a restore
+    rt.store.apply(root.id, torch.arange(60), offload=True)
+    again = torch.flip(heads, dims=(1,))  # other heads' choices: evicted before the restore is issued
+    rt.store.apply_heads(root.id, torch.arange(20), again, offload=True)
+    k2, _, held2 = rt.store.read_heads(root.id)
+    assert torch.equal(held2, again)
+    for layer in range(layers):
+        for h in range(kv_heads):
+            assert torch.equal(k2[layer, h], keys[layer, h, again[layer, h]])
 
 
 @pytest.mark.exactness

@@ -238,6 +238,7 @@ class KVStore:
         kept slot is never before its j-th slot); offloading permutes each layer's slots of the block
         through one (H_kv, T_kept, D) copy.
         """
+        self.prefetch()  # queued restores land (and a block they made whole is in token order) before heads are read
         blk = self.get(block_id)
         layers, kv_heads = self.shape.layers, self.shape.kv_heads
         keep, heads = torch.sort(keep.cpu()).values, heads.cpu().long()
