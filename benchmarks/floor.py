@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,7 +213,9 @@ def replay_section_main(
         codes = sorted({str(r.get("code")) for r in rows if r.get("code")})
         settings = dict(s.split("=", 1) for s in args.setting)
         tables = {name: {"columns": columns_spec(spec), "rows": t} for name, (spec, t) in out.tables.items()}
-        extra = {"commit": codes[0]} if len(codes) == 1 else {}
+        counts = Counter(str(r.get("code")) for r in rows if r.get("code"))
+        extra = {"commit": codes[0]} if len(codes) == 1 else {"row_codes": dict(sorted(counts.items()))}
+        extra = extra if codes else {}
         path = write_section_data(
             args.section, out.summary, args.command, settings, title=args.title, columns=columns_spec(out.columns),
             tables=tables, facts=out.facts, **extra,

@@ -156,6 +156,17 @@ def readme_per_head() -> tuple[str, ...]:
     return (f"{kept[0]:.0%}", f"{kept[-1]:.0%}") if holds else ("the README's claims no longer hold",)
 
 
+def readme_per_head_replay() -> tuple[str, ...]:
+    """README: the per-head replay's trees per task, its settings better and worse per head, and where kvp
+    per head is the most faithful tree-blind policy, as the data has them."""
+    facts = section("per-head-replay")["facts"]
+    trees = dict(reversed(part.split(" ")) for part in facts["trees"].split(", "))
+    return (
+        trees["game24"], "24", trees["gsm8k"], "95%", str(facts["better"]), str(facts["cells"]),
+        str(facts["worse"]), str(facts["kvp_head_best"]), str(facts["best_cells"]),
+    )  # fmt: skip
+
+
 def policies_dense_below() -> tuple[str, ...]:
     """docs/policies.md: no read share kept 95% of dense's answers at 2K or 4K at over 1.05x dense's speed
     (the suite), so decode is dense below ``dense_below``; the defaults' figures are on 180 items at 8K."""
@@ -482,6 +493,7 @@ CHECKS: dict[str, Callable[[], tuple[str, ...]]] = {
     "readme_ablation": readme_ablation,
     "readme_msve_calibration": readme_msve_calibration,
     "readme_per_head": readme_per_head,
+    "readme_per_head_replay": readme_per_head_replay,
     "seed1_held_out": seed1_held_out,
     "policies_rerank": policies_rerank,
     "kvp_retained_up_to_70": kvp_retained_up_to_70,
