@@ -427,6 +427,11 @@ class MemoryPlanner:
         return drop
 
     # ---- attention statistics ---------------------------------------------------------------
+    def head_statistics(self) -> bool:
+        """Are attention statistics kept per layer and KV head too (``KVStore.head_stats``)? For a policy
+        that ranks by them and keeps tokens per (layer, KV head) (``policy.granularity=head``)."""
+        return self.caps.needs_attention and getattr(self.policy, "granularity", "token") == "head"
+
     def records_statistics(self, work: Sequence[Entry]) -> bool:
         """Does a forward serving ``work`` ((path end or None, slots it may add) per row or block)
         record attention statistics? Always for a policy that needs them and does not say

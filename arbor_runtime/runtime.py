@@ -101,9 +101,6 @@ class Runtime:
         if host_cap is None:  # the policy sets no cap: a share of the host memory available now
             host_cap = default_host_tokens(self.backend.shape)
         self.store = KVStore(self.backend.shape, config.kv_budget_tokens, host_cap)
-        # a per-head plan that ranks by attention reads it per layer and KV head
-        per_head = getattr(self.policy, "granularity", "token") == "head"
-        self.store.head_stats = per_head and self.policy.capabilities.needs_attention
         self.metrics = RuntimeMetrics()
         #: every node made here: live and all tables, ids, the owner stamp, tree seeds
         self.table = NodeTable(self.store, seed)
@@ -127,6 +124,7 @@ class Runtime:
         memory manager, accounts, runner, sparse decode attention, scheduler, prefiller, engine."""
         #: what fits the budget: the pure arithmetic every decision reads (it owns the memory config)
         self.planner = MemoryPlanner(self.store, self.policy, config)
+        self.store.head_stats = self.planner.head_statistics()
         # the memory manager sees every stored block: a shared root's block as its twin, the prefixes too
         self.memory = MemoryManager(self.store, self.policy, ChainMap(self.prefixes.nodes, self.nodes), self.planner)
         #: where counts go (the runtime's metrics, each thread's account), and each work's trace point

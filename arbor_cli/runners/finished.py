@@ -68,7 +68,8 @@ def search_fields(setup: Setup) -> dict[str, Any]:
         fields["verifier_label"] = setup.verifier.label
     if hasattr(setup.task, "propose_mode"):
         fields["propose"] = setup.task.propose_mode
-    granularity = (setup.cfg.get("policy") or {}).get("granularity")
+    cfg = getattr(setup, "cfg", None)  # a scheduler's stand-in setup carries no config
+    granularity = (cfg.get("policy") or {}).get("granularity") if cfg is not None else None
     if granularity is not None:  # whole tokens or per (layer, KV head): two runs of a policy differ by it
         fields["granularity"] = granularity
     return fields
