@@ -96,30 +96,14 @@ def test_runtime_on_cuda_generates_what_plain_greedy_does(tiny_cuda):
     assert ids == greedy_reference(tiny_cuda.model, prompt, len(ids) - len(prompt))
 
 
-def test_arbor_on_cuda_matches_full_through_rehydrations(tiny_cuda):
+@pytest.mark.parametrize("granularity", ["token", "head"])
+def test_arbor_on_cuda_matches_full_through_rehydrations(tiny_cuda, granularity):
+    """Spans offloaded through the pinned host pool come back bit-identical on CUDA, per head too."""
     params = SamplingParams(max_new_tokens=6, temperature=0.0, stop_at_eos=False)
     outs, rts = [], []
-    for policy, budget in (("full", None), ("arbor", 70)):
-        rt = Runtime(tiny_cuda, policy=policy, budget_tokens=budget)
-        assert isinstance(rt.store.host.streams, CudaStreams)
-        root = rt.new_tree_ids(list(range(7, 37)))
-        kids = rt.expand(root, 3, params)
-        for kid in kids:
-            rt.expand(kid, 2, params)
-        rt.expand(kids[0].children[0], 1, params)
-        rt.expand(kids[2], 1, params)
-        outs.append([n.token_ids for n in rt.all_nodes.values()])
-        rts.append(rt)
-    assert outs[0] == outs[1]
-    assert rts[1].metrics.rehydrations > 0 and rts[1].metrics.peak_device_tokens <= 70
-
-
-def test_arbor_per_head_on_cuda_matches_full_through_rehydrations(tiny_cuda):
-    """Per-head spans offloaded through the pinned host pool come back bit-identical on CUDA too."""
-    params = SamplingParams(max_new_tokens=6, temperature=0.0, stop_at_eos=False)
-    outs, rts = [], []
-    for policy in ("full", ArborPolicy(budget_tokens=70, granularity="head")):
+    for policy in ("full", ArborPolicy(budget_tokens=70, granularity=granularity)):
         rt = Runtime(tiny_cuda, policy=policy)
+        assert isinstance(rt.store.host.streams, CudaStreams)
         root = rt.new_tree_ids(list(range(7, 37)))
         kids = rt.expand(root, 3, params)
         for kid in kids:
