@@ -54,10 +54,11 @@ def build_press(name: str, ratio: float, options: dict):
     raise ValueError(f"unknown press {name!r}; valid: {', '.join(PRESSES)}")
 
 
-def fan_out_press(presses: dict):
+def fan_out_press(presses: dict, record_kept: bool = False):
     """A kvpress BasePress that, in every layer, runs each of ``presses`` ((name, ratio) -> press)
     on the layer's inputs: ``per_head[key]`` gets that layer's compressed (keys, values),
-    ``scores[key]`` its (B, N) scores averaged over KV heads. Returns keys/values unchanged."""
+    ``scores[key]`` its (B, N) scores averaged over KV heads; with ``record_kept``, ``kept[key]``
+    gets that layer's ``kept_record`` (which tokens each KV head keeps). Returns keys/values unchanged."""
     from kvpress.presses.base_press import BasePress
 
     @dataclass
@@ -65,6 +66,7 @@ def fan_out_press(presses: dict):
         presses: dict = field(default_factory=dict)
         per_head: dict = field(default_factory=dict)
         scores: dict = field(default_factory=dict)
+        kept: dict = field(default_factory=dict)
 
         def post_init_from_model(self, model) -> None:
             for press in self.presses.values():
@@ -74,10 +76,28 @@ def fan_out_press(presses: dict):
             for key, press in self.presses.items():
                 args = (module, hidden_states, keys, values, attentions, kwargs)
                 self.per_head.setdefault(key, []).append(press.compress(*args))
-                self.scores.setdefault(key, []).append(press.score(*args).float().mean(1))  # (B, H_kv, N) -> (B, N)
+                score = press.score(*args).float()  # (B, H_kv, N)
+                self.scores.setdefault(key, []).append(score.mean(1))  # (B, N)
+                if record_kept:
+                    self.kept.setdefault(key, []).append(kept_record(score[0], keys.shape[2], key[1]))
             return keys, values
 
     return FanOutPress(presses=presses)
+
+
+def kept_record(score: torch.Tensor, n: int, ratio: float) -> dict:
+    """Which tokens one layer's KV heads keep, as ScorerPress.compress chooses them (its top
+    ``int(n * (1 - ratio))`` scores per head), and how near that choice is to a tie.
+
+    score: (H_kv, N). Returns {"mask": per head the kept tokens as a hex bitmask (bit i = token i),
+    "cut": per head the last kept score, "margin": per head its gap to the first dropped score}.
+    """
+    n_kept = int(n * (1 - ratio))
+    idx = score.topk(n_kept, dim=-1).indices  # (H_kv, n_kept)
+    ordered = score.sort(dim=-1, descending=True).values
+    margin = (ordered[:, n_kept - 1] - ordered[:, n_kept]).tolist()  # n_kept < n: main() refuses ratio 0
+    masks = [format(sum(1 << int(i) for i in row), "x") for row in idx]
+    return {"mask": masks, "cut": ordered[:, n_kept - 1].tolist(), "margin": margin}
 
 
 def whole_tokens(layers: list, scores: list, ratio: float) -> list:
@@ -153,7 +173,7 @@ def run_item(side: Side, item: dict, request: dict, check: tuple | None) -> dict
         for name in request.get("presses", PRESSES)
         for ratio in request["compression_ratios"]
     }
-    fan = fan_out_press(presses)
+    fan = fan_out_press(presses, record_kept=bool(request.get("kept")))
     start = time.perf_counter()
     full = layers_of(side.prefill(item["context_ids"], fan))
     prefill_seconds = time.perf_counter() - start
@@ -175,6 +195,8 @@ def run_item(side: Side, item: dict, request: dict, check: tuple | None) -> dict
             logp = side.continue_from(layers, item)
             kl, top1 = compare(ref, logp)
             row = {"press": name, "variant": variant, "compression_ratio": ratio, "kept_tokens": layers[0][0].shape[2]}
+            if variant == "per_head" and fan.kept:
+                row["kept"] = fan.kept[(name, ratio)]  # per layer: each KV head's kept tokens
             runs.append(row | {"kl": kl, "top1": top1, "seconds": time.perf_counter() - start})
             print(f"{item['name']} {name} {variant} {ratio}: mean KL {sum(kl) / len(kl):.4f}", file=sys.stderr)
     if check is not None:  # the fan-out equals a real prefill under the press
