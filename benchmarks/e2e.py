@@ -232,7 +232,7 @@ def measured_by(codes: dict[str, int]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from benchmarks.results.data import write_section_data
+    from benchmarks.results.data import columns_spec, write_section_data
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.e2e", description=__doc__.split("\n")[0])
     ap.add_argument("search", help="the search's name in the table (e.g. game24-bfs5)")
@@ -248,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in rows:
         print(" | ".join(str(r[k]) if not isinstance(r[k], float) else f"{r[k]:.2f}" for k, _, _ in COLUMNS))
     if args.section:
-        columns = [{"key": k, "header": h, "fmt": f, "numeric": f != "text"} for k, h, f in COLUMNS]
+        columns = columns_spec(COLUMNS)
         dirs = [args.full] + [run_dir for d in args.sweeps for *_, run_dir in sweep_runs(d)]
         settings = {"weights": weights_used(dirs)} | dict(s.split("=", 1) for s in args.setting)
         extra = measured_by(row_codes(dirs)) | {"title": args.title, "columns": columns}

@@ -159,10 +159,6 @@ def _order(policy: str) -> int:
     return ranked.index(policy) if policy in ranked else len(ranked)
 
 
-def columns_spec(spec) -> list[dict]:
-    return [{"key": k, "header": h, "fmt": f, "numeric": f != "text"} for k, h, f in spec]
-
-
 @dataclass(frozen=True)
 class ReplaySection:
     """What one replay summary writes: ``tables`` (name -> (columns spec, rows)) beside its summary rows,
@@ -195,7 +191,7 @@ def replay_section_main(
     print the summary's tables, and with ``--section`` write docs/data/<section>/results.json (the commit
     of the rows when they all ran at one) and rows.jsonl (every replay row's :data:`ROW_FIELDS`, so the
     tables can be recounted)."""
-    from benchmarks.results.data import DATA, write_section_data
+    from benchmarks.results.data import DATA, columns_spec, write_section_data
 
     ap = argparse.ArgumentParser(prog=f"python -m {prog}", description=title)
     ap.add_argument("replays", type=Path, nargs="+", help="replay.jsonl files of scripts/replay_trace.py")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from arbor_cli.results import read_jsonl
-from benchmarks.results.data import write_section_data
+from benchmarks.results.data import columns_spec, write_section_data
 
 SECTION = "memory-steps"
 TITLE = "Memory over search steps (one live search per policy)"
@@ -102,7 +102,7 @@ def collect(run_dirs: list[Path], index: int | None = None) -> tuple[list[dict],
 def write(run_dirs: list[Path], command: str, index: int | None = None, root: Path | None = None) -> Path:
     """``docs/data/memory-steps/results.json`` (or under ``root``) from the run dirs."""
     rows, steps = collect(run_dirs, index)
-    columns = [{"key": k, "header": h, "fmt": f, "numeric": f != "text"} for k, h, f in MAIN_COLUMNS]
+    columns = columns_spec(MAIN_COLUMNS)
     step_columns = [{"key": k, "header": k, "fmt": "auto", "numeric": k not in ("policy", "op")} for k in STEP_KEYS]
     settings = {"run_dirs": [p.name for p in run_dirs], "problem": index}
     return write_section_data(

@@ -314,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pathlib import Path
 
     from benchmarks.cli import replayed_rows
-    from benchmarks.results.data import write_section_data
+    from benchmarks.results.data import columns_spec, write_section_data
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__.split("\n")[0])
     ap.add_argument("dirs", type=Path, nargs="+", help="bench_overhead.py output folders")
@@ -327,13 +327,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in table:
         print(r)
     if args.section:
-        cols = lambda spec: [{"key": k, "header": h, "fmt": f, "numeric": f != "text"} for k, h, f in spec]  # noqa: E731
         codes = sorted({str(r.get("code")) for r in rows if r.get("code")})
         extra = {"commit": codes[0]} if len(codes) == 1 else {}
-        tables = {"profile": {"columns": cols(PROFILE_COLUMNS), "rows": prof}}
+        tables = {"profile": {"columns": columns_spec(PROFILE_COLUMNS), "rows": prof}}
         title = "What arbor costs next to full: time ratios and where the time goes"
         path = write_section_data(
-            args.section, table, args.command, title=title, columns=cols(RATIO_COLUMNS), tables=tables, **extra
+            args.section, table, args.command, title=title, columns=columns_spec(RATIO_COLUMNS), tables=tables, **extra
         )
         print(f"wrote {path}")
     return 0

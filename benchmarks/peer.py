@@ -32,21 +32,21 @@ from typing import Any
 
 import torch
 
-from benchmarks.results.data import write_section_data
+from benchmarks.results.data import columns_spec, write_section_data
 
 SECTION = "peer"
 TITLE = "Side by side with llama.cpp on the same GGUF: prefill, decode at batch 1 and a small tree (SmolLM2-135M, CPU)"
 WORKLOADS = ("prefill", "decode", "tree")
-COLUMNS = [
-    {"key": "workload", "header": "workload", "fmt": "text", "numeric": False},
-    {"key": "threads", "header": "threads", "fmt": "auto", "numeric": True},
-    {"key": "system", "header": "system", "fmt": "text", "numeric": False},
-    {"key": "unit", "header": "unit", "fmt": "text", "numeric": False},
-    {"key": "min", "header": "min", "fmt": "{:.2f}", "numeric": True},
-    {"key": "median", "header": "median", "fmt": "{:.2f}", "numeric": True},
-    {"key": "max", "header": "max", "fmt": "{:.2f}", "numeric": True},
-    {"key": "x_llama", "header": "x llama.cpp (median; > 1 better)", "fmt": "{:.2f}", "numeric": True},
-]
+COLUMNS = columns_spec([
+    ("workload", "workload", "text"),
+    ("threads", "threads", "auto"),
+    ("system", "system", "text"),
+    ("unit", "unit", "text"),
+    ("min", "min", "{:.2f}"),
+    ("median", "median", "{:.2f}"),
+    ("max", "max", "{:.2f}"),
+    ("x_llama", "x llama.cpp (median; > 1 better)", "{:.2f}"),
+])  # fmt: skip
 
 
 def have_llama_cpp() -> bool:

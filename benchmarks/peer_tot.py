@@ -40,6 +40,7 @@ import torch
 
 from arbor_runtime.choose import ChoiceScores, ChoosePlan
 from arbor_runtime.tree import Node
+from benchmarks.results.data import columns_spec
 
 SECTION = "peer-tot"
 TITLE = "Game of 24 ToT BFS side by side with llama.cpp on the same GGUF (SmolLM2-135M, CPU): problems an hour"
@@ -371,16 +372,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-COLUMNS = [
-    {"key": "system", "header": "system", "fmt": "text", "numeric": False},
-    {"key": "problems", "header": "problems", "fmt": "auto", "numeric": True},
-    {"key": "solved", "header": "solved", "fmt": "auto", "numeric": True},
-    {"key": "min_s", "header": "s a problem min", "fmt": "{:.1f}", "numeric": True},
-    {"key": "median_s", "header": "median", "fmt": "{:.1f}", "numeric": True},
-    {"key": "max_s", "header": "max", "fmt": "{:.1f}", "numeric": True},
-    {"key": "per_hour", "header": "problems an hour", "fmt": "{:.0f}", "numeric": True},
-    {"key": "x_llama", "header": "x llama.cpp's faster way", "fmt": "{:.2f}", "numeric": True},
-]
+COLUMNS = columns_spec([
+    ("system", "system", "text"),
+    ("problems", "problems", "auto"),
+    ("solved", "solved", "auto"),
+    ("min_s", "s a problem min", "{:.1f}"),
+    ("median_s", "median", "{:.1f}"),
+    ("max_s", "max", "{:.1f}"),
+    ("per_hour", "problems an hour", "{:.0f}"),
+    ("x_llama", "x llama.cpp's faster way", "{:.2f}"),
+])  # fmt: skip
 
 
 def write_section(args: argparse.Namespace, rows: list[dict], summary: list[dict], wall: float, argv) -> None:

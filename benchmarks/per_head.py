@@ -26,7 +26,7 @@ from typing import Any
 
 from rich.console import Console
 
-from benchmarks.results.data import write_section_data
+from benchmarks.results.data import columns_spec, write_section_data
 from benchmarks.results.tables import render_table
 
 SECTION = "per-head"
@@ -35,61 +35,59 @@ TREE_BLIND = ("random", "streaming", "h2o", "snapkv", "kvp")
 GRANULARITIES = ("token", "head")
 
 
-def _col(key: str, header: str, fmt: str = "{:.4f}", numeric: bool = True) -> dict:
-    return {"key": key, "header": header, "fmt": fmt, "numeric": numeric}
-
-
-MAIN_COLUMNS = [
-    _col("protocol", "protocol", "text", False),
-    _col("kept", "kept", "{:.0%}"),
-    _col("policy", "policy", "text", False),
-    _col("kl_token", "KL token"),
-    _col("kl_head", "KL head"),
-    _col("kl_ratio", "head / token", "{:.2f}"),
-    _col("top1_token", "top-1 token", "{:.3f}"),
-    _col("top1_head", "top-1 head", "{:.3f}"),
-    _col("retained_token", "retained token", "{:.3f}"),
-    _col("retained_head", "retained head", "{:.3f}"),
-    _col("contexts_head_lower", "contexts head lower", "auto"),
-]
-CONTEXT_COLUMNS = [
-    _col("protocol", "protocol", "text", False),
-    _col("context", "context", "text", False),
-    _col("kept", "kept", "{:.0%}"),
-    _col("policy", "policy", "text", False),
-    _col("granularity", "granularity", "text", False),
-    _col("kl", "mean KL"),
-    _col("top1", "top-1", "{:.3f}"),
-    _col("retained", "retained", "{:.3f}"),
-    _col("steps", "steps", "auto"),
-]
-BEST_COLUMNS = [
-    _col("protocol", "protocol", "text", False),
-    _col("kept", "kept", "{:.0%}"),
-    _col("best", "lowest KL (either granularity)", "text", False),
-    _col("best_kl", "its KL"),
-    _col("kvp_head_kl", "kvp per head"),
-    _col("kvp_head_rank", "kvp per head's rank of 10", "auto"),
-]
-KVPRESS_COLUMNS = [
-    _col("policy", "policy", "text", False),
-    _col("press", "kvpress press", "text", False),
-    _col("kept", "kept", "{:.0%}"),
-    _col("kl_head", "KL per head (here)"),
-    _col("press_kl", "KL press as shipped (per head)"),
-    _col("head_vs_press", "here / press", "{:.3f}"),
-    _col("kl_token", "KL whole tokens (here)"),
-    _col("press_token_kl", "KL press, whole tokens"),
-    _col("token_vs_press", "here / press", "{:.3f}"),
-]
-STEP_COLUMNS = [
-    _col("policy", "policy", "text", False),
-    _col("token_ms", "token ms a step", "{:.1f}"),
-    _col("head_ms", "head ms a step", "{:.1f}"),
-    _col("ratio", "head / token (median)", "{:.3f}"),
-    _col("ratio_min", "min", "{:.3f}"),
-    _col("ratio_max", "max", "{:.3f}"),
-]
+#: a KL column's format
+KL = "{:.4f}"
+MAIN_COLUMNS = columns_spec([
+    ("protocol", "protocol", "text"),
+    ("kept", "kept", "{:.0%}"),
+    ("policy", "policy", "text"),
+    ("kl_token", "KL token", KL),
+    ("kl_head", "KL head", KL),
+    ("kl_ratio", "head / token", "{:.2f}"),
+    ("top1_token", "top-1 token", "{:.3f}"),
+    ("top1_head", "top-1 head", "{:.3f}"),
+    ("retained_token", "retained token", "{:.3f}"),
+    ("retained_head", "retained head", "{:.3f}"),
+    ("contexts_head_lower", "contexts head lower", "auto"),
+])  # fmt: skip
+CONTEXT_COLUMNS = columns_spec([
+    ("protocol", "protocol", "text"),
+    ("context", "context", "text"),
+    ("kept", "kept", "{:.0%}"),
+    ("policy", "policy", "text"),
+    ("granularity", "granularity", "text"),
+    ("kl", "mean KL", KL),
+    ("top1", "top-1", "{:.3f}"),
+    ("retained", "retained", "{:.3f}"),
+    ("steps", "steps", "auto"),
+])  # fmt: skip
+BEST_COLUMNS = columns_spec([
+    ("protocol", "protocol", "text"),
+    ("kept", "kept", "{:.0%}"),
+    ("best", "lowest KL (either granularity)", "text"),
+    ("best_kl", "its KL", KL),
+    ("kvp_head_kl", "kvp per head", KL),
+    ("kvp_head_rank", "kvp per head's rank of 10", "auto"),
+])  # fmt: skip
+KVPRESS_COLUMNS = columns_spec([
+    ("policy", "policy", "text"),
+    ("press", "kvpress press", "text"),
+    ("kept", "kept", "{:.0%}"),
+    ("kl_head", "KL per head (here)", KL),
+    ("press_kl", "KL press as shipped (per head)", KL),
+    ("head_vs_press", "here / press", "{:.3f}"),
+    ("kl_token", "KL whole tokens (here)", KL),
+    ("press_token_kl", "KL press, whole tokens", KL),
+    ("token_vs_press", "here / press", "{:.3f}"),
+])  # fmt: skip
+STEP_COLUMNS = columns_spec([
+    ("policy", "policy", "text"),
+    ("token_ms", "token ms a step", "{:.1f}"),
+    ("head_ms", "head ms a step", "{:.1f}"),
+    ("ratio", "head / token (median)", "{:.3f}"),
+    ("ratio_min", "min", "{:.3f}"),
+    ("ratio_max", "max", "{:.3f}"),
+])  # fmt: skip
 
 
 def context_rows(bench: dict) -> list[dict]:

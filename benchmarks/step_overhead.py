@@ -30,23 +30,23 @@ import torch
 
 from arbor_runtime import Runtime, SamplingParams, generation, load_model
 from arbor_runtime.engine.core import Engine
-from benchmarks.results.data import write_section_data
+from benchmarks.results.data import columns_spec, write_section_data
 
 SECTION = "step-overhead"
 TITLE = "The runtime's own cost per decode step, apart from the model, as the tree and the batch grow"
-COLUMNS = [
-    {"key": "policy", "header": "policy", "fmt": "text", "numeric": False},
-    {"key": "blocks", "header": "blocks in the tree", "fmt": "{:,}", "numeric": True},
-    {"key": "rows", "header": "rows", "fmt": "auto", "numeric": True},
-    {"key": "read", "header": "blocks a step reads", "fmt": "auto", "numeric": True},
-    {"key": "own_ms", "header": "own ms a step (median)", "fmt": "{:.3f}", "numeric": True},
-    {"key": "own_ms_max", "header": "max", "fmt": "{:.3f}", "numeric": True},
-    {"key": "sampling_ms", "header": "of which sampling", "fmt": "{:.3f}", "numeric": True},
-    {"key": "bookkeeping_ms", "header": "the rest (median)", "fmt": "{:.3f}", "numeric": True},
-    {"key": "model_ms", "header": "model ms a step", "fmt": "{:.3f}", "numeric": True},
-    {"key": "us_per_block", "header": "own us per block read", "fmt": "{:.1f}", "numeric": True},
-    {"key": "steps", "header": "steps", "fmt": "auto", "numeric": True},
-]
+COLUMNS = columns_spec([
+    ("policy", "policy", "text"),
+    ("blocks", "blocks in the tree", "{:,}"),
+    ("rows", "rows", "auto"),
+    ("read", "blocks a step reads", "auto"),
+    ("own_ms", "own ms a step (median)", "{:.3f}"),
+    ("own_ms_max", "max", "{:.3f}"),
+    ("sampling_ms", "of which sampling", "{:.3f}"),
+    ("bookkeeping_ms", "the rest (median)", "{:.3f}"),
+    ("model_ms", "model ms a step", "{:.3f}"),
+    ("us_per_block", "own us per block read", "{:.1f}"),
+    ("steps", "steps", "auto"),
+])  # fmt: skip
 
 
 class StepClock:

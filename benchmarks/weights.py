@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from arbor_cli.results import load_done
-from benchmarks.results.data import DATA, load_section, write_section_data
+from benchmarks.results.data import DATA, columns_spec, load_section, write_section_data
 from benchmarks.results.stats import format_rate, sign_test
 
 #: (label, load_model's dtype, weights), float32 first: the reference of every fidelity column
@@ -195,26 +195,26 @@ def speed(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-SPEED_COLUMNS = [
-    {"key": "weights", "header": "weights", "fmt": "text", "numeric": False},
-    {"key": "weight_mb", "header": "weight MB a token", "fmt": "{:.0f}", "numeric": True},
-    {"key": "tok_s_min", "header": "decode tok/s min", "fmt": "{:.1f}", "numeric": True},
-    {"key": "tok_s", "header": "median", "fmt": "{:.1f}", "numeric": True},
-    {"key": "tok_s_max", "header": "max", "fmt": "{:.1f}", "numeric": True},
-    {"key": "x_float32", "header": "x float32", "fmt": "{:.2f}", "numeric": True},
-    {"key": "top_1", "header": "top-1 agreement with float32", "fmt": "{:.3f}", "numeric": True},
-    {"key": "kl", "header": "mean KL(float32 || weights)", "fmt": "{:.4f}", "numeric": True},
-]
-ANSWER_COLUMNS = [
-    {"key": "search", "header": "search", "fmt": "text", "numeric": False},
-    {"key": "weights", "header": "weights", "fmt": "text", "numeric": False},
-    {"key": "problems", "header": "n", "fmt": "auto", "numeric": True},
-    {"key": "solved_ref", "header": "float32 solved [95% CI]", "fmt": "text", "numeric": True},
-    {"key": "solved", "header": "solved [95% CI]", "fmt": "text", "numeric": True},
-    {"key": "vs_ref", "header": "gained / lost vs float32 (sign test p)", "fmt": "text", "numeric": True},
-    {"key": "same_answer", "header": "same answer as float32 [95% CI]", "fmt": "text", "numeric": True},
-    {"key": "x_seconds", "header": "x float32's seconds (median per problem)", "fmt": "{:.2f}", "numeric": True},
-]
+SPEED_COLUMNS = columns_spec([
+    ("weights", "weights", "text"),
+    ("weight_mb", "weight MB a token", "{:.0f}"),
+    ("tok_s_min", "decode tok/s min", "{:.1f}"),
+    ("tok_s", "median", "{:.1f}"),
+    ("tok_s_max", "max", "{:.1f}"),
+    ("x_float32", "x float32", "{:.2f}"),
+    ("top_1", "top-1 agreement with float32", "{:.3f}"),
+    ("kl", "mean KL(float32 || weights)", "{:.4f}"),
+])  # fmt: skip
+ANSWER_COLUMNS = columns_spec([
+    ("search", "search", "text"),
+    ("weights", "weights", "text"),
+    ("problems", "n", "auto"),
+    ("solved_ref", "float32 solved [95% CI]", "text", True),
+    ("solved", "solved [95% CI]", "text", True),
+    ("vs_ref", "gained / lost vs float32 (sign test p)", "text", True),
+    ("same_answer", "same answer as float32 [95% CI]", "text", True),
+    ("x_seconds", "x float32's seconds (median per problem)", "{:.2f}"),
+])  # fmt: skip
 
 
 def problem_rows(reference: Path, other: Path) -> list[dict[str, Any]]:

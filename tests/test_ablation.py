@@ -104,8 +104,7 @@ def test_rows_under_the_host_tiers_old_switch_name_are_its_variant():
 
 def test_the_committed_section_is_recounted_from_its_rows():
     """docs/data/ablation: every table and fact is what summarise makes of the committed per-tree rows."""
-    from benchmarks.floor import columns_spec
-    from benchmarks.results.data import DATA
+    from benchmarks.results.data import DATA, columns_spec
 
     folder = DATA / "ablation"
     data = json.loads((folder / "results.json").read_text())

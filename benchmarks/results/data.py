@@ -120,6 +120,15 @@ def machine() -> str:
     return ", ".join(parts)
 
 
+def columns_spec(spec) -> list[dict]:
+    """Column dicts from ``(key, header, fmt)`` tuples: numbers right-aligned unless ``fmt`` is ``"text"``;
+    a fourth element overrides that (a text column of rates that sorts as numbers: ``True``)."""
+    return [
+        {"key": key, "header": header, "fmt": fmt, "numeric": rest[0] if rest else fmt != "text"}
+        for key, header, fmt, *rest in spec
+    ]
+
+
 def columns_for(rows: list[dict], fmts: dict[str, str] | None = None) -> list[dict]:
     """Columns for ``rows`` in first-seen key order: header = key, numbers right-aligned, ``fmts`` per key."""
     keys = list(dict.fromkeys(k for row in rows for k in row))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from arbor_runtime.policies.msve import SIGNALS
-from benchmarks.floor import columns_spec
+from benchmarks.results.data import columns_spec
 
 SECTION = "msve-calibration"
 TITLE = "MSVE calibration at size, judged on held-out trees (SmolLM2-135M, CPU)"
