@@ -11,7 +11,7 @@ import pytest
 from arbor_runtime.policies import ArborPolicy
 from arbor_runtime.policies.msve import DEFAULT_CALIBRATION, SIGNALS, MSVEWeights
 from research.msve import section
-from research.msve.calibrate import write_calibration
+from research.msve.calibrate import calibration_record, save
 from research.msve.calibration import fit_weights
 from research.msve.heldout import report, split_trees
 
@@ -52,7 +52,7 @@ def test_the_signal_that_drives_the_effect_predicts_held_out_trees_and_the_other
 def test_the_calibration_file_carries_the_held_out_report_and_each_signal_alone(tmp_path):
     rows = samples()
     path = tmp_path / "msve.json"
-    record = write_calibration(rows, path, {"model": "synthetic"})
+    record = save(calibration_record(rows, {"model": "synthetic"}), path)  # as scripts/calibrate_msve.py does
     assert record["held_out"]["tasks"]["all"]["all"]["held_out_r2"] > 0.9
     assert set(record["single"]) == set(SIGNALS) and set(record["single"]["depth"]) == {"bias", "depth"}
     alone = ArborPolicy(calibration=str(path), msve="depth").weights

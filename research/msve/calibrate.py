@@ -107,11 +107,6 @@ def _zscores(xs: list[float]) -> list[float]:
     return [(x - mean) / std for x in xs]
 
 
-def write_calibration(samples, path: Path, meta: dict[str, Any], baseline: dict | None = None) -> dict[str, Any]:
-    """:func:`calibration_record` written to ``path``; returns the record."""
-    return save(calibration_record(samples, meta, baseline), path)
-
-
 def save(record: dict[str, Any], path: Path) -> dict[str, Any]:
     """Write a calibration record (the JSON arbor loads) to ``path``; returns it."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from arbor_runtime.policies.msve import SIGNALS, MSVEWeights
 from arbor_runtime.runtime import Runtime
 from arbor_runtime.sampling import SamplingParams
 from arbor_runtime.tree import Node
-from research.msve.heldout import fit
+from research.msve.heldout import fit, r2
 
 
 def continuation_loglik(rt: Runtime, context: list[Node], leaf: Node) -> float:
@@ -97,14 +97,14 @@ def _forward_over(rt: Runtime, groups: list[Group], ids: list[int], start_pos: i
 
 def fit_weights(
     features: list[tuple[float, ...]], effects: list[float], only: str | None = None
-) -> tuple[MSVEWeights, float]:
+) -> tuple[MSVEWeights, float | None]:
     """Least squares of standardized effects on the signals (with a bias).
 
     Args:
         features: per sample, the signals in :data:`SIGNALS` order; effects: LL drops.
         only: fit that one signal alone (a bias and its weight; the other weights 0).
     Returns:
-        the weights and the fit's R^2.
+        the weights and the fit's in-sample R^2 (:func:`research.msve.heldout.r2`; None for constant effects).
     """
     if len(effects) < len(SIGNALS) + 2:
         raise ValueError(f"calibration needs at least {len(SIGNALS) + 2} samples, got {len(effects)}")
@@ -114,7 +114,5 @@ def fit_weights(
     y = torch.tensor(effects, dtype=torch.float64)
     y = (y - y.mean()) / (y.std() + 1e-12)
     coef = fit(x, y)
-    pred = coef[0] + x @ coef[1:]
-    r2 = 1.0 - float(((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum().clamp_min(1e-12))
     values = [float(c) if math.isfinite(float(c)) else 0.0 for c in coef]
-    return MSVEWeights(bias=values[0], **dict(zip(SIGNALS, values[1:], strict=True))), r2
+    return MSVEWeights(bias=values[0], **dict(zip(SIGNALS, values[1:], strict=True))), r2(x, y, coef)
