@@ -198,7 +198,9 @@ def fits_int4(out_features: int, in_features: int) -> bool:
 @contextmanager
 def kernels_only(model: nn.Module) -> Iterator[None]:
     """Inside, every quantized layer of ``model`` multiplies by its kernel however many rows a call has (what a
-    decode step of a few rows computes); the bfloat16 copies come back on leaving."""
+    decode step of a few rows computes); the bfloat16 copies come back on leaving. For measuring (the weights
+    benchmark, tests): it changes the shared model's layers, so every thread using ``model`` meanwhile runs
+    the kernels too; nested or concurrent uses must not overlap."""
     saved = [(m, m.batch_weight) for m in model.modules() if getattr(m, "batch_weight", None) is not None]
     for m, _ in saved:
         m.batch_weight = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -9,18 +10,22 @@ import torch
 from arbor_runtime.kv.pool import Extent
 
 _layout_changes = 0
+_layout_lock = threading.Lock()  # an increment lost between two threads would leave a stale number behind
 
 
 def layout_epoch() -> int:
     """A number that changes whenever any block's device layout may have changed (its segments set, a
-    block stored, released or split): what a reader that caches where blocks lie keys its cache on."""
+    block stored, released or split): what a reader that caches where blocks lie keys its cache on.
+    One number for the process: a change in another runtime's store makes a reader work its layout
+    out again, which costs time, never correctness."""
     return _layout_changes
 
 
 def layout_changed() -> None:
-    """Record a change of some block's device layout (see :func:`layout_epoch`)."""
+    """Record a change of some block's device layout (see :func:`layout_epoch`); safe from any thread."""
     global _layout_changes
-    _layout_changes += 1
+    with _layout_lock:
+        _layout_changes += 1
 
 
 @dataclass(slots=True)
