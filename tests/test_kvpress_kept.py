@@ -62,6 +62,7 @@ def test_the_fixture_covers_every_equivalent_press_at_three_shares_in_every_laye
             assert entry["kept_tokens"] == kept_tokens(len(data["context_ids"]), entry["compression_ratio"])
 
 
+@pytest.mark.exactness  # kept tokens follow float scores: checked under the other CPU kernels too (make test-kernels)
 @pytest.mark.parametrize("policy", sorted(EQUIVALENT))
 def test_each_layer_and_kv_head_keeps_the_tokens_kvpress_keeps_there(smollm2, policy):
     data = fixture()
