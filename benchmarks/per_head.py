@@ -10,6 +10,14 @@ protocols run at both granularities, and the decode time per step at both.
         bench/results-full/kvp-head/bench-budget.json --step bench/results-full/kvp-head/step.json \\
         --kvpress docs/data/linear/results.json --section
 
+kvpress's runs at shares the linear section lacks, added to the committed section without rerunning the
+KVP benchmark (its per-context rows and step timings are kept, and the page says when they were measured):
+
+    python scripts/bench_linear.py --policies streaming,h2o,snapkv --presses streaming,observed_attention,snapkv \
+        --shares 0.9,0.75 --threads 1 --out bench/results-full/kvp-head/linear-7590.json
+    python -m benchmarks.per_head --keep --kvpress docs/data/linear/results.json \
+        --kvpress bench/results-full/kvp-head/linear-7590.json --section
+
 Per protocol, kept share and policy: the mean KL(full || compressed) and top-1 agreement over every
 teacher-forced continuation step of every context, and the retained future attention (per layer and KV
 head: what each head keeps of its own future attention), at ``granularity=token`` and ``=head``; per
@@ -26,7 +34,7 @@ from typing import Any
 
 from rich.console import Console
 
-from benchmarks.results.data import columns_spec, write_section_data
+from benchmarks.results.data import columns_spec, load_section, write_section_data
 from benchmarks.results.tables import render_table
 
 SECTION = "per-head"
@@ -192,16 +200,30 @@ def facts_of(main: list[dict], best: list[dict], step: dict | None) -> dict[str,
     return facts
 
 
-def kvpress_rows(main: list[dict], linear: dict) -> list[dict]:
+def press_runs(doc: dict) -> list[dict]:
+    """kvpress's own runs of one file as rows (policy, kvpress_press, kept in %, press_kl, token_kl): the
+    linear section's data (docs/data/linear/results.json) or a ``scripts/bench_linear.py`` output (its
+    ``comparison``, e.g. at shares the section does not cover)."""
+    if "comparison" in doc:
+        return [
+            {"policy": r["policy"], "kvpress_press": r["press"], "kept": round(100 * r["kept_share"], 6)}
+            | {"press_kl": r["press_kl"], "token_kl": r["token_kl"]}
+            for r in doc["comparison"]
+        ]
+    return doc["tables"]["main"]["rows"]
+
+
+def kvpress_rows(main: list[dict], linear: list[dict]) -> list[dict]:
     """Compressing once, each policy at both granularities beside its kvpress counterpart as shipped (per
-    head) and with its scores averaged over heads (whole tokens), from the linear section's data (kvpress's
-    own runs on the same contexts and protocol, docs/data/linear)."""
-    out = []
-    for r in linear["tables"]["main"]["rows"]:
+    head) and with its scores averaged over heads (whole tokens), from kvpress's own runs on the same
+    contexts and protocol (:func:`press_runs` of each file; a share in several files: the first)."""
+    out, seen = [], set()
+    for r in linear:
         mine = [m for m in main if m["protocol"] == "compress" and m["policy"] == r["policy"]]
         mine = [m for m in mine if abs(m["kept"] * 100 - r["kept"]) < 1e-6]
-        if not mine:
+        if not mine or (r["policy"], r["kept"]) in seen:
             continue
+        seen.add((r["policy"], r["kept"]))
         m = mine[0]
         out.append(
             {
@@ -216,11 +238,13 @@ def kvpress_rows(main: list[dict], linear: dict) -> list[dict]:
                 "token_vs_press": m["kl_token"] / r["token_kl"],
             }
         )
-    return out
+    order = list(dict.fromkeys(r["policy"] for r in linear))  # the policies as kvpress's runs list them
+    return sorted(out, key=lambda r: (order.index(r["policy"]), -r["kept"]))
 
 
-def build(benches: list[dict], step: dict | None, linear: dict | None = None) -> dict[str, Any]:
-    contexts = [r for b in benches for r in context_rows(b)]
+def build(contexts: list[dict], step: dict | None, linear: list[dict] | None = None) -> dict[str, Any]:
+    """The section's tables and facts from the per-context rows (:func:`context_rows` of the benches, or
+    a committed section's ``contexts`` table), the step timings and kvpress's runs."""
     main = main_rows(contexts)
     best = best_rows(main)
     tables = {
@@ -242,35 +266,68 @@ def build(benches: list[dict], step: dict | None, linear: dict | None = None) ->
     return {"main": main, "tables": tables, "facts": facts}
 
 
+def kept_measurement(old: dict, facts: dict) -> dict:
+    """What a ``--keep`` run carries from the committed measurement: every table but kvpress's, and
+    every fact not about kvpress's presses (the page says when and at which commit they were measured)."""
+    carried = old.get("carried") or {"measured": old["measured"], "commit": old["commit"]}
+    tables = [t for t in old["tables"] if t != "kvpress"]
+    return carried | {
+        "tables": tables,
+        "facts": [k for k in facts if not k.endswith(("_press_shares", "_press", "_rel_diff"))],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("benches", type=Path, nargs="+", help="bench_kvp.py outputs (--policies with NAME@head)")
+    ap.add_argument("benches", type=Path, nargs="*", help="bench_kvp.py outputs (--policies with NAME@head)")
     ap.add_argument("--step", type=Path, default=None, help="benchmarks.per_head_step output")
-    ap.add_argument("--kvpress", type=Path, default=None, help="docs/data/linear/results.json: kvpress's own runs")
+    ap.add_argument(
+        "--kvpress", type=Path, action="append", default=[],
+        help="kvpress's own runs: docs/data/linear/results.json or a bench_linear.py output (repeatable)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--keep", action="store_true",
+        help="no benches: keep the committed section's per-context rows and step timings, redo its kvpress table",
+    )  # fmt: skip
     ap.add_argument("--section", action="store_true", help=f"write docs/data/{SECTION}/results.json")
     args = ap.parse_args(argv)
-    for path in [*args.benches, *([args.step] if args.step else []), *([args.kvpress] if args.kvpress else [])]:
+    if args.keep == bool(args.benches):
+        ap.error("give bench_kvp.py outputs, or --keep to reuse the committed section's rows (not both)")
+    for path in [*args.benches, *([args.step] if args.step else []), *args.kvpress]:
         if not path.is_file():
             ap.error(f"{path}: no such file")
+    old = load_section(SECTION) if args.keep else None
     benches = [json.loads(p.read_text()) for p in args.benches]
+    contexts = old["tables"]["contexts"]["rows"] if old else [r for b in benches for r in context_rows(b)]
     step = json.loads(args.step.read_text()) if args.step else None
-    linear = json.loads(args.kvpress.read_text()) if args.kvpress else None
-    built = build(benches, step, linear)
+    if old and step is None and "step" in old["tables"]:
+        step = {"rows": old["tables"]["step"]["rows"]}
+    docs = [json.loads(p.read_text()) for p in args.kvpress]
+    linear = [r for d in docs for r in press_runs(d)] if docs else None
+    built = build(contexts, step, linear)
     console = Console()
     print(render_table({"columns": MAIN_COLUMNS, "rows": built["main"]}))
     print(render_table(built["tables"]["best"]))
     if args.section:
-        commands = [b["command"] for b in benches] + ([step["command"]] if step else [])
-        settings = {"contexts": [c["name"] for c in benches[0]["contexts"]], "steps": benches[0]["steps"]}
+        this = "python -m benchmarks.per_head " + " ".join(sys.argv[1:] if argv is None else argv)
+        if old:  # the bench and step commands as recorded, then kvpress's runs and this one
+            kept = [c for c in old["command"].splitlines() if not c.startswith("python -m benchmarks.per_head ")]
+            commands = kept + [d["command"] for d in docs if "comparison" in d]
+            settings, carried = old["settings"], kept_measurement(old, built["facts"])
+        else:
+            commands = [b["command"] for b in benches] + ([step["command"]] if step else [])
+            settings = {"contexts": [c["name"] for c in benches[0]["contexts"]], "steps": benches[0]["steps"]}
+            carried = None
         path = write_section_data(
             SECTION,
             built["main"],
-            "\n".join(commands + ["python -m benchmarks.per_head " + " ".join(sys.argv[1:] if argv is None else argv)]),
+            "\n".join([*commands, this]),
             settings,
             title=TITLE,
             columns=MAIN_COLUMNS,
             tables=built["tables"],
             facts=built["facts"],
+            carried=carried,
         )
         console.print(f"wrote {path}")
     return 0

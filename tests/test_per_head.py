@@ -4,6 +4,7 @@ the same per-head gathered cache."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 
@@ -327,7 +328,7 @@ def test_a_per_head_block_that_lost_its_host_span_is_recomputed_whole(tiny):
 
 
 def test_the_per_head_section_recounts_its_means_from_the_context_rows():
-    from benchmarks.per_head import build
+    from benchmarks.per_head import build, context_rows
 
     def run(policy, ratio, kl, top1):
         return {"policy": policy, "compression_ratio": ratio, "kl": kl, "top1": top1, "retained": 0.5}
@@ -340,7 +341,7 @@ def test_the_per_head_section_recounts_its_means_from_the_context_rows():
                                run("h2o@head", 0.5, [0.2, 0.2, 0.2, 0.2], [1, 1, 0, 0]),
                                run("kvp", 0.5, [0.3] * 4, [1] * 4), run("kvp@head", 0.5, [0.0] * 4, [1] * 4)]},
     ]  # fmt: skip
-    built = build([{"protocol": "compress", "per_context": contexts, "contexts": [], "steps": 2}], None)
+    built = build(context_rows({"protocol": "compress", "per_context": contexts, "contexts": [], "steps": 2}), None)
     h2o = next(r for r in built["main"] if r["policy"] == "h2o")
     assert h2o["kl_token"] == pytest.approx((0.6 + 0.4) / 6) and h2o["kl_head"] == pytest.approx((0.2 + 0.8) / 6)
     assert h2o["top1_head"] == pytest.approx(4 / 6) and h2o["contexts_head_lower"] == "1/2"
@@ -371,3 +372,38 @@ def test_the_per_head_replay_pairs_each_policy_with_its_whole_token_self():
     (best,) = out.tables["best"][1]
     assert best["best"] == "kvp:granularity=head" and best["kvp_head_rank"] == 1 and best["variants"] == 6
     assert out.facts["better"] == 2 and out.facts["identical"] == 1 and out.facts["worse_cells"] == "none"
+
+
+def test_kvpress_runs_from_several_files_join_the_compress_rows_once_per_share():
+    from benchmarks.per_head import kvpress_rows, press_runs
+
+    main = [
+        {"protocol": "compress", "kept": k, "policy": p, "kl_head": 0.1 * k, "kl_token": 0.2 * k}
+        for p in ("streaming", "snapkv") for k in (0.9, 0.5)
+    ] + [{"protocol": "budget", "kept": 0.5, "policy": "snapkv", "kl_head": 9.0, "kl_token": 9.0}]  # fmt: skip
+    section = {"tables": {"main": {"rows": [
+        {"policy": "streaming", "kvpress_press": "streaming", "kept": 50.0, "press_kl": 0.05, "token_kl": 0.1},
+        {"policy": "snapkv", "kvpress_press": "snapkv", "kept": 50.0, "press_kl": 0.04, "token_kl": 0.2},
+    ]}}}  # fmt: skip
+    bench = {"comparison": [
+        {"policy": "snapkv", "press": "snapkv", "kept_share": 0.9, "press_kl": 0.09, "token_kl": 0.18},
+        {"policy": "snapkv", "press": "snapkv", "kept_share": 0.5, "press_kl": 1.0, "token_kl": 1.0},
+    ]}  # fmt: skip
+    rows = kvpress_rows(main, press_runs(section) + press_runs(bench))
+    assert [(r["policy"], r["kept"]) for r in rows] == [("streaming", 0.5), ("snapkv", 0.9), ("snapkv", 0.5)]
+    snap50 = rows[2]  # the share in both files: the first file's run, against the compress protocol's row
+    assert snap50["press_kl"] == 0.04 and snap50["head_vs_press"] == pytest.approx(0.05 / 0.04)
+    assert rows[1]["head_vs_press"] == pytest.approx(0.09 / 0.09) and rows[1]["press_token_kl"] == 0.18
+
+
+def test_the_committed_per_head_section_recounts_from_its_context_rows_and_kvpress_runs():
+    from benchmarks.per_head import build, press_runs
+    from benchmarks.results.data import DATA, load_section
+
+    data, linear = load_section("per-head"), load_section("linear")
+    extra = json.loads((DATA / "per-head" / "linear-7590.json").read_text())  # bench_linear.py at 90 / 75%
+    runs = press_runs(linear) + press_runs(extra)
+    built = build(data["tables"]["contexts"]["rows"], {"rows": data["tables"]["step"]["rows"]}, runs)
+    assert built["main"] == data["tables"]["main"]["rows"] and built["facts"] == data["facts"]
+    assert built["tables"]["kvpress"]["rows"] == data["tables"]["kvpress"]["rows"]
+    assert data["facts"]["snapkv_press_shares"] == "90%, 75%, 50%, 25%, 10%"  # issue 66: 10-90% kept
