@@ -127,6 +127,29 @@ def readme_ablation() -> tuple[str, ...]:
     return (trees["game24"], "24", trees["gsm8k"], "95%") if holds else ("the README's claims no longer hold",)
 
 
+def readme_ablation_live() -> tuple[str, ...]:
+    """README: the live ablation's puzzles and budget, and its claims as the data says them: no variant better
+    than the default; without the host tier and without the question pin, less of full's tree beyond the
+    interval; random's and the default's answers as full's (else the check fails)."""
+    data = section("ablation-live")
+    facts, rows = data["facts"], {r["policy"]: r for r in data["tables"]["main"]["rows"]}
+    paired = {r["policy"]: r for r in data["tables"]["vs_default"]["rows"]}
+    holds = (
+        facts["better"] == 0 and facts["mixed"] == 0
+        and all(paired[p]["nodes_as_full_hi"] < 0 for p in ("arbor:host_tier=false", "arbor:pins=[sinks,parent]"))
+    )  # fmt: skip
+    if not holds:
+        return ("the README's claims no longer hold",)
+    return (
+        facts["problems"],
+        "24",
+        facts["budgets"],
+        "95%",
+        str(rows["random"]["agree_n"]),
+        str(rows["arbor"]["agree_n"]),
+    )
+
+
 def readme_msve_calibration() -> tuple[str, ...]:
     """README: the calibration's trees per task and side, the shipped weights' held-out r² on Game of 24,
     and the best held-out r² of any fit on GSM8K (the task's own fits, the shared one, the old one)."""
@@ -491,6 +514,7 @@ CHECKS: dict[str, Callable[[], tuple[str, ...]]] = {
     "seed1_shipped": seed1_shipped,
     "seed1_readme": seed1_readme,
     "readme_ablation": readme_ablation,
+    "readme_ablation_live": readme_ablation_live,
     "readme_msve_calibration": readme_msve_calibration,
     "readme_per_head": readme_per_head,
     "readme_per_head_replay": readme_per_head_replay,

@@ -284,6 +284,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("floor", optional=True, claims=FLOOR),
     Section("msve-calibration"),  # issue 65: MSVE's fit judged on held-out trees, every signal alone
     Section("ablation", optional=True),  # issue 65: arbor's parts, each switched off, against its default
+    Section("ablation-live"),  # issue 65: the same parts switched off in arbor-solve's own searches at 0.25x
     Section("overhead", optional=True),
     Section("memory-steps"),
     Section("e2e-configl-game24", optional=True),  # its summary line is e2e-scaling-game24's, at n = 100
