@@ -266,14 +266,19 @@ def build(contexts: list[dict], step: dict | None, linear: list[dict] | None = N
     return {"main": main, "tables": tables, "facts": facts}
 
 
-def kept_measurement(old: dict, facts: dict) -> dict:
-    """What a ``--keep`` run carries from the committed measurement: every table but kvpress's, and
-    every fact not about kvpress's presses (the page says when and at which commit they were measured)."""
+STEP_FACTS = ("step_ratio_max", "step_policy_max")
+
+
+def kept_measurement(old: dict, facts: dict, new_step: bool) -> dict:
+    """What a ``--keep`` run carries from the committed measurement: every table but kvpress's (and the
+    step timings', ``new_step``: measured again), and every fact not about them (the page says when and
+    at which commit the kept ones were measured)."""
     carried = old.get("carried") or {"measured": old["measured"], "commit": old["commit"]}
-    tables = [t for t in old["tables"] if t != "kvpress"]
+    redone = ("kvpress", "step") if new_step else ("kvpress",)
+    fresh = [k for k in facts if k.endswith(("_press_shares", "_press", "_rel_diff")) or (new_step and k in STEP_FACTS)]
     return carried | {
-        "tables": tables,
-        "facts": [k for k in facts if not k.endswith(("_press_shares", "_press", "_rel_diff"))],
+        "tables": [t for t in old["tables"] if t not in redone],
+        "facts": [k for k in facts if k not in fresh],
     }
 
 
@@ -310,10 +315,14 @@ def main(argv: list[str] | None = None) -> int:
     print(render_table(built["tables"]["best"]))
     if args.section:
         this = "python -m benchmarks.per_head " + " ".join(sys.argv[1:] if argv is None else argv)
-        if old:  # the bench and step commands as recorded, then kvpress's runs and this one
-            kept = [c for c in old["command"].splitlines() if not c.startswith("python -m benchmarks.per_head ")]
-            commands = kept + [d["command"] for d in docs if "comparison" in d]
-            settings, carried = old["settings"], kept_measurement(old, built["facts"])
+        if old:  # the bench (and step) commands as recorded, then what ran again and this one
+            redone = ("python -m benchmarks.per_head ",) + (
+                ("python -m benchmarks.per_head_step",) if args.step else ()
+            )
+            kept = [c for c in old["command"].splitlines() if not c.startswith(redone)]
+            again = [d["command"] for d in docs if "comparison" in d] + ([step["command"]] if args.step else [])
+            commands = list(dict.fromkeys(kept + again))
+            settings, carried = old["settings"], kept_measurement(old, built["facts"], bool(args.step))
         else:
             commands = [b["command"] for b in benches] + ([step["command"]] if step else [])
             settings = {"contexts": [c["name"] for c in benches[0]["contexts"]], "steps": benches[0]["steps"]}
