@@ -93,7 +93,7 @@ def variant_runs(sweep_dirs: Iterable[Path]) -> list[tuple[str, float, Path]]:
 
 
 def variant_problems(run_dir: Path, full_dir: Path, ref_rows: dict[int, dict]) -> list[dict[str, Any]]:
-    """:func:`benchmarks.e2e.problem_rows` of one run, with the tokens it brought back and recomputed."""
+    """:func:`benchmarks.e2e.problem_rows` of one run, with its :data:`COST_FIELDS` (host, recompute, forwards)."""
     raw = load_done(run_dir)
     return [
         r | {k: int(raw[r["index"]].get(k) or 0) for k in COST_FIELDS}

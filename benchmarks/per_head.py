@@ -266,7 +266,9 @@ def build(contexts: list[dict], step: dict | None, linear: list[dict] | None = N
     return {"main": main, "tables": tables, "facts": facts}
 
 
+#: the facts made from the step timings and from kvpress's runs (what ``--keep`` redoes)
 STEP_FACTS = ("step_ratio_max", "step_policy_max")
+KVPRESS_FACTS = ("snapkv_press_max_rel_diff", "snapkv_press_shares", "h2o_head_below_press", "h2o_press_shares")
 
 
 def kept_measurement(old: dict, facts: dict, new_step: bool) -> dict:
@@ -275,7 +277,7 @@ def kept_measurement(old: dict, facts: dict, new_step: bool) -> dict:
     at which commit the kept ones were measured)."""
     carried = old.get("carried") or {"measured": old["measured"], "commit": old["commit"]}
     redone = ("kvpress", "step") if new_step else ("kvpress",)
-    fresh = [k for k in facts if k.endswith(("_press_shares", "_press", "_rel_diff")) or (new_step and k in STEP_FACTS)]
+    fresh = KVPRESS_FACTS + (STEP_FACTS if new_step else ())
     return carried | {
         "tables": [t for t in old["tables"] if t not in redone],
         "facts": [k for k in facts if k not in fresh],

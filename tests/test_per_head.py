@@ -397,7 +397,7 @@ def test_kvpress_runs_from_several_files_join_the_compress_rows_once_per_share()
 
 
 def test_the_committed_per_head_section_recounts_from_its_context_rows_and_kvpress_runs():
-    from benchmarks.per_head import build, press_runs
+    from benchmarks.per_head import KVPRESS_FACTS, STEP_FACTS, build, press_runs
     from benchmarks.results.data import DATA, load_section
 
     data, linear = load_section("per-head"), load_section("linear")
@@ -407,3 +407,4 @@ def test_the_committed_per_head_section_recounts_from_its_context_rows_and_kvpre
     assert built["main"] == data["tables"]["main"]["rows"] and built["facts"] == data["facts"]
     assert built["tables"]["kvpress"]["rows"] == data["tables"]["kvpress"]["rows"]
     assert data["facts"]["snapkv_press_shares"] == "90%, 75%, 50%, 25%, 10%"  # issue 66: 10-90% kept
+    assert set(KVPRESS_FACTS) | set(STEP_FACTS) <= set(built["facts"])  # the names --keep redoes are build's
