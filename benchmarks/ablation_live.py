@@ -223,7 +223,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--command", default="", help="the commands that made the run dirs (recorded)")
     ap.add_argument("--setting", action="append", default=[], help="KEY=VALUE recorded in the section's settings")
     args = ap.parse_args(argv)
-    out = build(args.full, args.sweeps)
+    try:
+        for path in (args.full, *args.sweeps):
+            if not path.is_dir():
+                raise FileNotFoundError(f"{path}: no such folder")
+        if not load_done(args.full):
+            raise ValueError(f"{args.full}: no finished problem in its results.jsonl (an arbor-solve run dir?)")
+        out = build(args.full, args.sweeps)
+    except (OSError, ValueError, KeyError) as exc:
+        ap.exit(2, f"{ap.prog}: error: {exc}\n")
     for rows, spec in ((out["summary"], COLUMNS), (out["paired"], PAIRED_COLUMNS)):
         for r in rows:
             print(" | ".join(str(r[k]) if not isinstance(r[k], float) else f"{r[k]:.2f}" for k, _, _ in spec))

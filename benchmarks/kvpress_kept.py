@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.linear import build_context, kvpress_model_dir, kvpress_python, run_kvpress
+from benchmarks.linear import build_context, context_texts, kvpress_model_dir, kvpress_python, run_kvpress
 
 #: project policy -> the kvpress press that chooses the same tokens per (layer, KV head)
 EQUIVALENT = {"snapkv": "snapkv", "streaming": "streaming"}
@@ -72,9 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from arbor_runtime.loading import load_model
 
+    try:  # the inputs, before the model loads: the data (the context's texts) and kvpress's venv
+        context_texts(Path(args.data_dir), CONTEXT)
+        python = kvpress_python(Path(args.kvpress_venv).expanduser(), args.create_venv)
+        if not Path(args.out).parent.is_dir():
+            raise FileNotFoundError(f"--out {args.out}: its folder does not exist")
+    except (OSError, ValueError, RuntimeError) as exc:
+        ap.exit(2, f"{ap.prog}: error: {exc}\n")
     loaded = load_model("smollm2", device="cpu")  # converts the GGUF once, so kvpress finds the same weights
     ids = build_context(loaded.tokenizer, Path(args.data_dir), CONTEXT).context_ids
-    python = kvpress_python(Path(args.kvpress_venv).expanduser(), args.create_venv)
     response = run_kvpress(python, request_for(ids, kvpress_model_dir("smollm2")))
     out = Path(args.out)
     out.write_text(json.dumps(fixture_of(ids, response), indent=1) + "\n")

@@ -84,6 +84,20 @@ def test_a_run_without_a_budget_ratio_is_refused(tmp_path):
         build(full, [tmp_path / "bad"])
 
 
+def test_bad_paths_are_refused_in_one_line_with_exit_2(tmp_path, capsys):
+    full, sweep = fake_runs(tmp_path)
+    (tmp_path / "empty").mkdir()
+    for argv, said in (
+        ([str(tmp_path / "nope"), str(sweep)], "nope: no such folder"),
+        ([str(full), str(tmp_path / "nope")], "nope: no such folder"),
+        ([str(tmp_path / "empty"), str(sweep)], "no finished problem in its results.jsonl"),
+    ):
+        with pytest.raises(SystemExit) as err:
+            main(argv)
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert err.value.code == 2 and len(lines) == 1 and said in lines[0], (argv, lines)
+
+
 def test_the_section_is_written_with_its_rows(tmp_path, monkeypatch):
     import benchmarks.results.data as data
 

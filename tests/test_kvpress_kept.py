@@ -83,3 +83,21 @@ def test_each_layer_and_kv_head_keeps_the_tokens_kvpress_keeps_there(smollm2, po
                 assert ours == theirs, (policy, entry["compression_ratio"], layer, head, sorted(ours ^ theirs))
     assert compared >= 0.9 * sum(len(e["layers"]) * len(e["layers"][0]["mask"]) for e in entries)
     assert differ == 0
+
+
+def test_bad_inputs_are_refused_in_one_line_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import benchmarks.kvpress_kept as kept
+
+    monkeypatch.setattr("arbor_runtime.loading.load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    data = tmp_path / "data"
+    for argv, said in (
+        (["--data-dir", str(tmp_path / "nope")], "is missing (--data-dir points at the shared data folder)"),
+        (["--data-dir", str(data), "--kvpress-venv", str(tmp_path / "venv")], "has no bin/python"),
+    ):
+        (data / "gsm8k").mkdir(parents=True, exist_ok=True)
+        for name in ("train.jsonl", "test.jsonl"):
+            (data / "gsm8k" / name).write_text((json.dumps({"question": "q", "answer": "a\n#### 1"}) + "\n") * 8)
+        with pytest.raises(SystemExit) as err:
+            kept.main(argv)
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert err.value.code == 2 and len(lines) == 1 and said in lines[0], (argv, lines)
