@@ -336,3 +336,23 @@ def test_rloo_ranks_the_oracle_at_reward_one_and_its_gradient_raises_the_attende
     rloo_loss(scores, target, samples=256).backward()
     heavy, light = target[0] > 0.1, target[0] < 0.02
     assert float(scores.grad[0][heavy].mean()) < 0 < float(scores.grad[0][light].mean())  # descent raises the heavy
+
+
+def test_bench_variants_and_policies_name_their_granularity(tmp_path):
+    """bench_kvp's ``--variants NAME@head=WEIGHTS`` runs that weights file per (layer, KV head), ``@token`` whole
+    tokens; ``--policies kvp@token`` is accepted and an unknown granularity refused in one line."""
+    from research.kvp.cli import _valid_policy, _variants
+
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"")
+    got = _variants(f"a@head={weights},b@token={weights},c={weights},d@head=recent_ratio:0")
+    assert got == {
+        "a@head": {"weights": str(weights), "granularity": "head"},
+        "b@token": {"weights": str(weights), "granularity": "token"},
+        "c": {"weights": str(weights)},
+        "d@head": {"recent_ratio": 0.0, "granularity": "head"},
+    }
+    with pytest.raises(ValueError, match="@cols; valid: @token, @head"):
+        _variants(f"a@cols={weights}")
+    assert _valid_policy("kvp@token") and _valid_policy("kvp@head") and not _valid_policy("kvp@cols")
+    assert not _valid_policy("full@head")

@@ -108,7 +108,7 @@ def run_context(
     reference_continuation(base, ctx, steps)
     full = project_run(base, ctx, None)
     att = context_attention(loaded, ctx)
-    per_head = any("@" in p for p in policies)
+    per_head = any(name.endswith("@head") for name in [*policies, *(variants or {})])
     runs = [
         {
             "policy": name,

@@ -20,7 +20,7 @@ from arbor_runtime import load_model
 from arbor_runtime.policies import POLICIES
 from arbor_runtime.policies.kvp_scorer import ScorerShape
 from arbor_runtime.policies.kvp_weights import save_weights
-from arbor_runtime.policies.scorer import PER_HEAD_POLICIES
+from arbor_runtime.policies.scorer import GRANULARITIES, PER_HEAD_POLICIES
 from benchmarks.cli import parse_floats, set_threads
 from benchmarks.linear import DEFAULT_CONTEXTS, build_context
 from benchmarks.trace import load_trace
@@ -275,20 +275,31 @@ def bench_main(argv: Sequence[str] | None = None, console: Console | None = None
 
 
 def _valid_policy(name: str) -> bool:
-    """A project policy, or ``NAME@head`` for a policy that keeps tokens per (layer, KV head)."""
+    """A project policy, or ``NAME@head`` / ``NAME@token`` for a policy that can keep tokens per (layer, KV
+    head) (``@token`` names its whole-token retention explicitly)."""
     kind, kwargs = policy_variant(name)
-    return kind in POLICIES and (not kwargs or (kwargs["granularity"] == "head" and kind in PER_HEAD_POLICIES))
+    return kind in POLICIES and (not kwargs or (kwargs["granularity"] in GRANULARITIES and kind in PER_HEAD_POLICIES))
+
+
+def _variant_name(name: str, item: str) -> dict[str, str]:
+    """``NAME@head`` / ``NAME@token`` -> the kvp variant's granularity argument; a plain NAME -> {}."""
+    _, at, granularity = name.partition("@")
+    if at and granularity not in GRANULARITIES:
+        valid = ", ".join("@" + g for g in GRANULARITIES)
+        raise ValueError(f"--variants item {item!r}: @{granularity}; valid: {valid}")
+    return {"granularity": granularity} if at else {}
 
 
 def _variants(text: str) -> dict[str, dict]:
-    """Items ``NAME=WEIGHTS`` (a weights file) or ``NAME=recent_ratio:X`` -> KVPPolicy arguments per name."""
+    """Items ``NAME=WEIGHTS`` (a weights file) or ``NAME=recent_ratio:X`` -> KVPPolicy arguments per name;
+    a NAME ending ``@head`` (or ``@token``) runs that variant at that retention granularity."""
     out = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         name, sep, value = item.partition("=")
         key, _, ratio = value.partition(":")
         if sep and name and key == "recent_ratio":
             try:
-                out[name] = {"recent_ratio": float(ratio)}
+                out[name] = {"recent_ratio": float(ratio)} | _variant_name(name, item)
             except ValueError:
                 raise ValueError(f"--variants item {item!r}: recent_ratio:{ratio!r} is not a number") from None
             continue
@@ -296,7 +307,7 @@ def _variants(text: str) -> dict[str, dict]:
             raise ValueError(
                 f"--variants item {item!r} must be NAME=PATH of an existing weights file or NAME=recent_ratio:X"
             )
-        out[name] = {"weights": value}
+        out[name] = {"weights": value} | _variant_name(name, item)
     return out
 
 
@@ -311,7 +322,8 @@ def run_bench(args: argparse.Namespace, console: Console) -> dict:
     if bad or not policies:
         raise ValueError(
             f"--policies {args.policies!r}: unknown {bad or 'empty'}; valid: {', '.join(sorted(POLICIES))}, "
-            f"each as NAME, or NAME@head for {', '.join(PER_HEAD_POLICIES)} (per-(layer, KV head) retention)"
+            f"each as NAME, or NAME@head / NAME@token for {', '.join(PER_HEAD_POLICIES)} (per-(layer, KV head) or "
+            "whole-token retention)"
         )
     variants = _variants(args.variants)
     ratios = [round(1.0 - s, 6) for s in shares]
