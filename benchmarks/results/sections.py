@@ -278,6 +278,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("rehydrate"),
     Section("linear"),
     Section("kvp", claims=(KVP,)),
+    Section("kvp-loss"),  # issue 66: which KVP weights ship, two losses paired on 14 held-out contexts
     Section("e2e-game24", claims=(E2E,)),
     Section("e2e-gsm8k", claims=(E2E,)),
     Section("replay"),
