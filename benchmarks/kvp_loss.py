@@ -109,7 +109,7 @@ def auc_row(loss: str, path: Path) -> dict[str, Any]:
     return {
         "loss": loss, "weights": str(path), "recorded_loss": info.get("loss"), "head_auc": final["kvp/head_auc"],
         "token_auc": final["kvp/token_auc"], "train_tokens": info["sequences"]["train_tokens"],
-        "seconds": info.get("seconds"),
+        "held_out": info["sequences"]["held_out"], "seconds": info.get("seconds"),
     }  # fmt: skip
 
 
@@ -144,6 +144,10 @@ def build(benches: Sequence[dict], weights: dict[str, Path], incumbent: str, can
     facts = decide(aucs, paired, incumbent, candidate)
     facts |= {f"{name}_head_auc": a["head_auc"] for name, a in aucs.items()}
     facts |= {"contexts_named": listed([f"`{c}`" for c in dict.fromkeys(r["context"] for r in rows)])}
+    facts |= {
+        "steps": listed(sorted({b["steps"] for b in benches})),
+        "held_out": listed(sorted({a["held_out"] for a in aucs.values()})),
+    }
     return {"auc": list(aucs.values()), "paired": paired, "facts": facts, "rows": rows}
 
 

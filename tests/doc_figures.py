@@ -506,7 +506,36 @@ def pilot_dense_correct(name: str, at: tuple[str, ...] = ()) -> Callable[[], tup
     return check
 
 
+def kvp_ship_sequences() -> tuple[str, ...]:
+    """kvp-loss: the budgets loss trained on the KVP section's 200 collected sequences (its command says so)."""
+    data = section("kvp-loss")
+    return ("200",) if "kvp_collect.py --out bench/results-full/kvp/data --sequences 200" in data["command"] else ()
+
+
+def kvp_ship_shots() -> tuple[str, ...]:
+    """kvp-loss: GSM8K train rows 0..N-1 as shots, N the most shots of its GSM8K contexts."""
+    contexts = {
+        r["context"] for r in (json.loads(x) for x in (DATA / "kvp-loss" / "rows.jsonl").read_text().split("\n") if x)
+    }
+    shots = max(int(c.split(":")[1]) for c in contexts if c.startswith("gsm8k:"))
+    return "0", str(shots - 1)
+
+
+def kvp_ship_held_out() -> tuple[str, ...]:
+    """kvp-loss: AUC over budgets 10-90% on the sequences each weights file records as held out."""
+    return "10", "90%", section("kvp-loss")["facts"]["held_out"]
+
+
+def kvp_ship_steps() -> tuple[str, ...]:
+    """kvp-loss: each context's KL the mean over the benches' continuation steps; 95% intervals."""
+    return section("kvp-loss")["facts"]["steps"], "95%"
+
+
 CHECKS: dict[str, Callable[[], tuple[str, ...]]] = {
+    "kvp_ship_sequences": kvp_ship_sequences,
+    "kvp_ship_shots": kvp_ship_shots,
+    "kvp_ship_held_out": kvp_ship_held_out,
+    "kvp_ship_steps": kvp_ship_steps,
     "readme_demo": readme_demo,
     "policies_dense_below": policies_dense_below,
     "policies_layer7": policies_layer7,

@@ -22,6 +22,7 @@ def bench(protocol: str, kl: dict[tuple[str, str], list[float]]) -> dict:
     n = len(next(iter(kl.values())))
     return {
         "protocol": protocol,
+        "steps": 2,
         "per_context": [
             {
                 "name": f"gsm8k:{i + 5}:{i}",
