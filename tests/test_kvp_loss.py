@@ -87,7 +87,6 @@ def test_missing_runs_and_bad_arguments_are_refused_in_one_line(tmp_path, capsys
     assert err.value.code == 2 and "must be NAME=PATH of an existing weights file" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not (SECTION / "results.json").is_file(), reason="the kvp-loss section is not committed yet")
 def test_the_committed_section_recounts_from_its_rows_and_its_decision_holds():
     data = json.loads((SECTION / "results.json").read_text())
     rows = [json.loads(x) for x in (SECTION / "rows.jsonl").read_text().splitlines()]
