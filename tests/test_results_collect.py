@@ -47,7 +47,7 @@ def test_kvp_tables_and_figures_come_from_the_benchmarks_outputs(tmp_path):
     facts = kvp_facts(tmp_path)
     assert facts["bench_minutes"] == 10.0 and facts["cost_budget_tokens"] == 812 and facts["step_ms"] == 90.0
     assert facts["bench_contexts"] == "`gsm8k:6:0` (787 tokens)" and facts["cost_context"] == "math500:5:200"
-    assert facts["shipped_loss"] == "budgets" and facts["shipped_train_tokens"] > 0  # the shipped weights' record (kvp-loss)
+    assert facts["shipped_loss"] == "budgets" and facts["shipped_train_tokens"] > 0  # the shipped weights' record
     assert "train_context_tokens" not in facts  # no training report here
 
 
