@@ -341,11 +341,11 @@ def test_rloo_ranks_the_oracle_at_reward_one_and_its_gradient_raises_the_attende
 def test_bench_variants_and_policies_name_their_granularity(tmp_path):
     """bench_kvp's ``--variants NAME@head=WEIGHTS`` runs that weights file per (layer, KV head), ``@token`` whole
     tokens; ``--policies kvp@token`` is accepted and an unknown granularity refused in one line."""
-    from research.kvp.cli import _valid_policy, _variants
+    from research.kvp.cli import parse_variants, valid_bench_policy
 
     weights = tmp_path / "w.safetensors"
     weights.write_bytes(b"")
-    got = _variants(f"a@head={weights},b@token={weights},c={weights},d@head=recent_ratio:0")
+    got = parse_variants(f"a@head={weights},b@token={weights},c={weights},d@head=recent_ratio:0")
     assert got == {
         "a@head": {"weights": str(weights), "granularity": "head"},
         "b@token": {"weights": str(weights), "granularity": "token"},
@@ -353,6 +353,6 @@ def test_bench_variants_and_policies_name_their_granularity(tmp_path):
         "d@head": {"recent_ratio": 0.0, "granularity": "head"},
     }
     with pytest.raises(ValueError, match="@cols; valid: @token, @head"):
-        _variants(f"a@cols={weights}")
-    assert _valid_policy("kvp@token") and _valid_policy("kvp@head") and not _valid_policy("kvp@cols")
-    assert not _valid_policy("full@head")
+        parse_variants(f"a@cols={weights}")
+    assert valid_bench_policy("kvp@token") and valid_bench_policy("kvp@head") and not valid_bench_policy("kvp@cols")
+    assert not valid_bench_policy("full@head")

@@ -274,7 +274,7 @@ def bench_main(argv: Sequence[str] | None = None, console: Console | None = None
     return 0
 
 
-def _valid_policy(name: str) -> bool:
+def valid_bench_policy(name: str) -> bool:
     """A project policy, or ``NAME@head`` / ``NAME@token`` for a policy that can keep tokens per (layer, KV
     head) (``@token`` names its whole-token retention explicitly)."""
     kind, kwargs = policy_variant(name)
@@ -290,7 +290,7 @@ def _variant_name(name: str, item: str) -> dict[str, str]:
     return {"granularity": granularity} if at else {}
 
 
-def _variants(text: str) -> dict[str, dict]:
+def parse_variants(text: str) -> dict[str, dict]:
     """Items ``NAME=WEIGHTS`` (a weights file) or ``NAME=recent_ratio:X`` -> KVPPolicy arguments per name;
     a NAME ending ``@head`` (or ``@token``) runs that variant at that retention granularity."""
     out = {}
@@ -318,14 +318,14 @@ def run_bench(args: argparse.Namespace, console: Console) -> dict:
     if any(not 0.0 < s < 1.0 for s in shares) or args.steps < 1:
         raise ValueError(f"--shares {args.shares!r} must be in (0, 1) and --steps={args.steps} >= 1")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    bad = [p for p in policies if not _valid_policy(p)]
+    bad = [p for p in policies if not valid_bench_policy(p)]
     if bad or not policies:
         raise ValueError(
             f"--policies {args.policies!r}: unknown {bad or 'empty'}; valid: {', '.join(sorted(POLICIES))}, "
             f"each as NAME, or NAME@head / NAME@token for {', '.join(PER_HEAD_POLICIES)} (per-(layer, KV head) or "
             "whole-token retention)"
         )
-    variants = _variants(args.variants)
+    variants = parse_variants(args.variants)
     ratios = [round(1.0 - s, 6) for s in shares]
     loaded = load_model(args.model, device="cpu")
     contexts = [build_context(loaded.tokenizer, Path(args.data_dir), spec) for spec in args.contexts.split(",")]
