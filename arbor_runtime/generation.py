@@ -21,7 +21,7 @@ from arbor_runtime.batch import Group
 from arbor_runtime.grammar import Matcher, mask_logits
 from arbor_runtime.kv import Extent, KVStore
 from arbor_runtime.kv.block import layout_epoch
-from arbor_runtime.sampling import SamplingParams, sample_tokens, token_stats
+from arbor_runtime.sampling import SamplingParams, draw_rows
 from arbor_runtime.tree import Node
 
 _NO_SLOTS = torch.zeros(0, dtype=torch.long)
@@ -150,8 +150,7 @@ def sample_into(rows: Sequence[Row], logits: torch.Tensor, params: SamplingParam
     log-probs and entropies are those of the raw distribution either way.
     """
     scores = mask_logits(logits, [r.matcher for r in rows]) if params.constrained else logits
-    tokens = sample_tokens(scores, params, [r.generator for r in rows])
-    logprobs, entropies = token_stats(logits, tokens)
+    tokens, logprobs, entropies = draw_rows(logits, scores, params, [r.generator for r in rows])
     for row, tok, lp, ent in zip(rows, tokens.tolist(), logprobs.tolist(), entropies.tolist(), strict=True):
         row.tokens.append(tok)
         row.logprobs.append(lp)
