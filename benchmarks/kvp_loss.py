@@ -13,8 +13,8 @@ Decision rule, fixed before the runs: the candidate ships when its held-out per-
 incumbent's and it is lower beyond the interval in more (protocol, granularity, share) cells than it is
 higher beyond it; otherwise the incumbent stays.
 
-    python -m benchmarks.kvp_loss BENCH_JSON [BENCH_JSON ...] --weights listnet=PATH --weights budgets=PATH \\
-        [--incumbent listnet --candidate budgets] [--section kvp-loss --command "..."]
+    python -m benchmarks.kvp_loss BENCH_JSON [BENCH_JSON ...] --weights kvp=PATH --weights budgets=PATH \\
+        --candidate budgets [--incumbent kvp] [--section kvp-loss --command "..."]
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from arbor_runtime.policies.scorer import GRANULARITIES
 from benchmarks.floor import ci_text, listed
 from benchmarks.results.stats import mean_interval
 
-GRANULARITIES = ("token", "head")
 COLUMNS = (
     ("protocol", "protocol", "text"), ("granularity", "retention", "text"), ("kept", "kept", "text"),
     ("contexts", "n", "auto"), ("incumbent_kl", "incumbent KL", "{:.4f}"), ("candidate_kl", "candidate KL", "{:.4f}"),
@@ -168,8 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kvp_loss", description=__doc__.split("\n")[0])
     ap.add_argument("benches", type=Path, nargs="+", help="scripts/bench_kvp.py outputs (one per protocol)")
     ap.add_argument("--weights", action="append", default=[], help="NAME=PATH of each loss's weights file")
-    ap.add_argument("--incumbent", default="listnet", help="the loss shipped now")
-    ap.add_argument("--candidate", default="budgets", help="the loss that would replace it")
+    ap.add_argument("--incumbent", default="kvp", help="the weights shipped now (bench_kvp names them kvp)")
+    ap.add_argument("--candidate", required=True, help="the weights that would replace them")
     ap.add_argument("--section", default=None, help="write docs/data/<section>/results.json (else print only)")
     ap.add_argument("--title", default="Which KVP weights ship: two losses paired on held-out contexts")
     ap.add_argument("--command", default="", help="the commands that made the inputs (recorded)")

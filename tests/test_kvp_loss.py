@@ -80,10 +80,14 @@ def test_missing_runs_and_bad_arguments_are_refused_in_one_line(tmp_path, capsys
         json.dumps(bench("compress", runs | {("listnet", "head"): [0.1, 0.2], ("budgets", "head"): [0.1, 0.2]}))
     )
     with pytest.raises(SystemExit) as err:
-        kvp_loss.main([str(path), "--weights", f"listnet={TINY}"])
+        kvp_loss.main([str(path), "--weights", f"listnet={TINY}", "--incumbent", "listnet"])
+    assert err.value.code == 2 and "--candidate" in capsys.readouterr().err  # no default: name what is weighed
+    pair = ["--incumbent", "listnet", "--candidate", "budgets"]
+    with pytest.raises(SystemExit) as err:
+        kvp_loss.main([str(path), "--weights", f"listnet={TINY}", *pair])
     assert err.value.code == 2 and "--weights budgets=PATH is missing" in capsys.readouterr().err
     with pytest.raises(SystemExit) as err:
-        kvp_loss.main([str(path), "--weights", f"listnet={TINY}", "--weights", "budgets=/nope.safetensors"])
+        kvp_loss.main([str(path), "--weights", f"listnet={TINY}", "--weights", "budgets=/nope.safetensors", *pair])
     assert err.value.code == 2 and "must be NAME=PATH of an existing weights file" in capsys.readouterr().err
 
 
