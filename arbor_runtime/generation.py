@@ -27,7 +27,7 @@ from arbor_runtime.tree import Node
 _NO_SLOTS = torch.zeros(0, dtype=torch.long)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # a row is compared by identity: the engine's lists remove and find rows
 class Row:
     """One child being generated.
 

@@ -7,6 +7,7 @@ which search has the turn: every field of the plan."""
 
 from __future__ import annotations
 
+import copy
 from contextlib import nullcontext
 from types import SimpleNamespace
 
@@ -299,3 +300,31 @@ def test_the_scheduler_never_plans_past_the_budget():
         if not bench.sched.running and not bench.sched.waiting:
             break
     assert sorted(r.order for r in finished) == list(range(6)) and not bench.failed
+
+
+def test_the_growth_ladder_preempts_in_the_order_victim_picks_again_and_again():
+    """The ladder works its preemption order out once (``victims``); it must be the order of picking
+    :meth:`Scheduler.victim` among what is left, rung after rung, with rows of a search without the turn
+    first, then the fewest decoded, then the youngest; each rung's rows and room are what is left. Rows
+    are told apart by identity (two rows with equal fields are not the same row)."""
+    bench = Bench(FullPolicy(budget_tokens=4096))
+    root = bench.node(None, 8)
+    mine, theirs = Account(), Account()
+    bench.sched.take_turns({id(a): (a, [(root, 4000)]) for a in (mine, theirs)})
+    rows = [bench.running_full(root, 64, started=float(i % 3), account=(mine, theirs)[i % 2]) for i in range(9)]
+    for i, row in enumerate(rows):
+        row.fed += (7 * i) % 4  # ties in fed, so the youngest decides among them
+    ladder = bench.sched.growth(bench.sched.running)
+    left, expected = list(rows), []
+    while len(left) > 1:  # the rule itself, row by row: no turn first, then fewest decoded, then youngest
+        ranked = [(bench.sched.turns.admits(r.job.account), r.fed, len(left) - 1 - i) for i, r in enumerate(left)]
+        expected.append(left[min(range(len(left)), key=ranked.__getitem__)])
+        assert bench.sched.victim(left) is expected[-1]
+        left = [r for r in left if r is not expected[-1]]
+    assert [rung.victim for rung in ladder] == [*expected, None]
+    for k, rung in enumerate(ladder):
+        kept = [r for r in rows if all(r is not v for v in expected[:k])]
+        assert [r for r, _ in rung.grown] == kept and rung.owners == [r.owner for r in kept]
+        assert rung.need == sum(n for _, n in rung.grown) and rung.ahead == PAGE * len(kept)
+    row = bench.row(root, 64)
+    assert copy.copy(row) != row and row == row  # a copy holds the same fields and is another row

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from arbor_runtime.engine.turns import Demand, Turns
@@ -201,29 +201,37 @@ class Scheduler:
         row that cannot grow goes below the floor under a policy that degrades (its path
         token-extracted, :meth:`MemoryManager.below_floor`), else fails its expansion."""
         running, new, ladder = list(running), {id(r) for r in started}, []
-        while True:
-            needy = [r for r in running if id(r) not in new and r.capacity <= r.fed]
-            if not needy:
-                return ladder
-            grown = [(r, page(r)) for r in needy]
+        needy = [r for r in running if id(r) not in new and r.capacity <= r.fed]
+        pages = {id(r): page(r) for r in needy}
+        victims = iter(self.victims(running))  # worked out once: preemption never reorders the rest
+        while needy:
+            grown = [(r, pages[id(r)]) for r in needy]
             owners = [r.owner for r in running]
-            rung = Growth(grown, sum(n for _, n in grown), PAGE * len(running), owners, needy[0].job)
+            need, ahead, job = sum(pages.values()), PAGE * len(running), needy[0].job
             if len(running) > 1:
-                victim = self.victim(running)
-                ladder.append(replace(rung, victim=victim))
+                victim = next(victims)
+                ladder.append(Growth(grown, need, ahead, owners, job, victim=victim))
                 running.remove(victim)
+                needy = [r for r in needy if r is not victim]
+                pages.pop(id(victim), None)
                 continue
             row = running[0]
             need_alone = sum(n.length for n in row.owner.path()) + row.stop.params.max_new_tokens
-            ladder.append(replace(rung, below_floor=self.planner.degrades, error=self.planner.exceeded(need_alone)))
-            return ladder
+            error = self.planner.exceeded(need_alone)
+            ladder.append(Growth(grown, need, ahead, owners, job, below_floor=self.planner.degrades, error=error))
+            break
+        return ladder
 
     def victim(self, running: Sequence[Row]) -> Row:
         """The running row a preemption costs least: one of a search without the turn first, then
         the fewest decode tokens computed (thrown away by its restart), then the youngest."""
-        last = len(running) - 1
-        ranked = [(self.turns.admits(_account(r)), r.fed, last - i) for i, r in enumerate(running)]
-        return running[min(range(len(ranked)), key=ranked.__getitem__)]
+        return self.victims(running)[0]
+
+    def victims(self, running: Sequence[Row]) -> list[Row]:
+        """``running`` in the order the growth ladder preempts them (:meth:`victim` of what is left,
+        again and again: taking one out never changes the order of the rest)."""
+        keys = [(self.turns.admits(_account(r)), r.fed, -i) for i, r in enumerate(running)]
+        return [running[i] for i in sorted(range(len(keys)), key=keys.__getitem__)]
 
     def reserve(self) -> int:
         """Slots the running rows may still decode into beyond their own (on-demand restores leave
