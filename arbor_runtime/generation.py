@@ -24,8 +24,6 @@ from arbor_runtime.kv.block import layout_epoch
 from arbor_runtime.sampling import SamplingParams, draw_rows
 from arbor_runtime.tree import Node
 
-_NO_SLOTS = torch.zeros(0, dtype=torch.long)
-
 
 @dataclass(slots=True, eq=False)  # a row is compared by identity: the engine's lists remove and find rows
 class Row:
@@ -70,7 +68,7 @@ class Row:
     #: when it last joined the scheduler's waiting rows (metrics: wait_seconds)
     queued_at: float = field(default_factory=time.perf_counter)
     #: (the extents, their slots) the last :meth:`slots` worked out
-    _slots_of: tuple[tuple[Extent, ...], torch.Tensor] = field(default=((), _NO_SLOTS), repr=False)
+    _slots_of: tuple[tuple[Extent, ...], list[int]] = field(default=((), []), repr=False)
 
     def __post_init__(self) -> None:
         self.generator.manual_seed(self.seed)
@@ -87,11 +85,12 @@ class Row:
     def capacity(self) -> int:
         return sum(e.length for e in self.extents)
 
-    def slots(self, n: int) -> torch.Tensor:
-        """(n,) pool slots of the row's first n tokens (the slots of its extents, kept until they change)."""
+    def slots(self, n: int) -> list[int]:
+        """Pool slots of the row's first n tokens (the slots of its extents, kept until they change), a list:
+        a decode step builds its batch from every row's in one tensor call."""
         key = tuple(self.extents)
         if key != self._slots_of[0]:
-            self._slots_of = (key, torch.cat([torch.arange(e.start, e.end) for e in key]))
+            self._slots_of = (key, [slot for e in key for slot in range(e.start, e.end)])
         return self._slots_of[1][:n]
 
     def add_slots(self, extents: Sequence[Extent], joins: Callable[[Extent, Extent], bool] | None = None) -> None:
@@ -192,14 +191,10 @@ def decode_batch(
     rows read, kept across steps (None: worked out for this step alone).
     """
     contexts, groups, reads = (layout or DecodeLayout()).of(store, rows)
-    width = max(r.fed + 1 for r in rows)
-    own = torch.zeros(len(rows), width, dtype=torch.long)
-    valid = torch.zeros(len(rows), width, dtype=torch.bool)
-    for i, row in enumerate(rows):
-        slots = row.slots(row.fed + 1)
-        own[i, : slots.numel()] = slots
-        own[i, slots.numel() :] = slots[0]
-        valid[i, : slots.numel()] = True
+    slots = [row.slots(row.fed + 1) for row in rows]
+    width = max(len(s) for s in slots)
+    own = torch.tensor([s + s[:1] * (width - len(s)) for s in slots])  # (R, width), padded with a real slot
+    valid = torch.arange(width) < torch.tensor([[len(s)] for s in slots])  # (R, width)
     write = own.gather(1, torch.tensor([[r.fed] for r in rows]))  # (R, 1): this step's token
     batch = TreeBatch(
         store.pool, groups, len(rows), 1, write, own, valid, stats, kernel, reads=reads, head_stats=store.head_stats

@@ -95,7 +95,7 @@ class TreeBatch:
         self._write_sel = None if bool(keep.all()) else torch.nonzero(keep).squeeze(1).to(device)
         self._write_slots = flat[keep].to(device)
         for g in groups:  # index_select / index_copy on an accelerator need the index there too
-            if g.rows is not None:
+            if g.rows is not None and g.rows.device != device:  # (a decode layout's groups stay there)
                 g.rows = g.rows.to(device)
         self.own_slots = None if own_slots is None else own_slots.to(device)
         self.own_valid = None if own_valid is None else own_valid.to(device)
