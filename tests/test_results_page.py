@@ -865,3 +865,17 @@ def test_the_scaling_figure_names_each_widening_by_the_one_key_it_raises():
         "verifier.trial_values=exact": None,
     }
     assert {s: widening_of(shape_of(s), ref) for s in cases} == cases
+
+
+def test_step_overhead_prose_holds_for_the_data():
+    """docs/notes/step-overhead.md's claims (issue 64): with one row the runtime's bookkeeping does not grow
+    with the tree (within a tenth of a millisecond from a hundred to ten thousand blocks); at a thousand
+    blocks it stays under a millisecond with every row count, for both policies."""
+    rows = load_section("step-overhead")["tables"]["main"]["rows"]
+    for policy in ("full", "arbor"):
+        mine = [r for r in rows if r["policy"] == policy]
+        single = [r["bookkeeping_ms"] for r in mine if r["rows"] == 1]
+        assert len(single) == 3 and max(single) - min(single) < 0.1, (policy, single)
+        at_1000 = [r for r in mine if r["blocks"] == 1000]
+        assert {r["rows"] for r in at_1000} == {1, 8, 64}
+        assert all(r["bookkeeping_ms"] < 1.0 for r in at_1000), (policy, at_1000)
