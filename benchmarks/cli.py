@@ -20,6 +20,7 @@ from arbor_cli.results import Column, write_csv, write_jsonl
 from arbor_runtime import build_policy, load_model
 from arbor_runtime.loading import LoadedModel
 from arbor_runtime.policies import POLICIES
+from arbor_runtime.weights import FORMATS
 from benchmarks.plots import memory_panels, plot_memory
 from benchmarks.replay import (
     DEFAULT_FRACTIONS,
@@ -222,6 +223,12 @@ def _trace_parser(prog: str, description: str) -> argparse.ArgumentParser:
     ap.add_argument("--model", default=None, help="model spec (default: the one each trace was recorded with)")
     ap.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
     ap.add_argument("--dtype", default=None, help="torch dtype name (default: float32 on CPU)")
+    ap.add_argument(
+        "--weights",
+        default=None,
+        choices=FORMATS,
+        help="weight format (default: the one each trace was recorded with; dense for a trace that does not say)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     return ap
 
@@ -236,9 +243,11 @@ def make_console() -> Console:
 
 
 def _model_for(trace: Trace, args: argparse.Namespace) -> LoadedModel:
-    key = (args.model or trace.model, args.device, args.dtype)
+    """The model a trace replays on: its own spec and weight format unless the command names others."""
+    weights = args.weights or trace.meta.get("weights", "dense")
+    key = (args.model or trace.model, args.device, args.dtype, weights)
     if key not in _MODELS:
-        _MODELS[key] = load_model(key[0], device=args.device, dtype=args.dtype)
+        _MODELS[key] = load_model(key[0], device=args.device, dtype=args.dtype, weights=weights)
     return _MODELS[key]
 
 

@@ -397,3 +397,10 @@ def _check_model(loaded: LoadedModel, trace: Trace) -> None:
         log.warning(
             "replaying a trace recorded on %r with model %r: recorded log-probs will differ", trace.model, loaded.spec
         )
+    recorded = trace.meta.get("weights")
+    if recorded is not None and recorded != loaded.weights:
+        log.warning(
+            "replaying a trace recorded with weights=%s at weights=%s: recorded log-probs will differ",
+            recorded,
+            loaded.weights,
+        )

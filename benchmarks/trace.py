@@ -248,7 +248,9 @@ def record_trace(
     """
     rt = Runtime(loaded, policy="full", seed=seed)
     result = search(rt)
-    meta = {"seed": seed, "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **(meta or {})}
+    created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    # the weight format it ran with: a replay loads the same one (benchmarks/cli.py), or its tokens would differ
+    meta = {"seed": seed, "created": created, "weights": loaded.weights, **(meta or {})}
     for key in ("solved", "answer", "steps", "off_path_expansions"):
         if hasattr(result, key):
             meta[key] = getattr(result, key)

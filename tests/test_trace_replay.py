@@ -215,3 +215,29 @@ def test_record_and_replay_scripts_end_to_end(tiny, data_dir, tmp_path):
         table = list(csv.DictReader(fh))
     assert len(table) == 5 and {"top1_agreement", "mean_kl", "peak_host_bytes", "oom"} <= table[0].keys()
     assert replay_main([str(path), "--policies", "nope"]) == 2
+
+
+def test_a_replay_loads_the_weight_format_its_trace_was_recorded_with(tiny, trace, tmp_path, monkeypatch):
+    """A trace records the weight format its search ran with (arbor-solve's default on CPU is int4 for a
+    GGUF model, while load_model's own default is dense): the replay loads that format, a trace that does not
+    say replays dense (what traces were before), and --weights chooses another."""
+    import benchmarks.cli as cli
+
+    assert trace.meta["weights"] == tiny.weights == "dense"
+    asked = []
+
+    def fake_load(spec, device=None, dtype=None, weights="dense"):
+        asked.append(weights)
+        return tiny
+
+    monkeypatch.setattr(cli, "load_model", fake_load)
+    monkeypatch.setattr(cli, "_MODELS", {})
+    for weights, extra in (("int8", []), (None, []), ("int4", ["--weights", "dense"])):
+        cli._MODELS.clear()  # one load per format and run
+        trace.meta.pop("weights", None)
+        if weights is not None:
+            trace.meta["weights"] = weights
+        path = trace.save(tmp_path / f"t-{weights}.json")
+        out = tmp_path / f"replay-{weights}"
+        assert cli.replay_main([str(path), "--policies", "full", "--fractions", "0.5", "--out", str(out), *extra]) == 0
+    assert asked == ["int8", "dense", "dense"]
