@@ -207,13 +207,12 @@ class Scheduler:
         while needy:
             grown = [(r, pages[id(r)]) for r in needy]
             owners = [r.owner for r in running]
-            need, ahead, job = sum(pages.values()), PAGE * len(running), needy[0].job
+            need, ahead, job = sum(n for _, n in grown), PAGE * len(running), needy[0].job
             if len(running) > 1:
                 victim = next(victims)
                 ladder.append(Growth(grown, need, ahead, owners, job, victim=victim))
                 running.remove(victim)
                 needy = [r for r in needy if r is not victim]
-                pages.pop(id(victim), None)
                 continue
             row = running[0]
             need_alone = sum(n.length for n in row.owner.path()) + row.stop.params.max_new_tokens
